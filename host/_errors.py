@@ -1,0 +1,101 @@
+"""One documented error tree and the fixed audit reason set, so every failure maps to a stable reason."""
+
+from __future__ import annotations
+
+import enum
+
+
+class AuditReason(enum.StrEnum):
+    """The closed set of `reason` values an audit record may carry (documented in README)."""
+
+    AGENT_COMPLETED = "agent_completed"
+    AGENT_ERROR = "agent_error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    REFUSED_FLAG_OFF = "refused_flag_off"
+    REFUSED_TRUST = "refused_trust"
+    NOT_INSTALLED = "not_installed"
+    NOT_AN_AGENT = "not_an_agent"
+    MANIFEST_INVALID = "manifest_invalid"
+    CONFIG_INVALID = "config_invalid"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    ENGINE_PERMISSION_DENIED = "engine_permission_denied"
+    MEMORY_LIMIT_UNSUPPORTED = "memory_limit_unsupported"
+    RUNTIME_NOT_REGISTERED = "runtime_not_registered"
+    IMAGE_NOT_PINNED = "image_not_pinned"
+    IMAGE_MISSING = "image_missing"
+    IMAGE_MISMATCH = "image_mismatch"
+    PROTOCOL_MISMATCH = "protocol_mismatch"
+    VOLUME_MISSING = "volume_missing"
+    VOLUME_STALE = "volume_stale"
+    START_FAILED = "start_failed"
+    EXITED_BEFORE_RESULT = "exited_before_result"
+    OOM_KILLED = "oom_killed"
+    SANDBOX_CRASHED = "sandbox_crashed"
+    HOST_LOOP_ERROR = "host_loop_error"
+
+
+AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)
+
+
+class SandboxError(Exception):
+    """Root of every error the host raises to its callers.
+
+    `reason` is the fixed audit reason; `hint` tells the operator what to do next.
+    """
+
+    default_reason: AuditReason = AuditReason.HOST_LOOP_ERROR
+
+    def __init__(self, message: str, *, reason: AuditReason | None = None, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason: AuditReason = reason or self.default_reason
+        self.hint = hint
+
+
+class ConfigError(SandboxError):
+    """The host configuration is invalid; the message names the key path."""
+
+    default_reason = AuditReason.CONFIG_INVALID
+
+
+class ManifestError(SandboxError):
+    """An agentnode.yaml is invalid; the message names the key path."""
+
+    default_reason = AuditReason.MANIFEST_INVALID
+
+
+class PackError(SandboxError):
+    """A pack cannot be installed, found or uninstalled."""
+
+    default_reason = AuditReason.NOT_INSTALLED
+
+
+class EngineError(SandboxError):
+    """The container engine, runtime or image is not usable; `check` names the doctor check."""
+
+    default_reason = AuditReason.ENGINE_UNAVAILABLE
+
+    def __init__(
+        self, message: str, *, reason: AuditReason | None = None, hint: str = "", check: str = "engine"
+    ) -> None:
+        super().__init__(message, reason=reason, hint=hint)
+        self.check = check
+
+
+class RefusedError(SandboxError):
+    """Routing refused the run (feature flag off, unknown trust level)."""
+
+    default_reason = AuditReason.REFUSED_TRUST
+
+
+__all__ = [
+    "AUDIT_REASONS",
+    "AuditReason",
+    "ConfigError",
+    "EngineError",
+    "ManifestError",
+    "PackError",
+    "RefusedError",
+    "SandboxError",
+]
