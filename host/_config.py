@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from host._errors import ConfigError
+
+_T = TypeVar("_T")
+
+FLAG_ENV = "AGENTNODE_AGENT_SANDBOX"
+RUNTIMES = ("runc", "runsc")
+HOST_TRUST_POLICIES = ("default", "curated_only", "none")
+PROVIDERS = ("openai", "anthropic", "openai_compatible")
 
 
 @dataclass(frozen=True)
@@ -64,3 +77,217 @@ class HostConfig:
     paths: ConfigPaths
     agent_sandbox: AgentSandboxConfig
     raw: Mapping[str, Any]
+
+
+def config_paths(env: Mapping[str, str] | None = None) -> ConfigPaths:
+    """Resolve every host-owned path so all modules agree on where state lives."""
+    env = os.environ if env is None else env
+    override = env.get("AGENTNODE_CONFIG", "").strip()
+    if override:
+        target = Path(override).expanduser()
+        config_file = target if target.name.endswith(".json") else target / "config.json"
+    else:
+        home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+        config_file = home / ".agentnode" / "config.json"
+    directory = config_file.parent
+    lock_override = env.get("AGENTNODE_LOCKFILE", "").strip()
+    return ConfigPaths(
+        config_file=config_file,
+        dir=directory,
+        audit_file=directory / "audit.jsonl",
+        lockfile=Path(lock_override).expanduser() if lock_override else directory / "agentnode.lock",
+        packs_dir=directory / "packs",
+    )
+
+
+def load_config(env: Mapping[str, str] | None = None) -> HostConfig:
+    """Load and validate the config so a typo fails loudly instead of silently loosening a ceiling."""
+    paths = config_paths(env)
+    raw = _read_json(paths.config_file)
+    section = raw.get("agent_sandbox")
+    sandbox = AgentSandboxConfig() if section is None else _Validator(paths.config_file).sandbox(section)
+    return HostConfig(paths=paths, agent_sandbox=sandbox, raw=raw)
+
+
+def sandbox_enabled(cfg: HostConfig, env: Mapping[str, str] | None = None) -> bool:
+    """The feature flag: the environment wins over the config; an unrecognised value is an error, not off."""
+    env = os.environ if env is None else env
+    value = env.get(FLAG_ENV, "").strip().lower()
+    if not value:
+        return cfg.agent_sandbox.enabled
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    raise ConfigError(
+        f"{FLAG_ENV}: expected one of 1, true, 0, false, got {_render(env[FLAG_ENV])}",
+        hint=f"Set {FLAG_ENV} to 1 or 0, or unset it to use agent_sandbox.enabled in "
+        f"{cfg.paths.config_file}.",
+    )
+
+
+def set_image_pin(paths: ConfigPaths, image_ref: str) -> None:
+    """Record the pinned image atomically, keeping every other key other tools own."""
+    if not isinstance(image_ref, str) or not image_ref:
+        raise ValueError("image_ref must be a non-empty string")
+    raw = dict(_read_json(paths.config_file))
+    section = raw.get("agent_sandbox", {})
+    if not isinstance(section, dict):
+        raise _error(paths.config_file, "agent_sandbox", "expected an object", section)
+    raw["agent_sandbox"] = {**section, "image": image_ref}
+    paths.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=paths.dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(raw, indent=2) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        if paths.config_file.exists():
+            os.chmod(tmp, paths.config_file.stat().st_mode & 0o777)
+        os.replace(tmp, paths.config_file)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """The config file's top-level object; a missing file is an empty config."""
+    hint = f"Fix the JSON in {path}."
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config ({type(exc).__name__})", hint=hint) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}", hint=hint) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level", hint=hint)
+    return data
+
+
+def _render(value: Any) -> str:
+    """A short JSON rendering of an offending value for an error message."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _error(config_file: Path, key: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(
+        f"{key}: {expected}, got {_render(value)}",
+        hint=f"Edit {key} in {config_file}.",
+    )
+
+
+def _unset_is_empty(value: Any) -> Any:
+    """An absent or `null` sub-section means "no settings", not a type error."""
+    return {} if value is None else value
+
+
+class _Validator:
+    """Walks `agent_sandbox`, converting each key and naming its full path on failure."""
+
+    def __init__(self, config_file: Path) -> None:
+        self.config_file = config_file
+
+    def fail(self, key: str, expected: str, value: Any) -> ConfigError:
+        return _error(self.config_file, key, expected, value)
+
+    def section(self, value: Any, key: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, "expected an object", value)
+        for name in value:
+            if name not in allowed:
+                raise ConfigError(
+                    f"{key}.{name}: unknown key (allowed: {', '.join(allowed)})",
+                    hint=f"Remove or correct {key}.{name} in {self.config_file}.",
+                )
+        return value
+
+    def optional(self, data: Mapping[str, Any], key: str, check: Callable[[Any, str], _T]) -> _T | None:
+        """`null` or absence means "not set" for keys whose default is unset."""
+        value = data.get(key.rsplit(".", 1)[-1])
+        return None if value is None else check(value, key)
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, "expected true or false", value)
+        return value
+
+    def positive_int(self, value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(key, "expected a positive integer", value)
+        return value
+
+    def positive_number(self, value: Any, key: str) -> float:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise self.fail(key, "expected a positive number", value)
+        return float(value)
+
+    def text(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, "expected a non-empty string", value)
+        return value
+
+    def choice(self, choices: tuple[str, ...]) -> Callable[[Any, str], str]:
+        def check(value: Any, key: str) -> str:
+            if value not in choices:
+                raise self.fail(key, f"expected one of {', '.join(choices)}", value)
+            return str(value)
+
+        return check
+
+    def names(self, value: Any, key: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.fail(key, "expected a list of non-empty strings", value)
+        return tuple(value)
+
+    def sandbox(self, value: Any) -> AgentSandboxConfig:
+        key = "agent_sandbox"
+        allowed = ("enabled", "host_trust_policy", "image", "runtime", "tools", "limits", "llm",
+                   "idle_timeout_seconds")
+        data = self.section(value, key, allowed)
+        d = AgentSandboxConfig()
+        enabled = self.optional(data, f"{key}.enabled", self.boolean)
+        policy = self.optional(data, f"{key}.host_trust_policy", self.choice(HOST_TRUST_POLICIES))
+        runtime = self.optional(data, f"{key}.runtime", self.choice(RUNTIMES))
+        idle = self.optional(data, f"{key}.idle_timeout_seconds", self.positive_int)
+        tools = self.section(_unset_is_empty(data.get("tools")), f"{key}.tools", ("allowed_packages",))
+        return AgentSandboxConfig(
+            enabled=d.enabled if enabled is None else enabled,
+            host_trust_policy=policy or d.host_trust_policy,
+            image=self.optional(data, f"{key}.image", self.text),
+            runtime=runtime or d.runtime,
+            tools_allowed_packages=self.optional(tools, f"{key}.tools.allowed_packages", self.names),
+            limits=self.limits(_unset_is_empty(data.get("limits")), f"{key}.limits"),
+            llm=self.llm(_unset_is_empty(data.get("llm")), f"{key}.llm"),
+            idle_timeout_seconds=idle or d.idle_timeout_seconds,
+        )
+
+    def limits(self, value: Any, key: str) -> LimitsCeiling:
+        data = self.section(value, key, ("max_tool_calls", "max_runtime_seconds", "max_iterations"))
+        return LimitsCeiling(
+            max_tool_calls=self.optional(data, f"{key}.max_tool_calls", self.positive_int),
+            max_runtime_seconds=self.optional(data, f"{key}.max_runtime_seconds", self.positive_int),
+            max_iterations=self.optional(data, f"{key}.max_iterations", self.positive_int),
+        )
+
+    def llm(self, value: Any, key: str) -> LlmHostConfig:
+        allowed = ("enabled", "max_calls", "max_input_chars", "max_output_chars", "allowed_models",
+                   "provider", "model", "base_url", "timeout_seconds")
+        data = self.section(value, key, allowed)
+        timeout = self.optional(data, f"{key}.timeout_seconds", self.positive_number)
+        return LlmHostConfig(
+            enabled=self.optional(data, f"{key}.enabled", self.boolean),
+            max_calls=self.optional(data, f"{key}.max_calls", self.positive_int),
+            max_input_chars=self.optional(data, f"{key}.max_input_chars", self.positive_int),
+            max_output_chars=self.optional(data, f"{key}.max_output_chars", self.positive_int),
+            allowed_models=self.optional(data, f"{key}.allowed_models", self.names),
+            provider=self.optional(data, f"{key}.provider", self.choice(PROVIDERS)),
+            model=self.optional(data, f"{key}.model", self.text),
+            base_url=self.optional(data, f"{key}.base_url", self.text),
+            timeout_seconds=LlmHostConfig.timeout_seconds if timeout is None else timeout,
+        )

@@ -3,7 +3,28 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from host._config import HOST_TRUST_POLICIES, AgentSandboxConfig, LlmHostConfig
+from host._errors import AuditReason, ConfigError
+from host._manifest import LLM_CAP_KEYS, AgentManifest, check_llm_access
+
+COMMUNITY_TRUST = frozenset({"verified", "unverified"})
+HOST_TRUST = frozenset({"trusted", "curated"})
+# Conservative built-in LLM ceilings for borrowed host credentials, used where the host sets none.
+BUILTIN_LLM_CEILINGS: Mapping[str, int] = {
+    "max_calls": 20,
+    "max_input_chars": 24_000,
+    "max_output_chars": 24_000,
+}
+# Which trust levels each host_trust_policy still lets run on the host; the rest need the sandbox.
+_HOST_ROUTED: Mapping[str, frozenset[str]] = {
+    "default": HOST_TRUST,
+    "curated_only": frozenset({"curated"}),
+    "none": frozenset(),
+}
 
 
 class Route(enum.Enum):
@@ -45,3 +66,106 @@ class RunPolicy:
     max_iterations: int
     llm: LlmPolicy
     clamped: tuple[str, ...]
+
+
+# Host-path agents are operator-trusted: no llm_access caps, only these sanity bounds.
+HOST_PATH_LLM = LlmPolicy(
+    enabled=True, max_calls=10_000, max_input_chars=10_000_000, max_output_chars=10_000_000
+)
+
+
+def route_run(trust: str | None, *, sandbox_enabled: bool, host_trust_policy: str) -> RouteDecision:
+    """Decide where an agent runs; `reason` is an AuditReason for REFUSED and "" otherwise."""
+    host_routed = _HOST_ROUTED.get(host_trust_policy)
+    if host_routed is None:
+        raise ConfigError(
+            f"agent_sandbox.host_trust_policy: expected one of {', '.join(HOST_TRUST_POLICIES)}, "
+            f"got {host_trust_policy!r}",
+            hint="Edit agent_sandbox.host_trust_policy in the host config.",
+        )
+    level = (trust or "").strip().lower()
+    if level not in COMMUNITY_TRUST | HOST_TRUST:
+        return RouteDecision(
+            Route.REFUSED,
+            AuditReason.REFUSED_TRUST,
+            "the agent has no known trust level (verified, unverified, trusted or curated); "
+            "refusing to run it",
+        )
+    if level in host_routed:
+        return RouteDecision(Route.HOST, "", f"{level} agents run on the host")
+    if sandbox_enabled:
+        return RouteDecision(Route.SANDBOX, "", f"{level} agents run in the sandbox")
+    return RouteDecision(
+        Route.REFUSED,
+        AuditReason.REFUSED_FLAG_OFF,
+        f"{level} agents run only in the sandbox, which is off; enable it with AGENTNODE_AGENT_SANDBOX=1 "
+        "or agent_sandbox.enabled: true in the host config",
+    )
+
+
+def resolve_llm_policy(llm_access: Mapping[str, Any], host: LlmHostConfig) -> LlmPolicy:
+    """Default-deny LLM access to borrowed host credentials, capped by the host ceiling.
+
+    Raises ManifestError for a malformed block so a typo never silently widens or drops a restriction.
+    """
+    check_llm_access(llm_access)
+    if llm_access.get("enabled") is not True or host.enabled is False:
+        return LlmPolicy()
+    host_caps = {"max_calls": host.max_calls, "max_input_chars": host.max_input_chars,
+                 "max_output_chars": host.max_output_chars}
+    caps: dict[str, int] = {}
+    clamped: list[str] = []
+    for key in LLM_CAP_KEYS:
+        ceiling = host_caps[key] or BUILTIN_LLM_CEILINGS[key]
+        requested: int | None = llm_access.get(key)
+        caps[key] = ceiling if requested is None else min(requested, ceiling)
+        if requested is not None and requested > ceiling:
+            clamped.append(key)
+    raw_models = llm_access.get("allowed_models")
+    wanted = None if raw_models is None else frozenset(m.strip() for m in raw_models)
+    offered = None if host.allowed_models is None else frozenset(host.allowed_models)
+    if wanted is None or offered is None:
+        models = offered if wanted is None else wanted
+    else:
+        models = wanted & offered
+        if wanted - offered:
+            clamped.append("allowed_models")
+    return LlmPolicy(
+        enabled=True,
+        max_calls=caps["max_calls"],
+        max_input_chars=caps["max_input_chars"],
+        max_output_chars=caps["max_output_chars"],
+        allowed_models=models,
+        clamped=tuple(clamped),
+    )
+
+
+def resolve_run_policy(manifest: AgentManifest, cfg: AgentSandboxConfig, *, sandboxed: bool) -> RunPolicy:
+    """Combine the manifest's requests with the operator's ceilings; `clamped` names what the host lowered."""
+    clamped: list[str] = []
+
+    def cap(name: str, requested: int, ceiling: int | None, applies: bool = True) -> int:
+        if applies and ceiling is not None and ceiling < requested:
+            clamped.append(name)
+            return ceiling
+        return requested
+
+    limits = cfg.limits
+    tool_calls = cap("max_tool_calls", manifest.max_tool_calls, limits.max_tool_calls, sandboxed)
+    runtime = cap("max_runtime_seconds", manifest.max_runtime_seconds, limits.max_runtime_seconds)
+    iterations = cap("max_iterations", manifest.max_iterations, limits.max_iterations, sandboxed)
+    packages = _dedupe(manifest.allowed_packages or ())
+    if not sandboxed:
+        return RunPolicy(packages, tool_calls, runtime, iterations, HOST_PATH_LLM, tuple(clamped))
+    if cfg.tools_allowed_packages is not None:
+        kept = tuple(p for p in packages if p in cfg.tools_allowed_packages)
+        if kept != packages:
+            clamped.append("tools.allowed_packages")
+        packages = kept
+    llm = resolve_llm_policy(manifest.llm_access, cfg.llm)
+    clamped.extend(f"llm.{name}" for name in llm.clamped)
+    return RunPolicy(packages, tool_calls, runtime, iterations, llm, tuple(clamped))
+
+
+def _dedupe(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))

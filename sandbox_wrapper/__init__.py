@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from sandbox_wrapper._context import AgentContext, LlmResult, ToolResult
+from sandbox_wrapper._errors import AgentLimitExceeded, HostUnavailableError, LlmAccessError
+
 PROTOCOL_VERSION = 1
 """The sandbox protocol version; the host refuses a wrapper (and an image) that carries another one."""
 
-__all__ = ["PROTOCOL_VERSION"]
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AgentContext",
+    "AgentLimitExceeded",
+    "HostUnavailableError",
+    "LlmAccessError",
+    "LlmResult",
+    "ToolResult",
+]

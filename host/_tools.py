@@ -1,0 +1,507 @@
+"""The host's tool gate and runner: every tool call an agent asks for is checked here and run out of process.
+
+ToolGate (one per run) owns the run's decisions: allowlist, call cap, argument limits and schema, trust and
+the time budget; nothing in a request can change how, where or how long a tool runs. ToolRunner (one per
+host) executes allowed calls in persistent worker processes (host/_tool_worker.py), one pack per worker, with
+a minimal environment that holds no API keys, so a failing, hanging or crashing tool fails only its call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from host._manifest import ToolpackManifest, ToolSpec
+from host._tool_worker import MAX_RESULT_BYTES
+
+logger = logging.getLogger(__name__)
+
+MAX_ARGUMENTS_BYTES = 1 << 20
+DEFAULT_TOOL_TIMEOUT = 60.0
+HOST_TRUST_LEVELS = frozenset({"trusted", "curated"})
+MODE_HOST_WORKER = "host_worker"
+
+_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,79}")
+_MAX_MESSAGE = 200
+_WORKER_SCRIPT = Path(__file__).with_name("_tool_worker.py")
+# A reply line is result_json escaped once more; anything longer is not our worker speaking.
+_MAX_REPLY_LINE = 4 * MAX_RESULT_BYTES
+
+
+@dataclass(frozen=True)
+class InstalledToolpack:
+    """A toolpack installed on this host, as the gate needs it (`root` is the import root)."""
+
+    slug: str
+    version: str
+    trust: str
+    root: Path
+    manifest: ToolpackManifest
+
+
+ToolpackLookup = Callable[[str], InstalledToolpack | None]
+
+
+class ToolRefusal(Exception):
+    """The gate refused a call before anything ran; `reason` is the wire ErrorReason without its prefix."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        message = message[:_MAX_MESSAGE]
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """The outcome of a call that was allowed to run; `error` is short and host-written."""
+
+    success: bool
+    result: Any
+    error: str
+    mode_used: str = MODE_HOST_WORKER
+
+
+def _failed(error: str) -> ToolOutcome:
+    return ToolOutcome(success=False, result=None, error=error)
+
+
+# --- arguments ---------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_arguments(arguments_json: str) -> dict[str, Any]:
+    """Strict JSON object parse that keeps ints as ints and floats as floats."""
+    if (
+        len(arguments_json) > MAX_ARGUMENTS_BYTES
+        or len(arguments_json.encode("utf-8", "surrogatepass")) > MAX_ARGUMENTS_BYTES
+    ):
+        raise ToolRefusal("TOO_LARGE", f"arguments_json exceeds {MAX_ARGUMENTS_BYTES} bytes")
+    try:
+        arguments = json.loads(arguments_json, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise ToolRefusal("INVALID_REQUEST", "arguments_json is not valid JSON") from None
+    if not isinstance(arguments, dict):
+        raise ToolRefusal("INVALID_REQUEST", "arguments_json must be a JSON object")
+    return arguments
+
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: booleans are not numbers (Python says True == 1), 1 == 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_json_equal, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _bound(schema: Mapping[str, Any], key: str) -> float | None:
+    value = schema.get(key)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def schema_error(schema: Mapping[str, Any], value: Any, path: str = "$") -> str | None:
+    """Why `value` fails a small JSON-schema subset, naming the failing path; None when it passes.
+
+    Supported: type (name or list), properties, required, additionalProperties (false or a schema), enum,
+    items, minimum/maximum, minLength/maxLength. An unknown type name fails closed; other malformed
+    keywords are ignored. Values are never echoed.
+    """
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = [kind] if isinstance(kind, str) else kind
+        if not isinstance(kinds, list) or not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds):
+            return f"{path}: the tool's schema uses an unsupported type"
+        if not any(_JSON_TYPES[k](value) for k in kinds):
+            return f"{path}: expected {' or '.join(kinds)}"
+    enum = schema.get("enum")
+    if isinstance(enum, list) and not any(_json_equal(value, option) for option in enum):
+        return f"{path}: not one of the allowed values"
+    if isinstance(value, str):
+        low, high = _bound(schema, "minLength"), _bound(schema, "maxLength")
+        if low is not None and len(value) < low:
+            return f"{path}: shorter than {low} characters"
+        if high is not None and len(value) > high:
+            return f"{path}: longer than {high} characters"
+    if _JSON_TYPES["number"](value):
+        low, high = _bound(schema, "minimum"), _bound(schema, "maximum")
+        if low is not None and value < low:
+            return f"{path}: less than {low}"
+        if high is not None and value > high:
+            return f"{path}: greater than {high}"
+    items = schema.get("items")
+    if isinstance(value, list) and isinstance(items, Mapping):
+        for index, item in enumerate(value):
+            if error := schema_error(items, item, f"{path}[{index}]"):
+                return error
+    if isinstance(value, dict):
+        return _object_error(schema, value, path)
+    return None
+
+
+def _object_error(schema: Mapping[str, Any], value: dict[str, Any], path: str) -> str | None:
+    required = schema.get("required")
+    for name in required if isinstance(required, list) else ():
+        if isinstance(name, str) and name not in value:
+            return f"{path}.{name}: required property missing"
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        child = f"{path}.{key[:40]}"
+        sub = properties.get(key)
+        if sub is None and extra is False:
+            return f"{child}: unexpected property"
+        if sub is None and isinstance(extra, Mapping):
+            sub = extra
+        if isinstance(sub, Mapping) and (error := schema_error(sub, item, child)):
+            return error
+    return None
+
+
+# --- the gate ----------------------------------------------------------------------------------------
+
+
+def _select_tool(slug: str, manifest: ToolpackManifest, tool_name: str) -> ToolSpec:
+    """The named tool; an empty name selects the only tool (a pack without tools has its implicit `run`)."""
+    tools = manifest.tools
+    if not tools and manifest.entrypoint:
+        entrypoint = manifest.entrypoint if ":" in manifest.entrypoint else f"{manifest.entrypoint}:run"
+        tools = (ToolSpec(name="run", entrypoint=entrypoint, description="", input_schema=None),)
+    for tool in tools:
+        if tool.name == tool_name or (not tool_name and len(tools) == 1):
+            return tool
+    if not tools:
+        raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' has no tools")
+    names = ", ".join(tool.name for tool in tools)
+    if tool_name:
+        raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' has no such tool; available: {names}")
+    raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' has several tools; name one of: {names}")
+
+
+class ToolGate:
+    """One run's tool gate: decides every call, then hands allowed ones to the host's ToolRunner.
+
+    Every refusal happens before a call is reserved, so refusals never use up the cap; the cap check and
+    the reservation are one atomic step, so concurrent calls can never run more tools than the cap.
+    A call that was reserved counts even when the tool then fails.
+    """
+
+    def __init__(
+        self,
+        *,
+        allowed_packages: Iterable[str],
+        max_tool_calls: int,
+        lookup: ToolpackLookup,
+        runner: ToolRunner,
+        deadline: float,
+        tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
+    ) -> None:
+        self._allowed = frozenset(allowed_packages)
+        self._max_tool_calls = max_tool_calls
+        self._lookup = lookup
+        self._runner = runner
+        self._deadline = deadline
+        self._tool_timeout = tool_timeout
+        self._lock = threading.Lock()
+        self._calls_made = 0
+        self._refusals = 0
+
+    @property
+    def calls_made(self) -> int:
+        """Calls reserved (and run) so far."""
+        return self._calls_made
+
+    @property
+    def refusals(self) -> int:
+        """Calls refused so far."""
+        return self._refusals
+
+    @property
+    def remaining(self) -> int:
+        """Calls the run may still make."""
+        return max(0, self._max_tool_calls - self._calls_made)
+
+    def call(self, slug: str, tool_name: str, arguments_json: str) -> ToolOutcome:
+        """Decide one call and run it if allowed; raises ToolRefusal (counted) when refused."""
+        try:
+            pack, tool, arguments, timeout = self._admit(slug, tool_name, arguments_json)
+        except ToolRefusal:
+            with self._lock:
+                self._refusals += 1
+            raise
+        return self._runner.run(pack, tool, arguments, timeout=timeout)
+
+    def _admit(
+        self, slug: str, tool_name: str, arguments_json: str
+    ) -> tuple[InstalledToolpack, ToolSpec, dict[str, Any], float]:
+        if not _SLUG.fullmatch(slug):
+            raise ToolRefusal("INVALID_REQUEST", "package_slug is empty or not a package slug")
+        if slug not in self._allowed:
+            raise ToolRefusal("TOOL_NOT_ALLOWED", f"package '{slug}' is not on this run's tool allowlist")
+        if self.remaining == 0:
+            raise _call_limit()
+        arguments = _parse_arguments(arguments_json)
+        pack = self._lookup(slug)
+        if pack is None:
+            raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' is not installed on this host")
+        if pack.trust not in HOST_TRUST_LEVELS:
+            raise ToolRefusal("TOOL_PACK_UNTRUSTED", "community tool packs never run on the host")
+        tool = _select_tool(slug, pack.manifest, tool_name)
+        if tool.input_schema is not None and (error := schema_error(tool.input_schema, arguments)):
+            raise ToolRefusal("TOOL_ARGUMENTS_INVALID", f"arguments do not match the tool's schema: {error}")
+        timeout = min(self._tool_timeout, self._deadline - time.monotonic())
+        if timeout <= 0:
+            raise ToolRefusal("RUN_DEADLINE", "the run's time budget is spent")
+        with self._lock:
+            if self._calls_made >= self._max_tool_calls:
+                raise _call_limit()
+            self._calls_made += 1
+        return pack, tool, arguments, timeout
+
+
+def _call_limit() -> ToolRefusal:
+    return ToolRefusal("TOOL_CALL_LIMIT", "this run's tool-call cap is used up")
+
+
+# --- the runner --------------------------------------------------------------------------------------
+
+
+class _WorkerGone(Exception):
+    """The worker died or broke the protocol."""
+
+
+class _WorkerTimeout(Exception):
+    """The worker did not reply in time."""
+
+
+def _worker_env() -> dict[str, str]:
+    """Only what an interpreter needs: no API keys, no PYTHON* variables (ignored under -I anyway)."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+    if "HOME" in os.environ:
+        env["HOME"] = os.environ["HOME"]
+    return env
+
+
+class _Worker:
+    """One worker process serving one pack's import root, in its own process group."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(_WORKER_SCRIPT), str(root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # the tool's own output: discarded, so it can never block
+            env=_worker_env(),
+            cwd=root,
+            start_new_session=True,
+        )
+        self._kill_lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def call(self, request: bytes, timeout: float) -> dict[str, Any]:
+        stdin, stdout = self._pipes()
+        deadline = time.monotonic() + timeout
+        try:
+            stdin.write(request)
+            stdin.flush()
+        except OSError:
+            raise _WorkerGone from None
+        try:
+            reply = json.loads(self._read_line(stdout.fileno(), deadline))
+        except ValueError:
+            raise _WorkerGone from None
+        if not isinstance(reply, dict):
+            raise _WorkerGone
+        return reply
+
+    def _pipes(self) -> tuple[IO[bytes], IO[bytes]]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        return self.proc.stdin, self.proc.stdout
+
+    @staticmethod
+    def _read_line(fd: int, deadline: float) -> bytes:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        buffer = bytearray()
+        while not buffer.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _WorkerTimeout
+            if not poller.poll(remaining * 1000):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk or len(buffer) + len(chunk) > _MAX_REPLY_LINE:
+                raise _WorkerGone
+            buffer += chunk
+        return bytes(buffer)
+
+    def kill(self) -> None:
+        """Kill the whole process group (tools may have started children); safe from any thread."""
+        with self._kill_lock:
+            if self.proc.returncode is None:  # not reaped yet, so the pid cannot have been reused
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def dispose(self) -> None:
+        """Kill and close the pipes; only the thread that owns the worker calls this."""
+        self.kill()
+        for pipe in self._pipes():
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+_PoolKey = tuple[str, str, Path]
+
+
+class ToolRunner:
+    """Host-wide tool executor with a small pool of persistent workers, keyed by (slug, version, root).
+
+    A worker only ever serves one pack, so packs never share an interpreter; a worker that timed out,
+    crashed or broke the protocol is killed and never reused. Calls of one pack share module state
+    across runs through reused workers (the pack is trusted or curated).
+    """
+
+    def __init__(self, *, max_idle_per_pack: int = 2) -> None:
+        self._max_idle_per_pack = max_idle_per_pack
+        self._lock = threading.Lock()
+        self._idle: dict[_PoolKey, list[_Worker]] = {}
+        self._busy: set[_Worker] = set()
+        self._closed = False
+        atexit.register(self.close)
+
+    def run(
+        self, pack: InstalledToolpack, tool: ToolSpec, arguments: dict[str, Any], *, timeout: float
+    ) -> ToolOutcome:
+        """Run one tool call; every failure is an unsuccessful outcome for this call only."""
+        key: _PoolKey = (pack.slug, pack.version, pack.root)
+        try:
+            worker = self._acquire(key)
+        except OSError as exc:
+            logger.warning("tool worker failed to start: %s", type(exc).__name__)
+            return _failed("tool worker failed to start")
+        if worker is None:
+            return _failed("tool runner is closed")
+        request = (json.dumps({"entrypoint": tool.entrypoint, "arguments": arguments}) + "\n").encode()
+        try:
+            reply = worker.call(request, timeout)
+        except _WorkerTimeout:
+            self._discard(worker)
+            return _failed(f"tool timed out after {timeout:.1f} s")
+        except _WorkerGone:
+            self._discard(worker)
+            return _failed("tool worker crashed")
+        self._release(key, worker)
+        return _outcome(reply)
+
+    def close(self) -> None:
+        """Kill every worker; calls in flight fail as crashed. Idempotent."""
+        with self._lock:
+            self._closed = True
+            idle = [worker for workers in self._idle.values() for worker in workers]
+            busy = list(self._busy)
+            self._idle.clear()
+        for worker in idle:
+            worker.dispose()
+        for worker in busy:
+            worker.kill()  # its owner sees the pipe close and disposes it
+
+    def _acquire(self, key: _PoolKey) -> _Worker | None:
+        with self._lock:
+            if self._closed:
+                return None
+            idle = self._idle.get(key, [])
+            while idle:
+                worker = idle.pop()
+                if worker.alive():
+                    self._busy.add(worker)
+                    return worker
+                worker.dispose()
+        worker = _Worker(key[2])
+        with self._lock:
+            if not self._closed:
+                self._busy.add(worker)
+                return worker
+        worker.dispose()
+        return None
+
+    def _release(self, key: _PoolKey, worker: _Worker) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+            idle = self._idle.setdefault(key, [])
+            keep = not self._closed and len(idle) < self._max_idle_per_pack
+            if keep:
+                idle.append(worker)
+        if not keep:
+            worker.dispose()
+
+    def _discard(self, worker: _Worker) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+        worker.dispose()
+
+
+def _outcome(reply: dict[str, Any]) -> ToolOutcome:
+    """Turn a worker reply into an outcome with a host-written error; exception text never crosses."""
+    if reply.get("ok") is True:
+        return ToolOutcome(success=True, result=json.loads(reply["result_json"]), error="")
+    failure = reply.get("failure")
+    error_type = str(reply.get("error_type", ""))
+    error_type = error_type if _TYPE_NAME.fullmatch(error_type) else "an exception"
+    if failure == "raised":
+        logger.info("tool raised %s", error_type)
+        return _failed(f"tool raised {error_type}")
+    if failure == "load":
+        return _failed(f"tool entrypoint could not be loaded ({error_type})")
+    if failure == "too_large":
+        return _failed("tool result too large")
+    return _failed("tool result is not JSON-serializable")
+
+
+__all__ = [
+    "DEFAULT_TOOL_TIMEOUT",
+    "HOST_TRUST_LEVELS",
+    "MAX_ARGUMENTS_BYTES",
+    "MAX_RESULT_BYTES",
+    "InstalledToolpack",
+    "ToolGate",
+    "ToolOutcome",
+    "ToolRefusal",
+    "ToolRunner",
+    "ToolpackLookup",
+    "schema_error",
+]

@@ -1,0 +1,165 @@
+"""The wrapper's one run: fetch the task, call the agent's entrypoint, report exactly one outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
+from sandbox_wrapper._context import AgentContext
+from sandbox_wrapper._errors import AgentLimitExceeded
+from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
+
+DEFAULT_SOCKET = "/run/agentnode/sandbox.sock"
+DEFAULT_IMPORT_ROOT = "/pack"
+FETCH_TIMEOUT_SECONDS = 5.0
+MESSAGE_CHARS = 500
+EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
+
+# The result must also fit in one gRPC message next to the envelope.
+_RESULT_CEILING = MAX_MESSAGE_BYTES - 1024
+
+
+class _Failure(Exception):
+    """An outcome decided before or after the agent ran (entrypoint, result encoding)."""
+
+    def __init__(self, code: session_pb2.AgentErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def main() -> int:
+    """Run the task the host hands out on AGENTNODE_SOCKET and return the process exit code."""
+    socket_path = os.environ.get("AGENTNODE_SOCKET", DEFAULT_SOCKET)
+    if not os.path.exists(socket_path):
+        return _die(EXIT_NO_TASK, f"host socket {socket_path} does not exist")
+    channel = open_channel(socket_path)
+    try:
+        session = session_pb2_grpc.SessionServiceStub(channel)  # type: ignore[no-untyped-call]
+        request = session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION)
+        try:
+            # wait_for_ready rides out a host that is still coming up, bounded by the timeout; unlike
+            # channel_ready_future it leaves no connectivity poller behind to slow channel.close().
+            task = session.FetchTask(request, timeout=FETCH_TIMEOUT_SECONDS, wait_for_ready=True)
+        except grpc.RpcError as err:
+            return _die(EXIT_NO_TASK, f"FetchTask failed: {err.code().name}: {err.details()}")
+        sys.path.insert(0, os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))
+        outcome = execute(AgentContext(channel, task), task)
+        try:
+            session.ReportResult(outcome)
+        except grpc.RpcError as err:
+            return _die(EXIT_NO_REPORT, f"ReportResult failed: {err.code().name}: {err.details()}")
+        return EXIT_OK
+    finally:
+        channel.close()
+
+
+def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> session_pb2.ReportResultRequest:
+    """Call the entrypoint and turn whatever happens into the one ReportResult request."""
+    try:
+        function = _resolve(task.entrypoint)
+        value = function(context, **json.loads(task.kwargs_json or "{}"))
+        if isinstance(value, Awaitable):
+            value = asyncio.run(_await(value))
+        return session_pb2.ReportResultRequest(value_json=_encode(value, task.max_result_bytes))
+    except _Failure as failure:
+        return _failed(failure.code, str(failure))
+    except AgentLimitExceeded as exc:
+        return _failed(session_pb2.AGENT_ERROR_CODE_AGENT_LIMIT, _summary(exc), exc)
+    except Exception as exc:  # noqa: BLE001 - any agent exception is an outcome to report
+        return _failed(session_pb2.AGENT_ERROR_CODE_AGENT_EXCEPTION, _summary(exc), exc)
+    except SystemExit as exc:
+        return _failed(session_pb2.AGENT_ERROR_CODE_SYSTEM_EXIT, f"SystemExit: exit code {exc.code!r}", exc)
+    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt & co. are agent outcomes, reported
+        return _failed(session_pb2.AGENT_ERROR_CODE_BASE_EXCEPTION, _summary(exc), exc)
+
+
+def _resolve(entrypoint: str) -> Callable[..., Any]:
+    """Import `module[:function]` (function defaults to `run`) from the pack's import root."""
+    module_name, colon, function_name = entrypoint.partition(":")
+    function_name = function_name if colon else "run"
+    if not (all(p.isidentifier() for p in module_name.split(".")) and function_name.isidentifier()):
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_BAD_ENTRYPOINT,
+            _clip(f"entrypoint {entrypoint!r} is not 'module' or 'module:function'"),
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as exc:  # noqa: BLE001 - module-level agent code may raise anything
+        traceback.print_exception(exc)
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_IMPORT_FAILED,
+            _clip(f"cannot import {module_name!r}: {_summary(exc)}"),
+        ) from None
+    function: Callable[..., Any] | None = getattr(module, function_name, None)
+    if not callable(function):
+        missing = "has no" if function is None else "has a non-callable"
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_ENTRYPOINT_NOT_FOUND,
+            _clip(f"module {module_name!r} {missing} {function_name!r}"),
+        )
+    return function
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    """Await any awaitable (asyncio.run accepts only coroutines)."""
+    return await awaitable
+
+
+def _encode(value: Any, max_result_bytes: int) -> str:
+    """The result as JSON text under the host's byte cap (0 = the host set none: the message cap)."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE,
+            _clip(f"result is not JSON-serializable: {_summary(exc)}"),
+        ) from None
+    cap = min(max_result_bytes or _RESULT_CEILING, _RESULT_CEILING)
+    if size > cap:
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_RESULT_TOO_LARGE,
+            f"result is {size} bytes of JSON; the cap is {cap} bytes",
+        )
+    return text
+
+
+def _failed(
+    code: session_pb2.AgentErrorCode, message: str, exc: BaseException | None = None
+) -> session_pb2.ReportResultRequest:
+    """A failure outcome; the agent's traceback goes to stderr, which the host drains and caps."""
+    if exc is not None:
+        traceback.print_exception(exc)
+    failure = session_pb2.AgentFailure(code=code, message=_clip(message))
+    return session_pb2.ReportResultRequest(failure=failure)
+
+
+def _summary(exc: BaseException) -> str:
+    """`Type: message`, the operator's one-line view of an exception."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the outcome
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _clip(message: str) -> str:
+    """One line of valid UTF-8, at most MESSAGE_CHARS characters."""
+    line = " ".join(message.split()).encode("utf-8", "replace").decode("utf-8")
+    return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 1] + "…"
+
+
+def _die(code: int, message: str) -> int:
+    """One stderr line naming what failed, then the exit code."""
+    print(f"sandbox_wrapper: {message}", file=sys.stderr)
+    return code

@@ -1,0 +1,378 @@
+"""The audit trail: record shape and sanitization, the hash chain, tamper detection, rotation, concurrency."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host._audit import GENESIS, AuditLog, run_record, verify_audit
+from host._errors import AuditReason
+
+REPO = Path(__file__).resolve().parents[2]
+
+FULL_LLM: dict[str, Any] = {
+    "enabled": True,
+    "max_calls": 5,
+    "max_input_chars": 1000,
+    "max_output_chars": 2000,
+    "allowed_models": frozenset({"gpt-b", "gpt-a"}),
+    "requests": 3,
+    "calls": 2,
+    "ok": 2,
+    "refused_disabled": 0,
+    "refused_limit": 1,
+    "refused_input": 0,
+    "refused_output": 0,
+    "refused_model": 0,
+    "provider_errors": 0,
+    "model": "gpt-a",
+}
+
+
+def record(slug: str = "demo-agent", **overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "slug": slug,
+        "trust": "community",
+        "run_id": "run-1",
+        "action": "allow",
+        "source": "agent_sandbox",
+        "reason": AuditReason.AGENT_COMPLETED,
+        "sandbox": True,
+        "runtime": "runsc",
+        "image": "sha256:" + "a" * 64,
+        "duration_ms": 1234,
+        "timed_out": False,
+        "llm": FULL_LLM,
+        "tool_calls": 3,
+        "tool_refusals": 1,
+    }
+    args.update(overrides)
+    return run_record(**args)
+
+
+def lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+def write_lines(path: Path, content: list[bytes]) -> None:
+    path.write_bytes(b"".join(line + b"\n" for line in content))
+
+
+def filled(tmp_path: Path, count: int = 5) -> Path:
+    path = tmp_path / "audit" / "audit.jsonl"
+    log = AuditLog(path)
+    for i in range(count):
+        assert log.append(record(slug=f"agent-{i}"))
+    return path
+
+
+# --- run_record ---------------------------------------------------------------------------------------
+
+
+def test_run_record_has_exactly_the_documented_fields() -> None:
+    rec = record()
+    assert list(rec) == [
+        "event", "slug", "action", "source", "reason", "trust", "request_id", "sandbox", "runtime",
+        "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
+    ]
+    assert rec["event"] == "agent_run"
+    assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str
+    assert rec["request_id"] == "run-1"
+    assert rec["llm"] == {**FULL_LLM, "allowed_models": ["gpt-a", "gpt-b"]}
+    assert json.loads(json.dumps(rec)) == rec
+
+
+def test_run_record_without_llm_policy_has_null_llm() -> None:
+    rec = record(llm=None, sandbox=False, source="agent_host", runtime=None, action="deny",
+                 reason="refused_trust", timed_out=True)
+    assert rec["llm"] is None
+    assert (rec["sandbox"], rec["source"], rec["action"]) == (False, "agent_host", "deny")
+    assert rec["timed_out"] is True
+
+
+@pytest.mark.parametrize(
+    "override",
+    [{"reason": "prompt was rude"}, {"reason": "AGENT_COMPLETED"}, {"action": "maybe"}, {"source": "agent"}],
+)
+def test_run_record_refuses_values_outside_the_fixed_sets(override: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        record(**override)
+
+
+def test_run_record_drops_unknown_llm_keys_and_unexpected_value_shapes() -> None:
+    llm = {
+        "enabled": "yes",                       # not a bool
+        "max_calls": {"nested": 1},             # not an int
+        "max_input_chars": True,                # bool is not a counter
+        "max_output_chars": 3.5,
+        "calls": 4,
+        "requests": None,
+        "allowed_models": ["ok", 1],            # not all strings
+        "model": ["gpt"],
+        "prompt": "secret prompt text",
+        "api_key": "sk-live-123",
+        "provider_error": "HTTP 500 body",
+    }
+    assert record(llm=llm)["llm"] == {"calls": 4, "requests": None}
+
+
+# --- chain and verify ---------------------------------------------------------------------------------
+
+
+def test_append_chains_records_and_verifies(tmp_path: Path) -> None:
+    path = filled(tmp_path, 5)
+    raw = lines(path)
+    recs = [json.loads(line) for line in raw]
+    assert [r["seq"] for r in recs] == [1, 2, 3, 4, 5]
+    assert recs[0]["prev"] == GENESIS
+    for before, rec in zip(raw, recs[1:], strict=False):
+        assert rec["prev"] == hashlib.sha256(before).hexdigest()
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["ts"]) for r in recs)
+    assert recs[2]["slug"] == "agent-2" and recs[2]["llm"]["model"] == "gpt-a"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    report = verify_audit(path)
+    assert (report.ok, report.records, report.problems) == (True, 5, [])
+
+
+def test_append_overrides_chain_fields_supplied_by_the_caller(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    assert AuditLog(path).append({**record(), "seq": 99, "prev": "f" * 64, "ts": "forged"})
+    rec = json.loads(lines(path)[0])
+    assert (rec["seq"], rec["prev"]) == (1, GENESIS) and rec["ts"] != "forged"
+    assert verify_audit(path).ok
+
+
+def _edit_field(raw: list[bytes]) -> list[bytes]:
+    rec = json.loads(raw[2])
+    rec["action"] = "deny"
+    return [*raw[:2], json.dumps(rec, separators=(",", ":")).encode(), *raw[3:]]
+
+
+def _forge(raw: list[bytes]) -> list[bytes]:
+    forged = json.loads(raw[1])
+    forged["slug"] = "innocent"
+    return [*raw[:2], json.dumps(forged, separators=(",", ":")).encode(), *raw[2:]]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "expected"),
+    [
+        (_edit_field, "audit.jsonl:4: prev hash mismatch (record edited or removed before it)"),
+        (lambda raw: [*raw[:2], *raw[3:]], "audit.jsonl:3: prev hash mismatch"),
+        (lambda raw: raw[:-1], "audit.jsonl: log ends at seq 4 but audit.jsonl.head records seq 5"),
+        (lambda raw: [*raw[:-1], raw[-1].replace(b"agent-4", b"agent-X")], "last record does not match"),
+        (lambda raw: raw[1:], "audit.jsonl:1: chain starts at seq 2"),
+        (lambda raw: [raw[0], raw[2], raw[1], *raw[3:]], "audit.jsonl:2: prev hash mismatch"),
+        (_forge, "audit.jsonl:3: seq 2, expected 3"),
+    ],
+    ids=["edit", "delete-middle", "delete-last", "edit-last", "delete-first", "reorder", "insert"],
+)
+def test_verify_detects_tampering(
+    tmp_path: Path, tamper: Callable[[list[bytes]], list[bytes]], expected: str
+) -> None:
+    path = filled(tmp_path, 5)
+    write_lines(path, tamper(lines(path)))
+    report = verify_audit(path)
+    assert not report.ok
+    assert any(expected in p for p in report.problems), report.problems
+
+
+def test_removed_tail_stays_visible_after_later_appends(tmp_path: Path) -> None:
+    path = filled(tmp_path, 5)
+    write_lines(path, lines(path)[:-2])
+    assert AuditLog(path).append(record())
+    report = verify_audit(path)
+    assert "audit.jsonl:4: prev hash mismatch (record edited or removed before it)" in report.problems
+    assert "audit.jsonl:4: seq 6, expected 4 (record inserted, removed or reordered)" in report.problems
+
+
+def test_missing_head_file_is_reported(tmp_path: Path) -> None:
+    path = filled(tmp_path, 2)
+    (path.parent / "audit.jsonl.head").unlink()
+    report = verify_audit(path)
+    assert report.problems == ["audit.jsonl.head: missing, removal of the last records cannot be ruled out"]
+
+
+def test_lost_head_update_is_healed_by_the_next_append(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    head = tmp_path / "audit.jsonl.head"
+    log = AuditLog(path)
+    assert log.append(record())
+    stale = head.read_bytes()
+    assert log.append(record())
+    head.write_bytes(stale)  # as if the process died between writing the line and the head
+    assert not verify_audit(path).ok
+    assert log.append(record())
+    assert [json.loads(line)["seq"] for line in lines(path)] == [1, 2, 3]
+    assert verify_audit(path).ok
+
+
+def test_torn_last_line_does_not_swallow_the_next_record(tmp_path: Path) -> None:
+    path = filled(tmp_path, 2)
+    with path.open("ab") as fh:
+        fh.write(b'{"ts":"2024-')
+    log = AuditLog(path)
+    assert log.append(record(slug="after-tear"))
+    assert json.loads(lines(path)[-1])["slug"] == "after-tear"
+    assert verify_audit(path).problems[0] == "audit.jsonl:3: not a JSON object"
+
+
+def test_verify_of_a_missing_log_is_ok_and_empty(tmp_path: Path) -> None:
+    report = verify_audit(tmp_path / "nothing" / "audit.jsonl")
+    assert (report.ok, report.records, report.problems) == (True, 0, [])
+
+
+# --- rotation -----------------------------------------------------------------------------------------
+
+
+def test_rotation_continues_the_chain_and_respects_keep(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    line_size = len(json.dumps(record())) + 80
+    log = AuditLog(path, max_bytes=3 * line_size, keep=2)
+    for i in range(20):
+        assert log.append(record(slug=f"agent-{i}"))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2", "audit.jsonl.head", "audit.jsonl.lock"]
+    assert all(p.stat().st_size <= 3 * line_size for p in tmp_path.glob("audit.jsonl*"))
+    first_new = json.loads(lines(path)[0])
+    assert first_new["prev"] == hashlib.sha256(lines(tmp_path / "audit.jsonl.1")[-1]).hexdigest()
+    seqs = [json.loads(x)["seq"] for name in ("audit.jsonl.2", "audit.jsonl.1", "audit.jsonl")
+            for x in lines(tmp_path / name)]
+    assert seqs == list(range(seqs[0], 21)) and seqs[0] > 1
+    report = verify_audit(path)
+    assert (report.ok, report.records) == (True, len(seqs))
+
+    oldest = tmp_path / "audit.jsonl.2"
+    write_lines(oldest, lines(oldest)[1:])
+    assert any(p.startswith("audit.jsonl.2:1: chain starts at seq") for p in verify_audit(path).problems)
+
+
+def test_tampering_in_a_rotated_file_is_located(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, max_bytes=(len(json.dumps(record())) + 150) * 4, keep=5)
+    for _ in range(10):
+        assert log.append(record())
+    rotated = tmp_path / "audit.jsonl.1"
+    raw = lines(rotated)
+    assert len(raw) >= 3
+    write_lines(rotated, [raw[0], *raw[2:]])
+    problems = verify_audit(path).problems
+    assert "audit.jsonl.1:2: prev hash mismatch (record edited or removed before it)" in problems
+
+
+# --- concurrency --------------------------------------------------------------------------------------
+
+
+def assert_intact(path: Path, count: int) -> list[dict[str, Any]]:
+    recs = [json.loads(line) for line in lines(path)]
+    assert sorted(r["seq"] for r in recs) == list(range(1, count + 1))
+    report = verify_audit(path)
+    assert (report.ok, report.records, report.problems) == (True, count, [])
+    return recs
+
+
+def test_parallel_appends_from_threads_keep_the_chain_intact(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    barrier = threading.Barrier(64)
+    results: list[bool] = []
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        results.append(log.append(record(slug=f"t{i}")))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 64
+    recs = assert_intact(path, 64)
+    assert {r["slug"] for r in recs} == {f"t{i}" for i in range(64)}
+
+
+def test_parallel_appends_from_processes_keep_the_chain_intact(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    code = (
+        "import sys; from pathlib import Path; from host._audit import AuditLog\n"
+        "log = AuditLog(Path(sys.argv[1]))\n"
+        "ok = [log.append({'event': 'agent_run', 'slug': 'p' + sys.argv[2], 'n': n}) for n in range(8)]\n"
+        "sys.exit(0 if all(ok) else 1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path), str(i)], env=env, cwd=REPO) for i in range(8)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0] * 8
+    recs = assert_intact(path, 64)
+    expected = sorted((f"p{i}", n) for i in range(8) for n in range(8))
+    assert sorted((r["slug"], r["n"]) for r in recs) == expected
+
+
+# --- failures -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["file-is-a-directory", "parent-is-a-file"])
+def test_unwritable_log_returns_false_and_warns_without_contents(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, layout: str
+) -> None:
+    if layout == "file-is-a-directory":
+        path = tmp_path / "audit.jsonl"
+        path.mkdir()
+    else:
+        (tmp_path / "blocker").write_text("not a directory")
+        path = tmp_path / "blocker" / "audit.jsonl"
+    caplog.set_level(logging.WARNING, logger="agentnode.sandbox.audit")
+    assert AuditLog(path).append(record(slug="secret-marker", run_id="run-marker")) is False
+    assert len(caplog.records) == 1
+    warning = caplog.records[0]
+    assert warning.name == "agentnode.sandbox.audit" and warning.levelno == logging.WARNING
+    assert "marker" not in caplog.text and "gpt-a" not in caplog.text
+
+
+def test_unserializable_record_returns_false(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "audit.jsonl"
+    caplog.set_level(logging.WARNING, logger="agentnode.sandbox.audit")
+    assert AuditLog(path).append({"event": "agent_run", "value": object()}) is False
+    assert len(caplog.records) == 1
+    assert not path.exists() or path.read_bytes() == b""
+
+
+def test_constructor_rejects_nonsense_limits(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        AuditLog(tmp_path / "a.jsonl", keep=0)
+    with pytest.raises(ValueError):
+        AuditLog(tmp_path / "a.jsonl", max_bytes=0)
+
+
+# --- tail ---------------------------------------------------------------------------------------------
+
+
+def test_tail_returns_last_records_oldest_first_across_rotations(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, max_bytes=len(json.dumps(record())) * 3, keep=10)
+    for i in range(12):
+        assert log.append(record(slug="even" if i % 2 == 0 else "odd", run_id=f"r{i}"))
+    assert (tmp_path / "audit.jsonl.2").exists()
+    assert [r["request_id"] for r in log.tail(3)] == ["r9", "r10", "r11"]
+    assert [r["request_id"] for r in log.tail(4, slug="odd")] == ["r5", "r7", "r9", "r11"]
+    assert [r["request_id"] for r in log.tail(100, slug="even")] == [f"r{i}" for i in range(0, 12, 2)]
+    assert log.tail(5, slug="nobody") == []
+    assert log.tail(0) == []
+
+
+def test_tail_of_a_missing_log_is_empty(tmp_path: Path) -> None:
+    assert AuditLog(tmp_path / "none" / "audit.jsonl").tail(5) == []

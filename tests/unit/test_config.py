@@ -1,0 +1,262 @@
+"""Config paths, validation with key paths, the feature flag and the atomic image pin."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host._config import (
+    AgentSandboxConfig,
+    LimitsCeiling,
+    LlmHostConfig,
+    config_paths,
+    load_config,
+    sandbox_enabled,
+    set_image_pin,
+)
+from host._errors import AuditReason, ConfigError
+
+
+def _write(tmp_path: Path, data: Any) -> dict[str, str]:
+    path = tmp_path / "config.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return {"AGENTNODE_CONFIG": str(path)}
+
+
+def test_default_paths_live_under_home(tmp_path: Path) -> None:
+    paths = config_paths({"HOME": str(tmp_path)})
+    base = tmp_path / ".agentnode"
+    assert paths.config_file == base / "config.json"
+    assert paths.dir == base
+    assert paths.audit_file == base / "audit.jsonl"
+    assert paths.lockfile == base / "agentnode.lock"
+    assert paths.packs_dir == base / "packs"
+
+
+def test_agentnode_config_json_suffix_is_the_file(tmp_path: Path) -> None:
+    paths = config_paths({"AGENTNODE_CONFIG": str(tmp_path / "host.json")})
+    assert paths.config_file == tmp_path / "host.json"
+    assert paths.dir == tmp_path
+    assert paths.audit_file == tmp_path / "audit.jsonl"
+
+
+def test_agentnode_config_other_value_is_the_directory(tmp_path: Path) -> None:
+    paths = config_paths({"AGENTNODE_CONFIG": str(tmp_path / "state")})
+    assert paths.config_file == tmp_path / "state" / "config.json"
+    assert paths.packs_dir == tmp_path / "state" / "packs"
+
+
+def test_lockfile_override(tmp_path: Path) -> None:
+    paths = config_paths({"AGENTNODE_CONFIG": str(tmp_path), "AGENTNODE_LOCKFILE": str(tmp_path / "x.lock")})
+    assert paths.lockfile == tmp_path / "x.lock"
+    assert paths.config_file == tmp_path / "config.json"
+
+
+def test_missing_file_gives_defaults(tmp_path: Path) -> None:
+    cfg = load_config({"AGENTNODE_CONFIG": str(tmp_path / "nowhere")})
+    assert cfg.agent_sandbox == AgentSandboxConfig()
+    assert cfg.raw == {}
+    assert cfg.agent_sandbox.runtime == "runc"
+    assert cfg.agent_sandbox.idle_timeout_seconds == 60
+    assert cfg.agent_sandbox.llm.timeout_seconds == 60.0
+
+
+def test_full_config_is_converted(tmp_path: Path) -> None:
+    env = _write(tmp_path, {
+        "api_key_owner": {"kept": True},
+        "agent_sandbox": {
+            "enabled": True,
+            "host_trust_policy": "curated_only",
+            "image": "repo@sha256:abc",
+            "runtime": "runsc",
+            "tools": {"allowed_packages": ["web-search", "calc"]},
+            "limits": {"max_tool_calls": 5, "max_runtime_seconds": 30, "max_iterations": 3},
+            "llm": {
+                "enabled": False, "max_calls": 50, "max_input_chars": 100, "max_output_chars": 200,
+                "allowed_models": [], "provider": "openai_compatible", "model": "m",
+                "base_url": "http://127.0.0.1:9", "timeout_seconds": 2.5,
+            },
+            "idle_timeout_seconds": 7,
+        },
+    })
+    cfg = load_config(env)
+    assert cfg.agent_sandbox == AgentSandboxConfig(
+        enabled=True,
+        host_trust_policy="curated_only",
+        image="repo@sha256:abc",
+        runtime="runsc",
+        tools_allowed_packages=("web-search", "calc"),
+        limits=LimitsCeiling(max_tool_calls=5, max_runtime_seconds=30, max_iterations=3),
+        llm=LlmHostConfig(
+            enabled=False, max_calls=50, max_input_chars=100, max_output_chars=200, allowed_models=(),
+            provider="openai_compatible", model="m", base_url="http://127.0.0.1:9", timeout_seconds=2.5,
+        ),
+        idle_timeout_seconds=7,
+    )
+    assert cfg.raw["api_key_owner"] == {"kept": True}
+
+
+def test_null_means_unset_for_optional_keys(tmp_path: Path) -> None:
+    env = _write(tmp_path, {"agent_sandbox": {"image": None, "llm": {"max_calls": None}, "limits": None}})
+    sandbox = load_config(env).agent_sandbox
+    assert sandbox.image is None
+    assert sandbox.llm.max_calls is None
+    assert sandbox.limits == LimitsCeiling()
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"llm": {"max_calls": "x"}}, 'agent_sandbox.llm.max_calls: expected a positive integer, got "x"'),
+        ({"llm": {"max_calls": 0}}, "agent_sandbox.llm.max_calls: expected a positive integer, got 0"),
+        ({"llm": {"max_calls": True}}, "agent_sandbox.llm.max_calls: expected a positive integer, got true"),
+        ({"llm": {"max_calls": 2.0}}, "agent_sandbox.llm.max_calls: expected a positive integer, got 2.0"),
+        ({"enabled": "true"}, 'agent_sandbox.enabled: expected true or false, got "true"'),
+        ({"llm": {"enabled": 1}}, "agent_sandbox.llm.enabled: expected true or false, got 1"),
+        ({"runtime": "kata"}, 'agent_sandbox.runtime: expected one of runc, runsc, got "kata"'),
+        ({"host_trust_policy": "strict"}, "agent_sandbox.host_trust_policy: expected one of default,"),
+        ({"llm": {"provider": "gemini"}}, "agent_sandbox.llm.provider: expected one of openai, anthropic,"),
+        ({"image": ""}, 'agent_sandbox.image: expected a non-empty string, got ""'),
+        ({"image": 5}, "agent_sandbox.image: expected a non-empty string, got 5"),
+        ({"llm": {"timeout_seconds": -1}}, "agent_sandbox.llm.timeout_seconds: expected a positive number"),
+        ({"llm": {"timeout_seconds": "5"}}, "agent_sandbox.llm.timeout_seconds: expected a positive number"),
+        ({"llm": {"timeout_seconds": float("nan")}},
+         "agent_sandbox.llm.timeout_seconds: expected a positive"),
+        ({"llm": {"timeout_seconds": float("inf")}},
+         "agent_sandbox.llm.timeout_seconds: expected a positive"),
+        ({"idle_timeout_seconds": 1.5}, "agent_sandbox.idle_timeout_seconds: expected a positive integer"),
+        ({"limits": {"max_iterations": -3}},
+         "agent_sandbox.limits.max_iterations: expected a positive integer"),
+        ({"llm": {"allowed_models": "gpt"}},
+         "agent_sandbox.llm.allowed_models: expected a list of non-empty"),
+        ({"llm": {"allowed_models": ["a", ""]}}, "agent_sandbox.llm.allowed_models: expected a list of non-"),
+        ({"tools": {"allowed_packages": [1]}},
+         "agent_sandbox.tools.allowed_packages: expected a list of non-"),
+        ({"tools": []}, "agent_sandbox.tools: expected an object, got []"),
+        ({"llm": "on"}, 'agent_sandbox.llm: expected an object, got "on"'),
+        ({"limit": {}}, "agent_sandbox.limit: unknown key"),
+        ({"llm": {"api_key": "sk-secret"}}, "agent_sandbox.llm.api_key: unknown key"),
+        ({"limits": {"max_tool_call": 3}}, "agent_sandbox.limits.max_tool_call: unknown key"),
+        ({"tools": {"allowed": []}}, "agent_sandbox.tools.allowed: unknown key"),
+    ],
+)
+def test_invalid_values_name_the_key_path(tmp_path: Path, section: dict[str, Any], message: str) -> None:
+    env = _write(tmp_path, {"agent_sandbox": section})
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    assert str(info.value).startswith(message)
+    assert info.value.reason == AuditReason.CONFIG_INVALID
+    assert str(tmp_path / "config.json") in info.value.hint
+
+
+def test_unknown_key_error_never_echoes_its_value(tmp_path: Path) -> None:
+    env = _write(tmp_path, {"agent_sandbox": {"llm": {"api_key": "sk-secret"}}})
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    assert "sk-secret" not in str(info.value) + info.value.hint
+
+
+def test_non_object_agent_sandbox_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^agent_sandbox: expected an object, got true"):
+        load_config(_write(tmp_path, {"agent_sandbox": True}))
+
+
+def test_invalid_json_names_file_and_line(tmp_path: Path) -> None:
+    env = _write(tmp_path, '{\n  "agent_sandbox": {\n    "enabled": tru\n  }\n}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    assert str(info.value).startswith(f"{tmp_path / 'config.json'}:3: invalid JSON")
+
+
+def test_top_level_must_be_an_object(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        load_config(_write(tmp_path, "[1, 2]"))
+
+
+def test_other_top_level_keys_are_kept_and_ignored(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, {"registry": {"anything": [1, "x"]}, "telemetry": "whatever"}))
+    assert cfg.agent_sandbox == AgentSandboxConfig()
+    assert cfg.raw == {"registry": {"anything": [1, "x"]}, "telemetry": "whatever"}
+
+
+def _cfg(tmp_path: Path, enabled: bool) -> Any:
+    return load_config(_write(tmp_path, {"agent_sandbox": {"enabled": enabled}}))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", True), ("true", True), (" TRUE ", True), ("True\n", True), ("0", False), ("false", False),
+     (" False", False)],
+)
+@pytest.mark.parametrize("config_enabled", [True, False])
+def test_env_flag_wins(tmp_path: Path, value: str, expected: bool, config_enabled: bool) -> None:
+    cfg = _cfg(tmp_path, config_enabled)
+    assert sandbox_enabled(cfg, {"AGENTNODE_AGENT_SANDBOX": value}) is expected
+
+
+@pytest.mark.parametrize("env", [{}, {"AGENTNODE_AGENT_SANDBOX": ""}, {"AGENTNODE_AGENT_SANDBOX": "  "}])
+@pytest.mark.parametrize("config_enabled", [True, False])
+def test_unset_env_defers_to_config(tmp_path: Path, env: dict[str, str], config_enabled: bool) -> None:
+    assert sandbox_enabled(_cfg(tmp_path, config_enabled), env) is config_enabled
+
+
+def test_flag_defaults_off(tmp_path: Path) -> None:
+    assert sandbox_enabled(load_config({"AGENTNODE_CONFIG": str(tmp_path)}), {}) is False
+
+
+@pytest.mark.parametrize("value", ["yes", "on", "2", "enabled"])
+def test_unrecognised_flag_value_is_an_error(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        sandbox_enabled(_cfg(tmp_path, True), {"AGENTNODE_AGENT_SANDBOX": value})
+    assert str(info.value).startswith("AGENTNODE_AGENT_SANDBOX: ")
+    assert value in str(info.value)
+    assert "agent_sandbox.enabled" in info.value.hint
+
+
+def test_set_image_pin_creates_dir_and_file(tmp_path: Path) -> None:
+    paths = config_paths({"AGENTNODE_CONFIG": str(tmp_path / "new" / "state")})
+    set_image_pin(paths, "sha256:0123")
+    assert stat.S_IMODE(paths.dir.stat().st_mode) == 0o700
+    assert json.loads(paths.config_file.read_text()) == {"agent_sandbox": {"image": "sha256:0123"}}
+    assert load_config({"AGENTNODE_CONFIG": str(paths.config_file)}).agent_sandbox.image == "sha256:0123"
+
+
+def test_set_image_pin_keeps_other_keys(tmp_path: Path) -> None:
+    original: dict[str, Any] = {
+        "registry": {"url": "https://example.invalid", "n": [1, 2]},
+        "agent_sandbox": {"enabled": True, "image": "old@sha256:aa", "llm": {"max_calls": 3}},
+        "zeta": None,
+    }
+    env = _write(tmp_path, original)
+    path = tmp_path / "config.json"
+    os.chmod(path, 0o640)
+    set_image_pin(config_paths(env), "repo@sha256:bb")
+    written = json.loads(path.read_text())
+    assert written == {**original, "agent_sandbox": {**original["agent_sandbox"], "image": "repo@sha256:bb"}}
+    assert list(written) == ["registry", "agent_sandbox", "zeta"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_set_image_pin_refuses_to_clobber_a_broken_file(tmp_path: Path) -> None:
+    env = _write(tmp_path, "{not json")
+    with pytest.raises(ConfigError, match="invalid JSON"):
+        set_image_pin(config_paths(env), "sha256:1")
+    assert (tmp_path / "config.json").read_text() == "{not json"
+
+
+def test_set_image_pin_rejects_non_object_section(tmp_path: Path) -> None:
+    env = _write(tmp_path, {"agent_sandbox": ["x"]})
+    with pytest.raises(ConfigError, match=r"^agent_sandbox: expected an object"):
+        set_image_pin(config_paths(env), "sha256:1")
+
+
+def test_set_image_pin_rejects_empty_ref(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        set_image_pin(config_paths({"AGENTNODE_CONFIG": str(tmp_path)}), "")
+    assert not (tmp_path / "config.json").exists()

@@ -1,0 +1,489 @@
+"""Tool gate and runner: every refusal, the atomic cap, the closed envelope and failure containment."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host._manifest import ToolpackManifest, ToolSpec
+from host._tools import (
+    InstalledToolpack,
+    ToolGate,
+    ToolOutcome,
+    ToolRefusal,
+    ToolRunner,
+    schema_error,
+)
+
+TOOL_MODULE = textwrap.dedent(
+    """
+    import os, sys, time
+
+    def echo(**kwargs):
+        return kwargs
+
+    def types(**kwargs):
+        return {key: [type(value).__name__, value] for key, value in kwargs.items()}
+
+    def count(path):
+        with open(path, "a") as handle:
+            handle.write("ran\\n")
+        return "counted"
+
+    def boom(token=""):
+        raise ValueError("secret-" + token)
+
+    def hang(timeout=None, mode=None):
+        time.sleep(30)
+
+    def crash():
+        os._exit(3)
+
+    def leave():
+        sys.exit(0)
+
+    def unserializable():
+        return {"x": object()}
+
+    def nan():
+        return float("nan")
+
+    def huge():
+        return "x" * (1 << 20)
+
+    def chatty():
+        print("noise on stdout" * 1000)
+        return "quiet reply"
+
+    def reads_stdin():
+        return input()
+
+    def pid():
+        return os.getpid()
+
+    def env():
+        return sorted(os.environ)
+
+    def which():
+        return WHO
+    """
+)
+
+# `missing_function` is declared but not defined in the module.
+TOOL_NAMES = (
+    "echo types count boom hang crash leave unserializable nan huge chatty reads_stdin pid env which"
+    " missing_function"
+).split()
+
+
+def make_pack(
+    base: Path,
+    slug: str,
+    *,
+    version: str = "1.0.0",
+    trust: str = "trusted",
+    src_layout: bool = False,
+    who: str = "",
+    schema: Mapping[str, Any] | None = None,
+) -> InstalledToolpack:
+    """Write a toolpack whose module `tool` holds every test tool; `who` tells packs apart."""
+    pack_dir = base / f"{slug}-{version}"
+    root = pack_dir / "src" if src_layout else pack_dir
+    root.mkdir(parents=True)
+    (root / "tool.py").write_text(TOOL_MODULE + f"\nWHO = {who!r}\n")
+    tools = tuple(
+        ToolSpec(name=name, entrypoint=f"tool:{name}", description="", input_schema=schema)
+        for name in TOOL_NAMES
+    )
+    manifest = ToolpackManifest(
+        slug=slug, version=version, name=slug, entrypoint="tool", tools=tools, dependencies=()
+    )
+    return InstalledToolpack(slug=slug, version=version, trust=trust, root=root, manifest=manifest)
+
+
+def single_tool_pack(
+    base: Path, slug: str, tools: tuple[ToolSpec, ...], entrypoint: str = ""
+) -> InstalledToolpack:
+    root = base / slug
+    root.mkdir()
+    (root / "single.py").write_text("def run(**kwargs):\n    return {'ran': 'run', **kwargs}\n")
+    manifest = ToolpackManifest(
+        slug=slug, version="1", name=slug, entrypoint=entrypoint, tools=tools, dependencies=()
+    )
+    return InstalledToolpack(slug=slug, version="1", trust="curated", root=root, manifest=manifest)
+
+
+@pytest.fixture
+def runner() -> Iterator[ToolRunner]:
+    tool_runner = ToolRunner()
+    yield tool_runner
+    tool_runner.close()
+
+
+def gate_for(
+    runner: ToolRunner,
+    *packs: InstalledToolpack,
+    allowed: tuple[str, ...] | None = None,
+    max_tool_calls: int = 20,
+    budget: float = 30.0,
+    tool_timeout: float = 10.0,
+) -> ToolGate:
+    by_slug = {pack.slug: pack for pack in packs}
+    return ToolGate(
+        allowed_packages=allowed if allowed is not None else tuple(by_slug),
+        max_tool_calls=max_tool_calls,
+        lookup=by_slug.get,
+        runner=runner,
+        deadline=time.monotonic() + budget,
+        tool_timeout=tool_timeout,
+    )
+
+
+def refusal(gate: ToolGate, slug: str, tool: str, arguments_json: str) -> ToolRefusal:
+    with pytest.raises(ToolRefusal) as caught:
+        gate.call(slug, tool, arguments_json)
+    return caught.value
+
+
+def ok(outcome: ToolOutcome) -> Any:
+    assert outcome.success, outcome.error
+    assert outcome.error == ""
+    assert outcome.mode_used == "host_worker"
+    return outcome.result
+
+
+# --- allowed calls ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("src_layout", [False, True])
+def test_allowed_call_runs_the_tool_and_counts(tmp_path: Path, runner: ToolRunner, src_layout: bool) -> None:
+    pack = make_pack(tmp_path, "calc", src_layout=src_layout)
+    gate = gate_for(runner, pack, max_tool_calls=3)
+    assert ok(gate.call("calc", "echo", '{"a": [1, "two", null]}')) == {"a": [1, "two", None]}
+    assert (gate.calls_made, gate.remaining, gate.refusals) == (1, 2, 0)
+
+
+def test_empty_tool_name_selects_the_only_tool_or_the_implicit_run(
+    tmp_path: Path, runner: ToolRunner
+) -> None:
+    only = ToolSpec(name="only", entrypoint="single:run", description="", input_schema=None)
+    single = single_tool_pack(tmp_path, "single", (only,))
+    implicit = single_tool_pack(tmp_path, "implicit", (), entrypoint="single")
+    gate = gate_for(runner, single, implicit)
+    assert ok(gate.call("single", "", '{"x": 1}')) == {"ran": "run", "x": 1}
+    assert ok(gate.call("implicit", "", "{}")) == {"ran": "run"}
+    assert ok(gate.call("implicit", "run", "{}")) == {"ran": "run"}
+
+
+def test_tool_arguments_named_like_controls_are_plain_kwargs(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"))
+    arguments = {
+        "timeout": 0.001,
+        "mode": "sandbox",
+        "mode_used": "x",
+        "root": "/",
+        "entrypoint": "os:system",
+    }
+    outcome = gate.call("calc", "echo", json.dumps(arguments))
+    assert ok(outcome) == arguments
+    assert outcome.mode_used == "host_worker"
+
+
+def test_ints_floats_and_big_ints_survive_the_round_trip(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"))
+    result = ok(
+        gate.call("calc", "types", '{"i": 1, "f": 1.0, "big": 123456789012345678901234567890, "e": 1e300}')
+    )
+    assert result == {
+        "i": ["int", 1],
+        "f": ["float", 1.0],
+        "big": ["int", 123456789012345678901234567890],
+        "e": ["float", 1e300],
+    }
+    assert type(result["f"][1]) is float and type(result["big"][1]) is int
+
+
+# --- refusals -----------------------------------------------------------------------------------------
+
+
+def test_every_refusal_reason_is_counted_and_runs_nothing(tmp_path: Path, runner: ToolRunner) -> None:
+    marker = tmp_path / "ran.txt"
+    count_args = json.dumps({"path": str(marker)})
+    calc = make_pack(tmp_path, "calc")
+    community = make_pack(tmp_path, "community", trust="verified")
+    empty = single_tool_pack(tmp_path, "empty", ())
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False}
+    strict = make_pack(tmp_path, "strict", schema=schema)
+    gate = gate_for(
+        runner, calc, community, empty, strict, allowed=("calc", "community", "empty", "strict", "ghost")
+    )
+    cases: list[tuple[str, str, str, str]] = [
+        ("", "count", count_args, "INVALID_REQUEST"),
+        ("Bad Slug!", "count", count_args, "INVALID_REQUEST"),
+        ("other", "count", count_args, "TOOL_NOT_ALLOWED"),
+        ("calc", "count", '{"path": "' + "x" * (1 << 20) + '"}', "TOO_LARGE"),
+        ("calc", "count", "", "INVALID_REQUEST"),
+        ("calc", "count", "not json", "INVALID_REQUEST"),
+        ("calc", "count", "[1]", "INVALID_REQUEST"),
+        ("calc", "count", '{"path": NaN}', "INVALID_REQUEST"),
+        ("calc", "count", '{"path": -Infinity}', "INVALID_REQUEST"),
+        ("calc", "count", "[" * 200_000, "INVALID_REQUEST"),
+        ("ghost", "count", count_args, "TOOL_NOT_FOUND"),
+        ("community", "count", count_args, "TOOL_PACK_UNTRUSTED"),
+        ("calc", "", count_args, "TOOL_NOT_FOUND"),
+        ("calc", "nope", count_args, "TOOL_NOT_FOUND"),
+        ("empty", "", "{}", "TOOL_NOT_FOUND"),
+        ("strict", "count", '{"path": 3}', "TOOL_ARGUMENTS_INVALID"),
+        ("strict", "count", '{"path": "p", "extra": 1}', "TOOL_ARGUMENTS_INVALID"),
+    ]
+    for number, (slug, tool, arguments_json, reason) in enumerate(cases, start=1):
+        refused = refusal(gate, slug, tool, arguments_json)
+        assert refused.reason == reason, (slug, tool, arguments_json[:40])
+        assert str(refused).startswith(f"{reason}: ")
+        assert len(refused.message) <= 200
+        assert gate.refusals == number
+    assert gate.calls_made == 0
+    assert not marker.exists()
+
+
+def test_refusal_messages_name_what_the_agent_needs(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(
+        runner,
+        make_pack(tmp_path, "calc"),
+        make_pack(tmp_path, "strict", schema={"properties": {"n": {"type": "integer"}}}),
+        allowed=("calc", "strict", "ghost"),
+    )
+    assert "'other-pack'" in refusal(gate, "other-pack", "", "{}").message
+    assert "not installed on this host" in refusal(gate, "ghost", "", "{}").message
+    listed = refusal(gate, "calc", "", "{}").message
+    assert "several tools" in listed and "echo" in listed
+    assert "$.n: expected integer" in refusal(gate, "strict", "echo", '{"n": 1.5}').message
+    untrusted = gate_for(runner, make_pack(tmp_path / "c", "comm", trust="unverified"))
+    assert refusal(untrusted, "comm", "echo", "{}").message == "community tool packs never run on the host"
+
+
+def test_refusals_do_not_consume_the_cap(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"), max_tool_calls=2)
+    for slug, tool, arguments_json in [
+        ("other", "echo", "{}"),
+        ("calc", "nope", "{}"),
+        ("calc", "echo", "[]"),
+    ] * 3:
+        refusal(gate, slug, tool, arguments_json)
+    assert (gate.refusals, gate.calls_made, gate.remaining) == (9, 0, 2)
+    ok(gate.call("calc", "echo", "{}"))
+    ok(gate.call("calc", "echo", "{}"))
+    assert refusal(gate, "calc", "echo", "{}").reason == "TOOL_CALL_LIMIT"
+    assert (gate.refusals, gate.calls_made, gate.remaining) == (10, 2, 0)
+
+
+def test_cap_holds_under_concurrency(tmp_path: Path, runner: ToolRunner) -> None:
+    marker = tmp_path / "ran.txt"
+    pack = make_pack(tmp_path, "calc")
+
+    def slow_lookup(slug: str) -> InstalledToolpack:
+        time.sleep(0.05)  # every caller passes the early cap check before anyone reserves
+        return pack
+
+    gate = ToolGate(
+        allowed_packages=["calc"],
+        max_tool_calls=5,
+        lookup=slow_lookup,
+        runner=runner,
+        deadline=time.monotonic() + 30,
+    )
+    start = threading.Barrier(50)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        start.wait()
+        try:
+            result = gate.call("calc", "count", json.dumps({"path": str(marker)}))
+            label = "ok" if result.success else result.error
+        except ToolRefusal as refused:
+            label = refused.reason
+        with lock:
+            outcomes.append(label)
+
+    threads = [threading.Thread(target=worker) for _ in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert sorted(outcomes) == ["TOOL_CALL_LIMIT"] * 45 + ["ok"] * 5
+    assert marker.read_text().splitlines() == ["ran"] * 5
+    assert (gate.calls_made, gate.refusals, gate.remaining) == (5, 45, 0)
+
+
+def test_spent_deadline_refuses_and_clamps_the_timeout(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"), budget=0.5, tool_timeout=60)
+    started = time.monotonic()
+    outcome = gate.call("calc", "hang", "{}")
+    assert not outcome.success and outcome.error == "tool timed out after 0.5 s"
+    assert time.monotonic() - started < 2
+    assert refusal(gate, "calc", "echo", "{}").reason == "RUN_DEADLINE"
+    assert (gate.calls_made, gate.refusals) == (1, 1)
+
+
+# --- failures stay inside their call ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "error"),
+    [
+        ("boom", {"token": "sk-live-123"}, "tool raised ValueError"),
+        ("reads_stdin", {}, "tool raised EOFError"),
+        ("crash", {}, "tool worker crashed"),
+        ("leave", {}, "tool worker crashed"),
+        ("unserializable", {}, "tool result is not JSON-serializable"),
+        ("nan", {}, "tool result is not JSON-serializable"),
+        ("huge", {}, "tool result too large"),
+        ("hang", {"timeout": 3600, "mode": "sandbox"}, "tool timed out after 1.0 s"),
+        ("missing_function", {}, "tool entrypoint could not be loaded (AttributeError)"),
+    ],
+)
+def test_a_failing_tool_fails_only_its_call(
+    tmp_path: Path, runner: ToolRunner, tool: str, arguments: dict[str, Any], error: str
+) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"), tool_timeout=1.0)
+    started = time.monotonic()
+    outcome = gate.call("calc", tool, json.dumps(arguments))
+    assert time.monotonic() - started < 5
+    assert (outcome.success, outcome.result, outcome.error) == (False, None, error)
+    assert "sk-live" not in outcome.error
+    assert ok(gate.call("calc", "echo", '{"after": true}')) == {"after": True}
+    assert gate.calls_made == 2
+
+
+def test_tool_prints_do_not_corrupt_the_protocol(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"))
+    assert ok(gate.call("calc", "chatty", "{}")) == "quiet reply"
+    assert ok(gate.call("calc", "chatty", "{}")) == "quiet reply"
+
+
+# --- workers ------------------------------------------------------------------------------------------
+
+
+def test_worker_env_holds_no_api_keys(
+    tmp_path: Path, runner: ToolRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-canary")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    keys = ok(gate_for(runner, make_pack(tmp_path, "calc")).call("calc", "env", "{}"))
+    assert "OPENAI_API_KEY" not in keys and "ANTHROPIC_API_KEY" not in keys
+    assert set(keys) <= {"PATH", "LANG", "HOME", "LC_CTYPE"}
+
+
+def test_workers_are_reused_per_pack_and_never_shared(tmp_path: Path, runner: ToolRunner) -> None:
+    alpha = make_pack(tmp_path, "alpha", who="alpha")
+    beta = make_pack(tmp_path, "beta", who="beta")
+    alpha_next = make_pack(tmp_path, "alpha", version="2.0.0", who="alpha 2")
+    gate = gate_for(runner, alpha, beta)
+    first, second = ok(gate.call("alpha", "pid", "{}")), ok(gate.call("alpha", "pid", "{}"))
+    assert first == second
+    assert ok(gate.call("beta", "pid", "{}")) != first
+    assert ok(gate.call("alpha", "which", "{}")) == "alpha"
+    assert ok(gate.call("beta", "which", "{}")) == "beta"
+    upgraded = gate_for(runner, alpha_next)
+    assert ok(upgraded.call("alpha", "pid", "{}")) != first
+    assert ok(upgraded.call("alpha", "which", "{}")) == "alpha 2"
+
+
+def test_a_timed_out_worker_is_replaced(tmp_path: Path, runner: ToolRunner) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"), tool_timeout=0.5)
+    before = ok(gate.call("calc", "pid", "{}"))
+    assert gate.call("calc", "hang", "{}").error == "tool timed out after 0.5 s"
+    with pytest.raises(ProcessLookupError):
+        os.kill(before, 0)
+    assert ok(gate.call("calc", "pid", "{}")) != before
+
+
+def test_close_kills_workers_and_later_calls_fail(tmp_path: Path) -> None:
+    runner = ToolRunner()
+    gate = gate_for(runner, make_pack(tmp_path, "calc"))
+    pid = ok(gate.call("calc", "pid", "{}"))
+    runner.close()
+    runner.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert gate.call("calc", "pid", "{}").error == "tool runner is closed"
+
+
+# --- schema subset ------------------------------------------------------------------------------------
+
+OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 5},
+        "count": {"type": "integer", "minimum": 0, "maximum": 10},
+        "ratio": {"type": "number"},
+        "flag": {"type": "boolean"},
+        "mode": {"enum": ["fast", "slow", 1]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "maybe": {"type": ["string", "null"]},
+        "nested": {"type": "object", "additionalProperties": {"type": "integer"}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"name": "a"},
+        {"name": "abcde", "count": 0, "ratio": 1, "flag": False, "mode": 1, "tags": [], "maybe": None},
+        {
+            "name": "a",
+            "count": 10,
+            "ratio": 2.5,
+            "mode": "slow",
+            "tags": ["x"],
+            "maybe": "y",
+            "nested": {"k": 3},
+        },
+    ],
+)
+def test_schema_accepts(value: dict[str, Any]) -> None:
+    assert schema_error(OBJECT_SCHEMA, value) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ({}, "$.name: required property missing"),
+        ({"name": ""}, "$.name: shorter than 1 characters"),
+        ({"name": "abcdef"}, "$.name: longer than 5 characters"),
+        ({"name": 5}, "$.name: expected string"),
+        ({"name": "a", "count": 1.0}, "$.count: expected integer"),
+        ({"name": "a", "count": True}, "$.count: expected integer"),
+        ({"name": "a", "count": -1}, "$.count: less than 0"),
+        ({"name": "a", "count": 11}, "$.count: greater than 10"),
+        ({"name": "a", "ratio": False}, "$.ratio: expected number"),
+        ({"name": "a", "flag": 0}, "$.flag: expected boolean"),
+        ({"name": "a", "mode": "medium"}, "$.mode: not one of the allowed values"),
+        ({"name": "a", "mode": True}, "$.mode: not one of the allowed values"),
+        ({"name": "a", "tags": ["x", 2]}, "$.tags[1]: expected string"),
+        ({"name": "a", "tags": "x"}, "$.tags: expected array"),
+        ({"name": "a", "maybe": 1}, "$.maybe: expected string or null"),
+        ({"name": "a", "nested": {"k": "v"}}, "$.nested.k: expected integer"),
+        ({"name": "a", "surprise": 1}, "$.surprise: unexpected property"),
+        ([], "$: expected object"),
+    ],
+)
+def test_schema_rejects_with_the_failing_path(value: Any, error: str) -> None:
+    assert schema_error(OBJECT_SCHEMA, value) == error
+
+
+def test_schema_with_an_unknown_type_fails_closed() -> None:
+    assert schema_error({"type": "intger"}, 1) == "$: the tool's schema uses an unsupported type"

@@ -1,0 +1,370 @@
+"""`python -m sandbox_wrapper` as a real subprocess against the fake host: one outcome per run, exit codes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
+from tests.support.fake_host import FakeHost, Refusal, Served, make_task, serve
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+Code = session_pb2.AgentErrorCode
+
+
+@pytest.fixture
+def host() -> FakeHost:
+    return FakeHost()
+
+
+@pytest.fixture
+def served(host: FakeHost) -> Iterator[Served]:
+    running = serve(host)
+    yield running
+    running.stop()
+
+
+def run_wrapper(socket_path: str, import_root: Path) -> subprocess.CompletedProcess[str]:
+    """The wrapper as the container runs it: a fresh interpreter with only the two documented variables."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AGENTNODE_SOCKET": socket_path,
+        "AGENTNODE_IMPORT_ROOT": str(import_root),
+        "PYTHONDONTWRITEBYTECODE": "1",  # the pack is read-only in the container; keep examples/ clean
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_wrapper"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def run_agent(
+    served: Served, tmp_path: Path, source: str, entrypoint: str = "agent:run", **task: Any
+) -> subprocess.CompletedProcess[str]:
+    """Write `source` as agent.py in a pack dir, script the task, and run the wrapper once."""
+    (tmp_path / "agent.py").write_text(textwrap.dedent(source))
+    served.host.task = make_task(entrypoint=entrypoint, **task)
+    return run_wrapper(served.socket_path, tmp_path)
+
+
+def completion(content: str) -> llm_pb2.CallLlmResponse:
+    return llm_pb2.CallLlmResponse(content=content, finish_reason=llm_pb2.FINISH_REASON_STOP)
+
+
+def value_of(host: FakeHost) -> Any:
+    assert host.report.WhichOneof("outcome") == "value_json", host.report
+    return json.loads(host.report.value_json)
+
+
+def failure_of(host: FakeHost, proc: subprocess.CompletedProcess[str]) -> tuple[int, str]:
+    assert proc.returncode == 0, proc.stderr
+    assert host.report.WhichOneof("outcome") == "failure", host.report
+    message = host.report.failure.message
+    assert "\n" not in message and 0 < len(message) <= 500
+    return host.report.failure.code, message
+
+
+def test_success_preserves_ints_floats_and_kwargs(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(
+        served, tmp_path,
+        """
+        def run(context, n, big):
+            return {"n": n, "half": n / 2, "one": 1.0, "big": big, "goal": context.goal}
+        """,
+        kwargs_json='{"n": 3, "big": 123456789012345678901234567890}',
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert served.host.fetches[0].protocol_version == PROTOCOL_VERSION
+    value = value_of(served.host)
+    assert value == {"n": 3, "half": 1.5, "one": 1.0, "big": 123456789012345678901234567890,
+                     "goal": "count these words"}
+    assert type(value["n"]) is int and type(value["one"]) is float
+
+
+def test_async_entrypoint_is_awaited(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(
+        served, tmp_path,
+        """
+        import asyncio
+        async def main(context):
+            await asyncio.sleep(0)
+            return ["async", context.run_id]
+        """,
+        entrypoint="agent:main",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == ["async", "run-test"]
+
+
+def test_module_without_function_calls_run(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    return None\n", entrypoint="agent")
+    assert proc.returncode == 0, proc.stderr
+    assert served.host.report.value_json == "null"
+
+
+@pytest.mark.parametrize("entrypoint", ["", "agent:", "agent:run:x", "bad-name:run", "agent:not valid"])
+def test_bad_entrypoint(served: Served, tmp_path: Path, entrypoint: str) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    return 1\n", entrypoint=entrypoint)
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_BAD_ENTRYPOINT
+    assert repr(entrypoint) in message
+
+
+def test_import_failure_names_the_module(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "import no_such_dependency_xyz\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_IMPORT_FAILED
+    assert message == "cannot import 'agent': ModuleNotFoundError: No module named 'no_such_dependency_xyz'"
+    assert "Traceback" in proc.stderr
+
+
+def test_missing_module_is_an_import_failure(served: Served, tmp_path: Path) -> None:
+    served.host.task = make_task(entrypoint="ghost.module:run")
+    proc = run_wrapper(served.socket_path, tmp_path)
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_IMPORT_FAILED
+    assert message.startswith("cannot import 'ghost.module': ModuleNotFoundError")
+
+
+def test_syntax_error_is_an_import_failure(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    return (\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_IMPORT_FAILED
+    assert message.startswith("cannot import 'agent': SyntaxError:")
+    assert "line 2" in message
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def other(context):\n    return 1\n", "module 'agent' has no 'run'"),
+        ("run = 42\n", "module 'agent' has a non-callable 'run'"),
+    ],
+)
+def test_missing_or_non_callable_function(served: Served, tmp_path: Path, source: str, expected: str) -> None:
+    code, message = failure_of(served.host, run_agent(served, tmp_path, source))
+    assert code == Code.AGENT_ERROR_CODE_ENTRYPOINT_NOT_FOUND
+    assert message == expected
+
+
+def test_exception_is_reported_with_type_and_message(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    raise ValueError('bad input\\nsecond line')\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_AGENT_EXCEPTION
+    assert message == "ValueError: bad input second line"
+    assert "Traceback" in proc.stderr and "ValueError" in proc.stderr
+
+
+def test_long_exception_message_is_truncated(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    raise RuntimeError('x' * 5000)\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_AGENT_EXCEPTION
+    assert message.startswith("RuntimeError: xxx") and message.endswith("…") and len(message) == 500
+
+
+def test_system_exit(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "import sys\ndef run(context):\n    sys.exit(7)\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_SYSTEM_EXIT
+    assert message == "SystemExit: exit code 7"
+
+
+@pytest.mark.parametrize("exc", ["KeyboardInterrupt('stop')", "GeneratorExit()"])
+def test_base_exception(served: Served, tmp_path: Path, exc: str) -> None:
+    proc = run_agent(served, tmp_path, f"def run(context):\n    raise {exc}\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_BASE_EXCEPTION
+    assert message.startswith(exc.partition("(")[0])
+
+
+@pytest.mark.parametrize(
+    ("result", "detail"),
+    [("object()", "TypeError"), ("float('nan')", "ValueError"), ("{1: {2: set()}}", "set")],
+)
+def test_unserializable_result(served: Served, tmp_path: Path, result: str, detail: str) -> None:
+    proc = run_agent(served, tmp_path, f"def run(context):\n    return {result}\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE
+    assert message.startswith("result is not JSON-serializable:") and detail in message
+
+
+def test_oversized_result(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    return 'é' * 600\n", max_result_bytes=1000)
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_RESULT_TOO_LARGE
+    assert message == "result is 1202 bytes of JSON; the cap is 1000 bytes"
+
+
+def test_result_exactly_at_the_cap_is_accepted(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    return 'a' * 998\n", max_result_bytes=1000)
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == "a" * 998
+
+
+def test_uncaught_agent_limit(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(
+        served, tmp_path,
+        """
+        def run(context):
+            while True:
+                context.next_iteration()
+        """,
+    )
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_AGENT_LIMIT
+    assert message == "AgentLimitExceeded: iteration limit reached (3)"
+
+
+def test_existing_style_agent_runs_unchanged(served: Served, tmp_path: Path) -> None:
+    served.host.tools.append(
+        tools_pb2.RunToolResponse(
+            success=True, result_json='{"count": 3}', tool_calls_made=1, tools_remaining=4
+        )
+    )
+    served.host.llm.append(completion("Hello!"))
+    proc = run_agent(
+        served, tmp_path,
+        """
+        def run(context, **kwargs):
+            steps = []
+            while context.iteration < 2:
+                context.next_iteration()
+                steps.append(context.iteration)
+            counted = context.run_tool("word-tools", "count_words", text=context.goal)
+            text = context.call_llm_text([{"role": "user", "content": "hi"}])
+            return {"ok": counted.success, "count": counted.result["count"], "text": text,
+                    "steps": steps, "remaining": context.tools_remaining, "kwargs": kwargs}
+        """,
+        kwargs_json='{"extra": true}',
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {
+        "ok": True, "count": 3, "text": "Hello!", "steps": [1, 2], "remaining": 4, "kwargs": {"extra": True},
+    }
+
+
+def test_missing_socket_exits_3_with_one_stderr_line(tmp_path: Path) -> None:
+    proc = run_wrapper(str(tmp_path / "absent.sock"), tmp_path)
+    assert proc.returncode == 3
+    missing = tmp_path / "absent.sock"
+    assert proc.stderr.splitlines() == [f"sandbox_wrapper: host socket {missing} does not exist"]
+
+
+def test_refused_fetch_exits_3(served: Served, tmp_path: Path) -> None:
+    served.host.fetch_refusal = Refusal(grpc.StatusCode.FAILED_PRECONDITION, "TASK_ALREADY_FETCHED")
+    proc = run_wrapper(served.socket_path, tmp_path)
+    assert proc.returncode == 3
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("sandbox_wrapper: FetchTask failed: FAILED_PRECONDITION: TASK_ALREADY_FETCHED")
+    assert served.host.reports == []
+
+
+def test_refused_report_exits_4(served: Served, tmp_path: Path) -> None:
+    served.host.report_refusal = Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_LARGE")
+    proc = run_agent(served, tmp_path, "def run(context):\n    return 1\n")
+    assert proc.returncode == 4
+    assert proc.stderr.splitlines() == [
+        "sandbox_wrapper: ReportResult failed: RESOURCE_EXHAUSTED: TOO_LARGE: refused by the fake host"
+    ]
+
+
+def agent_task(pack: Path, **overrides: Any) -> session_pb2.FetchTaskResponse:
+    """The task a host would derive from an example pack's agentnode.yaml."""
+    agent = yaml.safe_load((pack / "agentnode.yaml").read_text())["agent"]
+    limits, llm = agent["limits"], agent.get("llm_access", {})
+    fields: dict[str, Any] = {
+        "entrypoint": agent["entrypoint"],
+        "goal": agent["goal"],
+        "system_prompt": agent.get("system_prompt", ""),
+        "allowed_packages": agent["tool_access"]["allowed_packages"],
+        "limits": session_pb2.RunLimits(**limits),
+        "llm": session_pb2.LlmGrant(
+            enabled=llm.get("enabled") is True,
+            **{k: v for k, v in llm.items() if k.startswith("max_")},
+        ),
+    }
+    return make_task(**{**fields, **overrides})
+
+
+def test_hello_agent_example(served: Served) -> None:
+    pack = EXAMPLES / "hello-agent"
+    served.host.task = agent_task(pack, kwargs_json='{"name": "Ada"}')
+    served.host.tools.append(
+        tools_pb2.RunToolResponse(
+            success=True, result_json='{"count": 9}', mode_used="host_worker",
+            tool_calls_made=1, tools_remaining=9,
+        )
+    )
+    served.host.llm.append(completion("Hello, Ada!"))
+    proc = run_wrapper(served.socket_path, pack)
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {
+        "run_id": "run-test",
+        "goal": "Say hello and count the words of this goal",
+        "refusals": [],
+        "word_count": 9,
+        "greeting": "Hello, Ada!",
+        "tool_calls_made": 1,
+        "tools_remaining": 9,
+    }
+    (tool_request,) = served.host.tool_requests
+    assert (tool_request.package_slug, tool_request.tool_name) == ("word-tools", "count_words")
+    assert json.loads(tool_request.arguments_json) == {"text": "Say hello and count the words of this goal"}
+    ((system, user),) = served.host.llm_requests
+    assert system == ("system", "You are a friendly agent. Answer in one short sentence.\n")
+    assert user[0] == "user" and "Ada" in user[1]
+
+
+def test_hello_agent_records_refusals_instead_of_failing(served: Served) -> None:
+    served.host.task = agent_task(EXAMPLES / "hello-agent")
+    served.host.tools.append(Refusal(grpc.StatusCode.PERMISSION_DENIED, "TOOL_NOT_ALLOWED"))
+    served.host.llm.append(Refusal(grpc.StatusCode.PERMISSION_DENIED, "LLM_NOT_GRANTED"))
+    proc = run_wrapper(served.socket_path, EXAMPLES / "hello-agent")
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host)["refusals"] == [
+        {"step": "tool", "error": "TOOL_NOT_ALLOWED: refused by the fake host"},
+        {"step": "llm", "reason": "LLM_NOT_GRANTED"},
+    ]
+
+
+def test_raw_stubs_example_reads_reasons(served: Served) -> None:
+    pack = EXAMPLES / "raw-stubs-agent"
+    served.host.task = agent_task(pack)
+    served.host.tools.append(
+        tools_pb2.RunToolResponse(success=True, result_json='{"text": "goal"}', tools_remaining=1)
+    )
+    served.host.llm.append(Refusal(grpc.StatusCode.PERMISSION_DENIED, "LLM_NOT_GRANTED", "not declared"))
+    proc = run_wrapper(served.socket_path, pack)
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {
+        "tool": {"success": True, "result": {"text": "goal"}, "error": "", "tools_remaining": 1},
+        "llm": {"status": "PERMISSION_DENIED", "reason": "LLM_NOT_GRANTED",
+                "details": "LLM_NOT_GRANTED: not declared"},
+    }
+    (request,) = served.host.tool_requests
+    assert json.loads(request.arguments_json) == {"text": "reverse the words of this goal"}
+
+
+def test_word_tools_example_entrypoints_resolve() -> None:
+    pack = EXAMPLES / "word-tools"
+    tools = yaml.safe_load((pack / "agentnode.yaml").read_text())["capabilities"]["tools"]
+    spec = importlib.util.spec_from_file_location("word_tools", pack / "src" / "word_tools" / "__init__.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = {t["name"]: getattr(module, t["entrypoint"].partition(":")[2]) for t in tools}
+    assert calls["count_words"](text="one two  three") == {"count": 3}
+    assert calls["reverse_words"](text="one two  three") == {"text": "three two one"}
