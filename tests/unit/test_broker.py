@@ -1,0 +1,474 @@
+"""The LLM broker with the real openai/anthropic SDKs against a local fake provider: caps, refusals, leaks."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from host._broker import Completion, LlmBroker, LlmRefusal, LlmSession
+from host._config import LlmHostConfig
+from host._policy import LlmPolicy
+from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
+
+CANARY = "sk-canary-XYZ"
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]  # 13 chars
+PROVIDERS = ["openai", "anthropic"]
+
+
+@pytest.fixture
+def srv() -> Iterator[FakeLlmServer]:
+    with FakeLlmServer() as server:
+        yield server
+
+
+def env_for(provider: str, srv: FakeLlmServer) -> dict[str, str]:
+    if provider == "openai":
+        return {"OPENAI_API_KEY": CANARY, "OPENAI_BASE_URL": srv.base_url_openai}
+    return {"ANTHROPIC_API_KEY": CANARY, "ANTHROPIC_BASE_URL": srv.base_url_anthropic}
+
+
+def grant(**overrides: Any) -> LlmPolicy:
+    caps: dict[str, Any] = {"max_calls": 5, "max_input_chars": 1000, "max_output_chars": 1000}
+    return LlmPolicy(enabled=True, **(caps | overrides))
+
+
+def session(provider: str, srv: FakeLlmServer, policy: LlmPolicy | None = None, **host: Any) -> LlmSession:
+    return LlmBroker(LlmHostConfig(**host), env=env_for(provider, srv)).session(policy or grant())
+
+
+def refusal(fn: Any, *args: Any) -> LlmRefusal:
+    with pytest.raises(LlmRefusal) as info:
+        fn(*args)
+    return info.value
+
+
+def drain(sess: LlmSession, messages: Any = MESSAGES) -> list[str | Completion]:
+    return list(sess.stream(messages))
+
+
+def wait_for(predicate: Any, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_openai_call_sends_the_host_model_key_and_bound(srv: FakeLlmServer) -> None:
+    sess = session("openai", srv)
+    completion = sess.call(MESSAGES)
+    assert completion == Completion("fake reply", "stop", input_tokens=13, output_tokens=10)
+    [req] = srv.requests
+    assert req.path == "/v1/chat/completions"
+    assert req.headers["authorization"] == f"Bearer {CANARY}"
+    assert req.body["model"] == "gpt-4o-mini"
+    assert req.body["messages"] == MESSAGES
+    assert req.body["max_completion_tokens"] == 334  # ceil(1000 / 3)
+    assert "max_tokens" not in req.body
+    assert sess.usage() == {
+        "requests": 1, "calls": 1, "ok": 1, "refused_disabled": 0, "refused_limit": 0, "refused_input": 0,
+        "refused_output": 0, "refused_model": 0, "provider_errors": 0, "model": "gpt-4o-mini",
+    }  # fmt: skip
+    assert sess.calls_remaining == 4
+
+
+def test_anthropic_call_moves_system_messages_to_the_system_parameter(srv: FakeLlmServer) -> None:
+    sess = session("anthropic", srv)
+    messages = [*MESSAGES, {"role": "assistant", "content": "ok"}, {"role": "system", "content": "no lists"}]
+    completion = sess.call(messages)
+    assert completion == Completion("fake reply", "stop", input_tokens=18 + 7, output_tokens=10)
+    [req] = srv.requests
+    assert req.path == "/v1/messages"
+    assert CANARY in req.headers.get("authorization", "") + req.headers.get("x-api-key", "")
+    assert req.body["model"] == "claude-3-5-haiku-latest"
+    assert req.body["system"] == "be brief\n\nno lists"
+    assert req.body["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    assert req.body["max_tokens"] == 334
+    assert sess.usage()["model"] == "claude-3-5-haiku-latest"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_stream_yields_chunks_then_one_final_completion(provider: str, srv: FakeLlmServer) -> None:
+    srv.default = Behaviour(text="abcdefghij", chunks=5)
+    sess = session(provider, srv)
+    items = drain(sess)
+    assert items[:-1] == ["ab", "cd", "ef", "gh", "ij"]
+    assert items[-1] == Completion("", "stop", input_tokens=13, output_tokens=10)
+    assert sess.usage()["ok"] == 1
+    assert sess.usage()["calls"] == 1
+    [req] = srv.requests
+    assert req.body["stream"] is True
+    if provider == "openai":
+        assert req.body["stream_options"] == {"include_usage": True}
+
+
+def test_openai_compatible_uses_the_configured_url_and_a_dummy_key(srv: FakeLlmServer) -> None:
+    broker = LlmBroker(
+        LlmHostConfig(provider="openai_compatible", base_url=srv.base_url_openai, model="llama3"), env={}
+    )
+    assert broker.describe() == {"provider": "openai_compatible", "model": "llama3", "configured": True}
+    assert broker.session(grant(max_output_chars=30)).call(MESSAGES).content == "fake reply"
+    [req] = srv.requests
+    assert req.headers["authorization"] == "Bearer not-needed"
+    assert req.body["model"] == "llama3"
+    assert req.body["max_tokens"] == 10
+    assert "max_completion_tokens" not in req.body
+
+
+def test_openai_compatible_takes_key_and_url_from_env(srv: FakeLlmServer) -> None:
+    env = {"OPENAI_API_KEY": CANARY, "OPENAI_BASE_URL": srv.base_url_openai}
+    LlmBroker(LlmHostConfig(provider="openai_compatible"), env=env).session(grant()).call(MESSAGES)
+    assert srv.requests[0].headers["authorization"] == f"Bearer {CANARY}"
+
+
+def test_openai_compatible_without_a_url_is_unconfigured() -> None:
+    broker = LlmBroker(LlmHostConfig(provider="openai_compatible"), env={})
+    assert broker.describe()["configured"] is False
+    assert refusal(broker.session(grant()).call, MESSAGES).reason == "LLM_UNAVAILABLE"
+
+
+@pytest.mark.parametrize(
+    ("keys", "configured_provider", "expected"),
+    [
+        ({"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}, None, "openai"),
+        ({"ANTHROPIC_API_KEY"}, None, "anthropic"),
+        ({"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}, "anthropic", "anthropic"),
+    ],
+)
+def test_provider_selection(
+    keys: set[str], configured_provider: str | None, expected: str, srv: FakeLlmServer
+) -> None:
+    env = {k: CANARY for k in keys} | {
+        "OPENAI_BASE_URL": srv.base_url_openai,
+        "ANTHROPIC_BASE_URL": srv.base_url_anthropic,
+    }
+    broker = LlmBroker(LlmHostConfig(provider=configured_provider), env=env)
+    assert broker.describe()["provider"] == expected
+    broker.session(grant()).call(MESSAGES)
+    assert srv.requests[0].path == ("/v1/chat/completions" if expected == "openai" else "/v1/messages")
+
+
+def test_no_provider_refuses_without_charging_a_call() -> None:
+    broker = LlmBroker(LlmHostConfig(), env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert broker.describe() == {"provider": None, "model": None, "configured": False}
+    sess = broker.session(grant())
+    assert refusal(sess.call, MESSAGES).reason == "LLM_UNAVAILABLE"
+    assert sess.usage()["provider_errors"] == 1
+    assert sess.calls_remaining == 5
+
+
+def test_keys_come_only_from_the_given_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", CANARY)
+    assert LlmBroker(LlmHostConfig(), env={}).describe()["configured"] is False
+    assert LlmBroker(LlmHostConfig()).describe()["configured"] is True  # default: os.environ
+
+
+def test_default_deny_never_reaches_the_provider(srv: FakeLlmServer) -> None:
+    sess = session("openai", srv, LlmPolicy())
+    assert refusal(sess.call, MESSAGES).reason == "LLM_NOT_GRANTED"
+    assert refusal(drain, sess).reason == "LLM_NOT_GRANTED"
+    assert srv.requests == []
+    assert sess.usage()["refused_disabled"] == 2
+    assert sess.usage()["requests"] == 2
+    assert sess.calls_remaining == 0
+
+
+def test_call_cap_is_literal(srv: FakeLlmServer) -> None:
+    sess = session("openai", srv, grant(max_calls=2))
+    sess.call(MESSAGES)
+    drain(sess)
+    assert sess.calls_remaining == 0
+    assert refusal(sess.call, MESSAGES).reason == "LLM_CALL_LIMIT"
+    assert refusal(drain, sess).reason == "LLM_CALL_LIMIT"
+    assert len(srv.requests) == 2
+    assert sess.usage()["refused_limit"] == 2
+
+
+def test_concurrent_calls_never_exceed_the_cap(srv: FakeLlmServer) -> None:
+    srv.default = Behaviour(delay=0.05)  # keep the admitted calls in flight while the rest arrive
+    sess = session("openai", srv, grant(max_calls=5))
+    barrier = threading.Barrier(50)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        barrier.wait()
+        try:
+            sess.call(MESSAGES)
+            outcome = "ok"
+        except LlmRefusal as exc:
+            outcome = exc.reason
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=worker) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(outcomes) == ["LLM_CALL_LIMIT"] * 45 + ["ok"] * 5
+    assert len(srv.requests) == 5
+    usage = sess.usage()
+    assert (usage["requests"], usage["calls"], usage["ok"], usage["refused_limit"]) == (50, 5, 5, 45)
+
+
+def test_input_cap_counts_every_content_and_is_not_charged(srv: FakeLlmServer) -> None:
+    assert session("openai", srv, grant(max_input_chars=13)).call(MESSAGES).content == "fake reply"
+    sess = session("openai", srv, grant(max_input_chars=12))
+    assert refusal(sess.call, MESSAGES).reason == "LLM_INPUT_TOO_LARGE"
+    assert refusal(drain, sess).reason == "LLM_INPUT_TOO_LARGE"
+    assert len(srv.requests) == 1
+    assert sess.usage()["refused_input"] == 2
+    assert sess.calls_remaining == 5
+
+
+@pytest.mark.parametrize("allowed", [frozenset({"gpt-4o"}), frozenset()])
+def test_model_outside_allowed_models_never_reaches_the_provider(
+    allowed: frozenset[str], srv: FakeLlmServer
+) -> None:
+    sess = session("openai", srv, grant(allowed_models=allowed))
+    assert refusal(sess.call, MESSAGES).reason == "LLM_MODEL_NOT_ALLOWED"
+    assert refusal(drain, sess).reason == "LLM_MODEL_NOT_ALLOWED"
+    assert srv.requests == []
+    assert sess.usage()["refused_model"] == 2
+    assert sess.usage()["model"] == "gpt-4o-mini"
+
+
+def test_allowed_model_is_served(srv: FakeLlmServer) -> None:
+    sess = session("anthropic", srv, grant(allowed_models=frozenset({"claude-x"})), model="claude-x")
+    assert sess.call(MESSAGES).content == "fake reply"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_output_cap_on_call(provider: str, srv: FakeLlmServer) -> None:
+    srv.default = Behaviour(text="x" * 10)
+    assert session(provider, srv, grant(max_output_chars=10)).call(MESSAGES).content == "x" * 10
+    sess = session(provider, srv, grant(max_output_chars=9))
+    assert refusal(sess.call, MESSAGES).reason == "LLM_OUTPUT_TOO_LARGE"
+    assert (sess.usage()["refused_output"], sess.usage()["calls"], sess.usage()["ok"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_stream_is_cut_at_exactly_the_cap_and_the_provider_stream_closed(
+    provider: str, srv: FakeLlmServer
+) -> None:
+    srv.default = Behaviour(text="abcdefghij" * 4, chunks=8, chunk_delay=0.02)
+    sess = session(provider, srv, grant(max_output_chars=12))
+    stream = sess.stream(MESSAGES)
+    assert [next(stream), next(stream), next(stream)] == ["abcde", "fghij", "ab"]
+    # Closed at the cap, before the consumer even asks for more.
+    assert wait_for(lambda: srv.disconnects == 1)
+    assert sess.usage()["refused_output"] == 1
+    assert refusal(next, stream).reason == "LLM_OUTPUT_TOO_LARGE"
+
+
+def test_stream_exactly_at_the_cap_completes(srv: FakeLlmServer) -> None:
+    srv.default = Behaviour(text="abcdefghij", chunks=2)
+    items = drain(session("anthropic", srv, grant(max_output_chars=10)))
+    assert items[:-1] == ["abcde", "fghij"]
+    assert isinstance(items[-1], Completion)
+
+
+def test_closing_a_stream_early_closes_the_provider_stream(srv: FakeLlmServer) -> None:
+    srv.default = Behaviour(text="abcdefghij" * 4, chunks=8, chunk_delay=0.02)
+    stream = session("openai", srv).stream(MESSAGES)
+    assert isinstance(stream, Generator)
+    assert next(stream) == "abcde"
+    stream.close()
+    assert wait_for(lambda: srv.disconnects == 1)
+
+
+@pytest.mark.parametrize(
+    ("provider", "output_chars", "expected"),
+    [("openai", 10, 4), ("anthropic", 10, 4), ("anthropic", 1, 1), ("openai", 10**9, 16384)],
+)
+def test_max_tokens_bound_is_derived_from_the_output_cap(
+    provider: str, output_chars: int, expected: int, srv: FakeLlmServer
+) -> None:
+    srv.default = Behaviour(text="ok"[: min(2, output_chars)])
+    session(provider, srv, grant(max_output_chars=output_chars)).call(MESSAGES)
+    field = "max_completion_tokens" if provider == "openai" else "max_tokens"
+    assert srv.requests[0].body[field] == expected
+
+
+ERRORS = [
+    (Behaviour(status=429), "LLM_RATE_LIMITED"),
+    (Behaviour(status=500), "LLM_UNAVAILABLE"),
+    (Behaviour(status=400), "LLM_UNAVAILABLE"),
+    (Behaviour(garbage=True), "LLM_UNAVAILABLE"),
+]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(("behaviour", "reason"), ERRORS)
+def test_provider_errors_map_to_generic_refusals(
+    provider: str, streaming: bool, behaviour: Behaviour, reason: str, srv: FakeLlmServer
+) -> None:
+    srv.default = behaviour
+    sess = session(provider, srv)
+    exc = refusal(drain if streaming else sess.call, *((sess,) if streaming else (MESSAGES,)))
+    assert exc.reason == reason
+    assert SECRET_IN_ERROR_BODY not in str(exc)
+    assert exc.__cause__ is None
+    assert exc.__context__ is None  # the provider exception (and its body) is not chained
+    assert len(srv.requests) == 1  # max_retries=0: a failure is never multiplied
+    assert (sess.usage()["provider_errors"], sess.usage()["calls"]) == (1, 1)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(
+    "behaviour", [Behaviour(hang=True), Behaviour(text="abcdef", chunks=3, chunk_delay=1.0)]
+)
+def test_silent_provider_times_out(provider: str, behaviour: Behaviour, srv: FakeLlmServer) -> None:
+    srv.default = behaviour
+    sess = session(provider, srv, timeout_seconds=0.3)
+    received: list[str | Completion] = []
+    with pytest.raises(LlmRefusal) as info:
+        for item in sess.stream(MESSAGES):
+            received.append(item)
+    assert info.value.reason == "LLM_TIMEOUT"
+    assert received == ([] if behaviour.hang else ["ab"])
+    if behaviour.hang:
+        assert refusal(sess.call, MESSAGES).reason == "LLM_TIMEOUT"
+
+
+def test_unreachable_provider_is_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"OPENAI_API_KEY": CANARY, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+    sess = LlmBroker(LlmHostConfig(), env=env).session(grant())
+    assert refusal(sess.call, MESSAGES).reason == "LLM_UNAVAILABLE"
+
+
+def test_missing_sdk_is_unavailable_and_not_charged(
+    monkeypatch: pytest.MonkeyPatch, srv: FakeLlmServer
+) -> None:
+    monkeypatch.setitem(sys.modules, "anthropic", None)  # `import anthropic` now fails
+    sess = session("anthropic", srv)
+    assert refusal(sess.call, MESSAGES).reason == "LLM_UNAVAILABLE"
+    assert srv.requests == []
+    assert (sess.usage()["provider_errors"], sess.calls_remaining) == (1, 5)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        "hello",
+        [{"role": "tool", "content": "x"}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user"}],
+        ["user: hello"],
+        None,
+    ],
+)
+def test_malformed_messages_are_invalid_requests(messages: Any, srv: FakeLlmServer) -> None:
+    sess = session("openai", srv)
+    assert refusal(sess.call, messages).reason == "INVALID_REQUEST"
+    assert refusal(drain, sess, messages).reason == "INVALID_REQUEST"
+    assert srv.requests == []
+    assert sess.calls_remaining == 5
+
+
+@pytest.mark.parametrize(
+    ("provider", "raw", "expected"),
+    [
+        ("openai", "length", "length"),
+        ("openai", "content_filter", "content_filter"),
+        ("openai", "tool_calls", "other"),
+        ("anthropic", "max_tokens", "length"),
+        ("anthropic", "stop_sequence", "stop"),
+        ("anthropic", "refusal", "content_filter"),
+        ("anthropic", "pause_turn", "other"),
+    ],
+)
+def test_finish_reasons_are_normalized(provider: str, raw: str, expected: str, srv: FakeLlmServer) -> None:
+    srv.default = Behaviour(finish=raw)
+    sess = session(provider, srv)
+    assert sess.call(MESSAGES).finish_reason == expected
+    final = drain(sess)[-1]
+    assert isinstance(final, Completion)
+    assert final.finish_reason == expected
+
+
+def test_key_url_model_and_provider_text_never_leak(
+    srv: FakeLlmServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    model = "host-secret-model-Q"
+    prompt = "PROMPT-MARKER-91"
+    messages = [{"role": "user", "content": prompt}]
+    env: Mapping[str, str] = env_for("openai", srv)
+    broker = LlmBroker(LlmHostConfig(model=model, timeout_seconds=0.3), env=env)
+    refusals: list[LlmRefusal] = []
+
+    def attempt(policy: LlmPolicy, streaming: bool = False) -> None:
+        sess = broker.session(policy)
+        try:
+            drain(sess, messages) if streaming else sess.call(messages)
+        except LlmRefusal as exc:
+            refusals.append(exc)
+        usage = repr(sess.usage())
+        assert CANARY not in usage
+        assert srv.base_url not in usage
+
+    for behaviour in [
+        Behaviour(status=429),
+        Behaviour(status=500),
+        Behaviour(garbage=True),
+        Behaviour(hang=True),
+    ]:
+        srv.script(behaviour, behaviour)
+        attempt(grant())
+        attempt(grant(), streaming=True)
+    srv.default = Behaviour(text="y" * 50)
+    attempt(grant(max_output_chars=10))
+    attempt(grant(max_output_chars=10), streaming=True)
+    attempt(grant(allowed_models=frozenset({"other"})))
+    attempt(grant(max_input_chars=3))
+    attempt(LlmPolicy())
+
+    assert len(refusals) == 13
+    for exc in refusals:
+        for text in (str(exc), repr(exc), exc.message):
+            for secret in (CANARY, SECRET_IN_ERROR_BODY, srv.base_url, model, prompt):
+                assert secret not in text
+    described = repr(broker.describe())
+    assert CANARY not in described
+    assert srv.base_url not in described
+    assert CANARY not in caplog.text
+    assert SECRET_IN_ERROR_BODY not in caplog.text
+    ours = [r.getMessage() for r in caplog.records if r.name == "agentnode.sandbox.broker"]
+    assert ours  # the failures were logged, by type only
+    for line in ours:
+        for secret in (prompt, model, srv.base_url):
+            assert secret not in line
+    # ...while the key did go to the provider, host-side.
+    assert all(r.headers["authorization"] == f"Bearer {CANARY}" for r in srv.requests)
+    assert len(srv.requests) == 10
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_sdk_debug_logging_never_carries_the_prompt(
+    provider: str, srv: FakeLlmServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    prompt = "PROMPT-MARKER-42"
+    sess = session(provider, srv)
+    sess.call([{"role": "user", "content": prompt}])
+    drain(sess, [{"role": "user", "content": prompt}])
+    assert prompt not in caplog.text
+    assert CANARY not in caplog.text
