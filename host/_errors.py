@@ -31,6 +31,7 @@ class AuditReason(enum.StrEnum):
     START_FAILED = "start_failed"
     EXITED_BEFORE_RESULT = "exited_before_result"
     OOM_KILLED = "oom_killed"
+    PIDS_EXHAUSTED = "pids_exhausted"
     SANDBOX_CRASHED = "sandbox_crashed"
     HOST_LOOP_ERROR = "host_loop_error"
 

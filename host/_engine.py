@@ -1,0 +1,358 @@
+"""Engine access through the docker SDK: classified failures, the hardened spec as data, teardown."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig, Mount, Ulimit
+
+from host._errors import AuditReason, EngineError
+
+logger = logging.getLogger("agentnode.sandbox.engine")
+
+SANDBOX_UID = 65532
+SANDBOX_GID = 65532
+SOCKET_DIR_IN_CONTAINER = "/run/agentnode"
+SOCKET_NAME = "sandbox.sock"
+PACK_DIR_IN_CONTAINER = "/pack"
+HOME_IN_CONTAINER = "/home/sandbox"
+
+LABEL_RUN = "io.agentnode.sandbox.run-id"
+LABEL_OWNER = "io.agentnode.sandbox.owner"
+LABEL_SLUG = "io.agentnode.sandbox.slug"
+LABEL_PROTOCOL = "io.agentnode.sandbox.protocol"
+LABEL_ARTIFACT = "io.agentnode.sandbox.artifact-hash"
+
+RUNTIMES = ("runc", "runsc")
+
+_FIX_ENGINE = (
+    "start the engine (as root on Debian: scripts/provision-engine), or point DOCKER_HOST at a "
+    "Docker-compatible socket (Podman: unix:///run/podman/podman.sock); check with: agentnode-sandbox doctor"
+)
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    """Resource ceilings of one sandbox container; the defaults are the documented ones."""
+
+    memory_bytes: int = 512 * 1024 * 1024
+    pids: int = 256
+    cpus: float = 1.0
+    tmp_bytes: int = 64 * 1024 * 1024
+    home_bytes: int = 16 * 1024 * 1024
+    nofile: int = 256
+    fsize_bytes: int = 64 * 1024 * 1024
+    log_max_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine can do, read from `docker info`."""
+
+    server_version: str
+    runtimes: frozenset[str]
+    memory_limit: bool
+    swap_limit: bool
+
+
+def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
+    """Connect to the engine named by DOCKER_HOST (or the default socket) and prove it answers."""
+    environment = dict(os.environ if env is None else env)
+    try:
+        client = docker.DockerClient.from_env(environment=environment, timeout=timeout)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 (the SDK raises many types; all are classified)
+        raise classify_engine_exception(exc) from None
+    return client
+
+
+def classify_engine_exception(exc: BaseException) -> EngineError:
+    """Turn a low-level engine failure into an EngineError with a fixed reason and a way out."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for item in chain:
+        if isinstance(item, PermissionError) or (
+            isinstance(item, OSError) and item.errno in (errno.EACCES, errno.EPERM)
+        ):
+            return EngineError(
+                "not permitted to use the container engine socket",
+                reason=AuditReason.ENGINE_PERMISSION_DENIED,
+                hint="run as a user allowed to use the engine (root, or the docker group), "
+                "or set DOCKER_HOST to a socket you may use; check with: agentnode-sandbox doctor",
+                check="engine",
+            )
+    if isinstance(exc, docker.errors.APIError) and exc.status_code == 403:
+        return EngineError(
+            "the container engine refused the request",
+            reason=AuditReason.ENGINE_PERMISSION_DENIED,
+            hint="check the engine's authorization plugins; check with: agentnode-sandbox doctor",
+            check="engine",
+        )
+    return EngineError(
+        "no container engine answers",
+        reason=AuditReason.ENGINE_UNAVAILABLE,
+        hint=_FIX_ENGINE,
+        check="engine",
+    )
+
+
+def engine_facts(client: docker.DockerClient) -> EngineFacts:
+    """Read what the engine supports; an unreachable engine is classified, never raised raw."""
+    try:
+        info: dict[str, Any] = client.info()
+    except Exception as exc:  # noqa: BLE001 (classified below)
+        raise classify_engine_exception(exc) from None
+    return EngineFacts(
+        server_version=str(info.get("ServerVersion", "")),
+        runtimes=frozenset((info.get("Runtimes") or {}).keys()),
+        memory_limit=bool(info.get("MemoryLimit", False)),
+        swap_limit=bool(info.get("SwapLimit", False)),
+    )
+
+
+def require_capable(facts: EngineFacts, runtime: str) -> None:
+    """Fail closed unless the engine can run `runtime` and enforce the memory+swap ceiling."""
+    if runtime not in RUNTIMES:
+        raise EngineError(
+            f"unknown runtime {runtime!r}",
+            reason=AuditReason.CONFIG_INVALID,
+            hint="set agent_sandbox.runtime to runc or runsc",
+            check="runtime",
+        )
+    if runtime not in facts.runtimes:
+        raise EngineError(
+            f"the engine has no {runtime!r} runtime registered",
+            reason=AuditReason.RUNTIME_NOT_REGISTERED,
+            hint=(
+                "install gVisor (apt-get install runsc) and register it in /etc/docker/daemon.json with "
+                'runtimeArgs ["--network=none", "--host-uds=open"] (scripts/provision-engine does both), '
+                "or set agent_sandbox.runtime to runc; check with: docker info --format '{{.Runtimes}}'"
+            )
+            if runtime == "runsc"
+            else "use a Docker-compatible engine with the runc runtime; check with: docker info",
+            check="runtime",
+        )
+    if not (facts.memory_limit and facts.swap_limit):
+        raise EngineError(
+            "the engine cannot enforce the memory ceiling (memory or swap accounting is off)",
+            reason=AuditReason.MEMORY_LIMIT_UNSUPPORTED,
+            hint=(
+                "enable the memory cgroup controller and swap accounting (cgroup v2, or the kernel "
+                "arguments cgroup_enable=memory swapaccount=1) and restart the engine; check with: "
+                "docker info --format '{{.MemoryLimit}} {{.SwapLimit}}'"
+            ),
+            check="memory_limit",
+        )
+
+
+def container_spec(
+    *,
+    image: str,
+    run_id: str,
+    name: str,
+    owner: str,
+    slug: str,
+    runtime: str,
+    pack_volume: str,
+    import_root: str,
+    socket_dir: str,
+    limits: ContainerLimits = ContainerLimits(),
+) -> dict[str, Any]:
+    """The `containers.create` keyword arguments of one run: every hardening decision, as plain data."""
+    tmpfs_opts = "rw,noexec,nosuid,nodev"
+    return {
+        "image": image,
+        "command": ["/usr/bin/python3", "-s", "-m", "sandbox_wrapper"],
+        "entrypoint": [],
+        "name": name,
+        "labels": {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]},
+        "runtime": runtime,
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "user": f"{SANDBOX_UID}:{SANDBOX_GID}",
+        "init": True,
+        "pids_limit": limits.pids,
+        "mem_limit": limits.memory_bytes,
+        "memswap_limit": limits.memory_bytes,
+        "nano_cpus": int(limits.cpus * 1_000_000_000),
+        "tmpfs": {
+            "/tmp": f"{tmpfs_opts},size={limits.tmp_bytes},mode=1777",
+            HOME_IN_CONTAINER: (
+                f"{tmpfs_opts},size={limits.home_bytes},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0700"
+            ),
+        },
+        "ulimits": [
+            Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
+            Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes),
+            Ulimit(name="core", soft=0, hard=0),
+        ],
+        "environment": {
+            "HOME": HOME_IN_CONTAINER,
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": "/opt/agentnode/site",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "AGENTNODE_SOCKET": f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}",
+            "AGENTNODE_IMPORT_ROOT": import_root,
+        },
+        "mounts": [
+            Mount(
+                target=PACK_DIR_IN_CONTAINER, source=pack_volume, type="volume", read_only=True, no_copy=True
+            ),
+            Mount(target=SOCKET_DIR_IN_CONTAINER, source=socket_dir, type="bind", read_only=True),
+        ],
+        "working_dir": HOME_IN_CONTAINER,
+        "log_config": LogConfig(
+            type="json-file", config={"max-size": str(limits.log_max_bytes), "max-file": "1"}
+        ),
+        "stdin_open": False,
+        "tty": False,
+        "detach": True,
+        "auto_remove": False,
+        "privileged": False,
+        "ipc_mode": "private",
+    }
+
+
+class PidsProbe:
+    """Reads the host-side pids cgroup of a running container, so a fork bomb is named, not guessed.
+
+    The path comes from /proc/<pid>/cgroup of the container's init process, which works for cgroup v1 and v2
+    and for both cgroup drivers; where it cannot be found (rootless engines, remote engines) it reports None.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.path: Path | None = None
+        self.hits = 0
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            _, controllers, rel = line.split(":", 2)
+            for candidate in (
+                Path("/sys/fs/cgroup/pids") / rel.lstrip("/") if "pids" in controllers.split(",") else None,
+                Path("/sys/fs/cgroup") / rel.lstrip("/") if controllers == "" else None,
+            ):
+                if candidate is not None and (candidate / "pids.events").exists():
+                    self.path = candidate / "pids.events"
+                    return
+
+    def poll(self) -> int:
+        """How often the pids limit refused a new process or thread so far (0 when unknown)."""
+        if self.path is not None:
+            try:
+                for line in self.path.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "max" and value.strip().isdigit():
+                        self.hits = max(self.hits, int(value))
+            except OSError:
+                pass
+        return self.hits
+
+
+def _process_start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime) follows the parenthesised command name, which may contain spaces.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_token(pid: int | None = None) -> str:
+    """A token naming this host process that survives pid reuse: `pid:starttime`."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_process_start_time(pid) or '0'}"
+
+
+def owner_alive(token: str) -> bool:
+    """Whether the host process named by `token` is still running."""
+    pid_text, _, start = token.partition(":")
+    if not pid_text.isdigit():
+        return False
+    return _process_start_time(int(pid_text)) == start
+
+
+def remove_and_verify(
+    client: docker.DockerClient, container_id: str, name: str, *, timeout: float = 30.0
+) -> None:
+    """Kill and remove a container, then prove it is gone by id *and* by name; raise if it is not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.api.remove_container(container_id, force=True, v=False)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            # "removal already in progress" is fine; anything else is retried until the deadline.
+            logger.debug("remove %s: %s", container_id[:12], type(exc).__name__)
+        except requests.exceptions.RequestException as exc:
+            raise classify_engine_exception(exc) from None
+        if not _exists(client, container_id) and not _exists(client, name):
+            return
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"container {name} could not be removed",
+                reason=AuditReason.HOST_LOOP_ERROR,
+                hint=f"remove it by hand: docker rm -f {name}",
+                check="engine",
+            )
+        time.sleep(0.05)
+
+
+def _exists(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.api.inspect_container(ref)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def sweep_containers(client: docker.DockerClient) -> list[str]:
+    """Remove run containers whose owning host process is gone; nothing without our labels is touched."""
+    removed: list[str] = []
+    for c in client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]}):
+        labels = c.get("Labels") or {}
+        owner = labels.get(LABEL_OWNER, "")
+        if not owner or owner_alive(owner):
+            continue
+        name = (c.get("Names") or [""])[0].lstrip("/")
+        try:
+            remove_and_verify(client, c["Id"], name or c["Id"])
+            removed.append(name or c["Id"][:12])
+        except EngineError:
+            logger.warning("sweep could not remove %s", name or c["Id"][:12])
+    return removed
+
+
+__all__ = [
+    "ContainerLimits",
+    "EngineFacts",
+    "PidsProbe",
+    "classify_engine_exception",
+    "connect",
+    "container_spec",
+    "engine_facts",
+    "owner_alive",
+    "owner_token",
+    "remove_and_verify",
+    "require_capable",
+    "sweep_containers",
+]

@@ -1,0 +1,587 @@
+"""Builds, labels and verifies the pinned sandbox image, so every run uses a known, offline-built rootfs."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.models.images import Image
+
+from host._config import ConfigPaths, set_image_pin
+from host._engine import LABEL_PROTOCOL, classify_engine_exception
+from host._errors import AuditReason, EngineError
+from sandbox_wrapper import PROTOCOL_VERSION
+
+Progress = Callable[[str], None]
+
+REPOSITORY = "agentnode-sandbox"
+BASE_REPOSITORY = "agentnode-sandbox-base"
+LATEST_TAG = f"{REPOSITORY}:latest"
+LABEL_INPUTS_HASH = "io.agentnode.sandbox.inputs-hash"
+LABEL_ROOTFS_HASH = "io.agentnode.sandbox.rootfs-hash"
+BUILD_HINT = "run `agentnode-sandbox image build` (it records the new pin)"
+
+DOCKER_INPUTS = ("Dockerfile", "requirements.txt", "rootfs.packages", "agentnode.pth")
+"""The files under docker/ that shape the image (README.md does not)."""
+
+SUITE = "bookworm"
+MIRRORS = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+DPKG_OPTS = (
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",  # licence texts stay with the binaries
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-exclude=/usr/share/lintian/*",
+)
+CUSTOMIZE_HOOK = """set -eu
+r="$1"
+echo 'sandbox:*:65532:65532:agentnode sandbox:/home/sandbox:/usr/sbin/nologin' >>"$r/etc/passwd"
+echo 'sandbox:*:65532:' >>"$r/etc/group"
+install -d -m 0750 -o 65532 -g 65532 "$r/home/sandbox"
+install -d -m 0755 "$r/pack" "$r/run/agentnode"
+rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/* "$r"/var/log/* \\
+  "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/usr/share/locale/*
+find "$r" -xdev -type f -perm /6000 -exec chmod ug-s {} +
+"""
+"""Runs inside mmdebstrap as root: the non-root user, the mountpoints, no setuid/setgid binaries (su,
+newgrp, ...: nothing in a run may gain privileges), and nothing else a run does not need."""
+
+# Wheel architecture (as the daemon reports it) -> Debian architecture.
+DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+WHEEL_PYTHON = "3.11"
+
+_ENGINE_FAILURES = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+"""What talking to the engine can raise; each becomes a classified EngineError."""
+
+_ID_PIN = re.compile(r"sha256:[0-9a-f]{64}")
+_DIGEST_PIN = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What `build_image` produced; `image_id` is what the caller records as the pin."""
+
+    image_id: str
+    tag: str
+    inputs_hash: str
+    built: bool
+
+
+@dataclass(frozen=True)
+class ImageStatus:
+    """What `doctor`/`image status` report about the pinned (or latest built) image."""
+
+    present: bool
+    image_id: str | None
+    protocol: int | None
+    inputs_hash: str | None
+    matches_pin: bool
+    current_inputs_hash: str | None
+    up_to_date: bool
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One `name==version --hash=...` line of docker/requirements.txt."""
+
+    name: str
+    version: str
+    hashes: frozenset[str]
+
+
+def default_repo_root() -> Path:
+    """The source checkout this module lives in (holds docker/ and sandbox_wrapper/)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def _wrapper_sources(repo_root: Path) -> list[Path]:
+    """The wrapper files that go into the image: every .py of the package, never bytecode caches."""
+    pkg = repo_root / "sandbox_wrapper"
+    return sorted(p for p in pkg.rglob("*.py") if "__pycache__" not in p.relative_to(pkg).parts)
+
+
+def _recipe() -> bytes:
+    """The rootfs recipe as bytes, so changing how the rootfs is made changes the hashes too."""
+    return "\n".join((SUITE, *MIRRORS, *DPKG_OPTS, CUSTOMIZE_HOOK)).encode()
+
+
+def _digest(entries: Iterable[tuple[str, bytes]]) -> str:
+    """sha256 over named entries, sorted by name and length-framed so no two inputs can collide."""
+    h = hashlib.sha256()
+    for name, data in sorted(entries):
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def image_inputs_hash(repo_root: Path) -> str:
+    """Hash of everything that shapes the image; the tag and label that let a rebuild be skipped."""
+    entries = [(f"docker/{n}", (repo_root / "docker" / n).read_bytes()) for n in DOCKER_INPUTS]
+    entries += [(p.relative_to(repo_root).as_posix(), p.read_bytes()) for p in _wrapper_sources(repo_root)]
+    entries += [("PROTOCOL_VERSION", str(PROTOCOL_VERSION).encode()), ("recipe", _recipe())]
+    return _digest(entries)
+
+
+def rootfs_hash(repo_root: Path, arch: str) -> str:
+    """Hash of what shapes the imported base alone, so wrapper edits reuse the slow mmdebstrap rootfs."""
+    packages = (repo_root / "docker" / "rootfs.packages").read_bytes()
+    return _digest([("packages", packages), ("recipe", _recipe()), ("arch", arch.encode())])
+
+
+def read_packages(path: Path) -> list[str]:
+    """The Debian package list: one name a line, `#` comments and blank lines ignored."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def parse_requirements(text: str) -> tuple[PinnedWheel, ...]:
+    """Parse a hash-pinned requirements file; refuses anything not `name==version` with hashes."""
+    logical = re.sub(r"\\\n", " ", text)
+    pins = []
+    for raw in logical.splitlines():
+        tokens = raw.split("#", 1)[0].split()
+        if not tokens:
+            continue
+        name, sep, version = tokens[0].partition("==")
+        hashes = frozenset(
+            t.removeprefix("--hash=sha256:") for t in tokens[1:] if t.startswith("--hash=sha256:")
+        )
+        if not sep or not name or not version or not hashes or len(hashes) != len(tokens) - 1:
+            raise ValueError(f"requirements: {tokens[0]!r} must be `name==version --hash=sha256:...` only")
+        pins.append(PinnedWheel(name=name, version=version, hashes=hashes))
+    return tuple(pins)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cached_wheels(pins: Iterable[PinnedWheel], cache_dir: Path, arch: str) -> dict[str, Path] | None:
+    """The cached wheel for each pin (right name, version, arch and a pinned hash), or None if any is missing.
+
+    Hashes are re-checked on every use, so a tampered cache is never trusted.
+    """
+    found: dict[str, Path] = {}
+    candidates = sorted(cache_dir.glob("*.whl")) if cache_dir.is_dir() else []
+    for pin in pins:
+        prefix = f"{re.sub(r'[-_.]+', '_', pin.name).lower()}-{pin.version}-"
+        for wheel in candidates:
+            platform = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
+            if (
+                wheel.name.lower().startswith(prefix)
+                and (platform == "any" or f"_{arch}" in platform)
+                and _sha256_file(wheel) in pin.hashes
+            ):
+                found[pin.name] = wheel
+                break
+        else:
+            return None
+    return found
+
+
+def unpack_wheel(wheel: Path, site: Path) -> None:
+    """Install a wheel by unpacking it: the archive *is* the pure-file layout of an import root.
+
+    `<name>.data/purelib` and `platlib` merge into the root; scripts, headers and data have no place in
+    an image without a shell-facing install, so they are dropped.
+    """
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            parts = PurePosixPath(info.filename).parts
+            if info.filename.startswith("/") or ".." in parts or "\\" in info.filename:
+                raise ValueError(f"{wheel.name}: unsafe path {info.filename!r}")
+            if parts and parts[0].endswith(".data"):
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue
+                parts = parts[2:]
+            if info.is_dir():
+                continue
+            dest = site.joinpath(*parts)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, dest.open("wb") as out:
+                shutil.copyfileobj(src, out)
+            dest.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+
+
+def copy_wrapper(repo_root: Path, site: Path) -> None:
+    """Copy the sandbox_wrapper sources (exactly the hashed set) into the image's import root."""
+    for src in _wrapper_sources(repo_root):
+        dest = site / src.relative_to(repo_root)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        dest.chmod(0o644)
+
+
+def _stream(cmd: list[str], progress: Progress, stage: str) -> int:
+    """Run a command, passing each output line to `progress` as `<stage>: <line>`; returns the exit code."""
+    with subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip():
+                progress(f"{stage}: {line.rstrip()}")
+        return proc.wait()
+
+
+def _build_failed(message: str, hint: str = BUILD_HINT) -> EngineError:
+    return EngineError(message, reason=AuditReason.IMAGE_MISSING, hint=hint, check="image")
+
+
+def _get_image(client: docker.DockerClient, ref: str) -> Image | None:
+    """The local image for `ref`, or None when absent (or `ref` is not a valid reference); never pulls."""
+    try:
+        image: Image = client.images.get(ref)
+    except docker.errors.APIError as exc:
+        if exc.status_code in (400, 404):
+            return None
+        raise classify_engine_exception(exc) from None
+    except _ENGINE_FAILURES as exc:
+        raise classify_engine_exception(exc) from None
+    return image
+
+
+def _labels(image: Image) -> dict[str, str]:
+    return dict((image.attrs.get("Config") or {}).get("Labels") or {})
+
+
+def daemon_arch(client: docker.DockerClient) -> str:
+    """The daemon's CPU architecture in wheel terms; refuses ones the image has no wheels for."""
+    try:
+        arch = str(client.info().get("Architecture", ""))
+    except _ENGINE_FAILURES as exc:
+        raise classify_engine_exception(exc) from None
+    if arch not in DEBIAN_ARCH:
+        raise _build_failed(
+            f"no sandbox image recipe for engine architecture {arch!r}",
+            hint="use an x86_64 or aarch64 engine",
+        )
+    return arch
+
+
+def _ensure_base(
+    client: docker.DockerClient, repo_root: Path, arch: str, progress: Progress, force: bool
+) -> str:
+    """Make (or reuse) the imported mmdebstrap rootfs image; returns its tag."""
+    fs_hash = rootfs_hash(repo_root, arch)
+    tag = f"{BASE_REPOSITORY}:{fs_hash[:12]}"
+    existing = _get_image(client, tag)
+    if existing is not None and not force and _labels(existing).get(LABEL_ROOTFS_HASH) == fs_hash:
+        progress(f"rootfs: reusing {tag}")
+        return tag
+    if shutil.which("mmdebstrap") is None:
+        raise _build_failed(
+            "mmdebstrap is not installed", hint="apt-get install mmdebstrap (or run scripts/provision-engine)"
+        )
+    packages = read_packages(repo_root / "docker" / "rootfs.packages")
+    with tempfile.TemporaryDirectory(prefix="agentnode-rootfs-") as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        cmd = [
+            "mmdebstrap",
+            "--variant=essential",
+            f"--architectures={DEBIAN_ARCH[arch]}",
+            f"--include={','.join(packages)}",
+            # merged /usr without the usrmerge package (which drags in perl, ~50 MB)
+            "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+            "--skip=cleanup/run",  # keep /run/agentnode, the socket mountpoint
+            *(f"--dpkgopt={opt}" for opt in DPKG_OPTS),
+            f"--customize-hook={CUSTOMIZE_HOOK}",
+            SUITE,
+            str(tar),
+            *MIRRORS,
+        ]
+        progress(f"rootfs: mmdebstrap {SUITE} + {', '.join(packages)}")
+        code = _stream(cmd, progress, "rootfs")
+        if code != 0:
+            raise _build_failed(f"mmdebstrap failed with exit code {code} (see the rootfs: lines)")
+        progress(f"import: {tar.stat().st_size // 2**20} MiB rootfs as {tag}")
+        try:
+            client.api.import_image_from_file(
+                str(tar),
+                repository=BASE_REPOSITORY,
+                tag=fs_hash[:12],
+                changes=[f"LABEL {LABEL_ROOTFS_HASH}={fs_hash}"],
+            )
+        except _ENGINE_FAILURES as exc:
+            raise classify_engine_exception(exc) from None
+    return tag
+
+
+def wheel_cache_dir() -> Path:
+    """Where downloaded wheels are kept between builds (XDG cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentnode-sandbox" / "wheels"
+
+
+def fetch_wheels(repo_root: Path, arch: str, cache_dir: Path, progress: Progress) -> list[Path]:
+    """The hash-verified wheels for `arch`, from the cache or `pip download --require-hashes`."""
+    requirements = repo_root / "docker" / "requirements.txt"
+    pins = parse_requirements(requirements.read_text())
+    found = cached_wheels(pins, cache_dir, arch)
+    if found is None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps", "--only-binary=:all:",
+            "--platform", f"manylinux2014_{arch}", "--python-version", WHEEL_PYTHON, "--implementation", "cp",
+            "--disable-pip-version-check", "-d", str(cache_dir), "-r", str(requirements),
+        ]  # fmt: skip
+        code = _stream(cmd, progress, "wheels")
+        found = cached_wheels(pins, cache_dir, arch) if code == 0 else None
+        if found is None:
+            raise _build_failed(
+                f"pip download of the pinned wheels failed (exit code {code})",
+                hint="check PyPI access and docker/requirements.txt, then rerun the build",
+            )
+    for wheel in found.values():
+        progress(f"wheels: {wheel.name} (sha256 verified)")
+    return list(found.values())
+
+
+def _project_metadata(repo_root: Path) -> dict[str, Any]:
+    with (repo_root / "pyproject.toml").open("rb") as fh:
+        project: dict[str, Any] = tomllib.load(fh).get("project", {})
+    return project
+
+
+def _git_revision(repo_root: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo_root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+def image_labels(repo_root: Path, inputs_hash: str) -> dict[str, str]:
+    """OCI annotations plus the two labels the host checks (protocol, inputs hash)."""
+    project = _project_metadata(repo_root)
+    licence = project.get("license")
+    licence_text = licence.get("text", "") if isinstance(licence, dict) else licence or ""
+    urls = project.get("urls") or {}
+    labels = {
+        "org.opencontainers.image.title": REPOSITORY,
+        "org.opencontainers.image.description": str(project.get("description", "")),
+        "org.opencontainers.image.version": str(project.get("version", "")),
+        "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.licenses": str(licence_text),
+        LABEL_PROTOCOL: str(PROTOCOL_VERSION),
+        LABEL_INPUTS_HASH: inputs_hash,
+    }
+    source = urls.get("Source") or urls.get("Repository") or urls.get("Homepage")
+    if source:
+        labels["org.opencontainers.image.source"] = str(source)
+    revision = _git_revision(repo_root)
+    if revision:
+        labels["org.opencontainers.image.revision"] = revision
+    return labels
+
+
+def prepare_context(repo_root: Path, ctx: Path, wheels: Iterable[Path]) -> None:
+    """Lay out the build context: the docker/ inputs and site/ (unpacked wheels + wrapper)."""
+    for name in DOCKER_INPUTS:
+        shutil.copyfile(repo_root / "docker" / name, ctx / name)
+    site = ctx / "site"
+    site.mkdir()
+    for wheel in wheels:
+        unpack_wheel(wheel, site)
+    copy_wrapper(repo_root, site)
+
+
+def _build_stream(chunks: Iterator[dict[str, Any]], progress: Progress) -> str:
+    """Relay `docker build` output; returns the built image id or raises on a build error."""
+    image_id = ""
+    for chunk in chunks:
+        if "error" in chunk:
+            raise _build_failed(f"docker build failed: {str(chunk['error']).strip()}")
+        for line in str(chunk.get("stream", "")).splitlines():
+            if line.strip():
+                progress(f"build: {line.rstrip()}")
+        image_id = str((chunk.get("aux") or {}).get("ID", image_id))
+    if not image_id:
+        raise _build_failed("docker build reported no image id")
+    return image_id
+
+
+def build_image(
+    client: docker.DockerClient,
+    *,
+    repo_root: Path,
+    progress: Progress,
+    force: bool = False,
+    cache_dir: Path | None = None,
+) -> BuildResult:
+    """Build the sandbox image from docker/ (or reuse it when its inputs hash is unchanged)."""
+    inputs_hash = image_inputs_hash(repo_root)
+    tag = f"{REPOSITORY}:{inputs_hash[:12]}"
+    cache = cache_dir or wheel_cache_dir()
+    with _build_lock(cache, progress):
+        existing = _get_image(client, tag)
+        if existing is not None and not force and _labels(existing).get(LABEL_INPUTS_HASH) == inputs_hash:
+            existing.tag(REPOSITORY, "latest")
+            progress(f"build: {tag} is up to date ({existing.id})")
+            return BuildResult(image_id=existing.id, tag=tag, inputs_hash=inputs_hash, built=False)
+        image_id = _build(
+            client, repo_root=repo_root, tag=tag, inputs_hash=inputs_hash, cache_dir=cache, progress=progress,
+            force=force,
+        )  # fmt: skip
+    progress(f"build: built {tag} ({image_id})")
+    return BuildResult(image_id=image_id, tag=tag, inputs_hash=inputs_hash, built=True)
+
+
+@contextlib.contextmanager
+def _build_lock(cache_dir: Path, progress: Progress) -> Iterator[None]:
+    """One build at a time per machine: concurrent builds would race on the tags and repeat mmdebstrap."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / "build.lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("build: waiting for another image build to finish")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _build(
+    client: docker.DockerClient,
+    *,
+    repo_root: Path,
+    tag: str,
+    inputs_hash: str,
+    cache_dir: Path,
+    progress: Progress,
+    force: bool,
+) -> str:
+    """The slow path of `build_image`: base rootfs, wheels, context, `docker build`; returns the id."""
+    arch = daemon_arch(client)
+    base = _ensure_base(client, repo_root, arch, progress, force)
+    wheels = fetch_wheels(repo_root, arch, cache_dir, progress)
+    with tempfile.TemporaryDirectory(prefix="agentnode-build-") as tmp:
+        ctx = Path(tmp)
+        prepare_context(repo_root, ctx, wheels)
+        progress(f"build: {tag} from {base}")
+        try:
+            image_id = _build_stream(
+                client.api.build(
+                    path=str(ctx), dockerfile="Dockerfile", tag=tag, buildargs={"BASE": base},
+                    labels=image_labels(repo_root, inputs_hash), rm=True, forcerm=True, pull=False,
+                    network_mode="none", decode=True,
+                ),
+                progress,
+            )  # fmt: skip
+            client.images.get(image_id).tag(REPOSITORY, "latest")
+        except _ENGINE_FAILURES as exc:
+            raise classify_engine_exception(exc) from None
+    return image_id
+
+
+def _matches_pin(image: Image, pin: str) -> bool:
+    if _ID_PIN.fullmatch(pin):
+        return bool(image.id == pin)
+    return pin in (image.attrs.get("RepoDigests") or [])
+
+
+def _protocol(labels: dict[str, str]) -> int | None:
+    value = labels.get(LABEL_PROTOCOL, "")
+    return int(value) if value.isdigit() else None
+
+
+def image_status(
+    client: docker.DockerClient, pin: str | None, *, repo_root: Path | None = None
+) -> ImageStatus:
+    """Describe the pinned image (or `agentnode-sandbox:latest` when nothing is pinned) from its labels."""
+    root = repo_root or default_repo_root()
+    current = image_inputs_hash(root) if (root / "docker").is_dir() else None
+    image = _get_image(client, pin or LATEST_TAG)
+    if image is None:
+        return ImageStatus(False, None, None, None, False, current, False)
+    labels = _labels(image)
+    protocol = _protocol(labels)
+    inputs_hash = labels.get(LABEL_INPUTS_HASH)
+    return ImageStatus(
+        present=True,
+        image_id=image.id,
+        protocol=protocol,
+        inputs_hash=inputs_hash,
+        matches_pin=pin is not None and _matches_pin(image, pin),
+        current_inputs_hash=current,
+        up_to_date=current is not None and inputs_hash == current and protocol == PROTOCOL_VERSION,
+    )
+
+
+def verify_pinned_image(client: docker.DockerClient, pin: str | None) -> Image:
+    """The pinned image, or an EngineError saying why a sandboxed run cannot use it; never pulls."""
+    if not pin:
+        raise EngineError(
+            "no sandbox image is pinned (agent_sandbox.image is not set)",
+            reason=AuditReason.IMAGE_NOT_PINNED, hint=BUILD_HINT, check="image",
+        )  # fmt: skip
+    if not (_ID_PIN.fullmatch(pin) or _DIGEST_PIN.fullmatch(pin)):
+        raise EngineError(
+            f"agent_sandbox.image must be 'sha256:<image id>' or '<repo>@sha256:<digest>', got {pin!r}",
+            reason=AuditReason.IMAGE_NOT_PINNED, hint=BUILD_HINT, check="image",
+        )  # fmt: skip
+    image = _get_image(client, pin)
+    if image is None:
+        raise EngineError(
+            f"the pinned sandbox image {pin} is not present in the engine",
+            reason=AuditReason.IMAGE_MISSING, hint=BUILD_HINT, check="image",
+        )  # fmt: skip
+    labels = _labels(image)
+    if not _matches_pin(image, pin) or LABEL_INPUTS_HASH not in labels:
+        raise EngineError(
+            f"the image found for {pin} is not the pinned agentnode-sandbox image",
+            reason=AuditReason.IMAGE_MISMATCH, hint=BUILD_HINT, check="image",
+        )  # fmt: skip
+    protocol = _protocol(labels)
+    if protocol != PROTOCOL_VERSION:
+        raise EngineError(
+            f"the pinned image speaks sandbox protocol {protocol}, this host speaks {PROTOCOL_VERSION}",
+            reason=AuditReason.PROTOCOL_MISMATCH, hint=BUILD_HINT, check="image",
+        )  # fmt: skip
+    return image
+
+
+def pin_image(paths: ConfigPaths, image_id: str) -> None:
+    """Record a built image's id as the pin sandboxed runs must use (agent_sandbox.image)."""
+    set_image_pin(paths, image_id)
+
+
+__all__ = [
+    "BuildResult",
+    "ImageStatus",
+    "build_image",
+    "image_inputs_hash",
+    "image_status",
+    "pin_image",
+    "verify_pinned_image",
+]

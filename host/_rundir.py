@@ -1,0 +1,105 @@
+"""Per-run socket directories: fresh, private to the run's uid, owned by a live host, swept when orphaned."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from host._engine import SOCKET_NAME, owner_alive
+
+logger = logging.getLogger("agentnode.sandbox.rundir")
+
+_OWNER_FILE = "owner"
+_PREFIX = "run-"
+
+
+def run_root(env: Mapping[str, str] | None = None) -> Path:
+    """Where run directories live: AGENTNODE_RUN_DIR, else /run/agentnode-sandbox as root, else per user.
+
+    Kept short on purpose: a Unix socket path must fit in 108 bytes.
+    """
+    env = os.environ if env is None else env
+    if env.get("AGENTNODE_RUN_DIR"):
+        root = Path(env["AGENTNODE_RUN_DIR"])
+    elif os.geteuid() == 0:
+        root = Path("/run/agentnode-sandbox")
+    else:
+        base = env.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        root = Path(base) / f"agentnode-sandbox-{os.geteuid()}"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    return root
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run's directory and the socket path inside it."""
+
+    path: Path
+
+    @property
+    def socket_path(self) -> Path:
+        return self.path / SOCKET_NAME
+
+    def grant(self, uid: int, gid: int) -> None:
+        """Let the container's uid (and only it, besides root) reach the socket."""
+        if os.geteuid() == 0:
+            os.chown(self.path, uid, gid)
+            os.chmod(self.path, 0o700)
+            if self.socket_path.exists():
+                os.chown(self.socket_path, uid, gid)
+                os.chmod(self.socket_path, 0o600)
+        else:
+            # Without root we cannot hand the directory over; the unguessable name and a non-listable
+            # directory are what keep other users out.
+            os.chmod(self.path, 0o711)  # noqa: S103 (traverse only; not listable)
+            if self.socket_path.exists():
+                os.chmod(self.socket_path, 0o666)  # noqa: S103 (see above)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def make_run_dir(run_id: str, owner: str, env: Mapping[str, str] | None = None) -> RunDir:
+    """Create a fresh directory for one run, recording the owning host process for the sweep."""
+    path = run_root(env) / f"{_PREFIX}{run_id}"
+    path.mkdir(mode=0o700)
+    (path / _OWNER_FILE).write_text(owner)
+    return RunDir(path)
+
+
+def _young(path: Path, seconds: float = 60.0) -> bool:
+    """A directory without an owner file yet may be one another host is creating right now."""
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False
+
+
+def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
+    """Remove run directories whose owning host process is gone; nothing else under the root is touched."""
+    removed: list[str] = []
+    root = run_root(env)
+    for entry in root.iterdir():
+        if not entry.name.startswith(_PREFIX) or not entry.is_dir():
+            continue
+        try:
+            owner = (entry / _OWNER_FILE).read_text().strip()
+        except OSError:
+            owner = ""
+        if owner_alive(owner) if owner else _young(entry):
+            continue
+        with contextlib.suppress(OSError):
+            shutil.rmtree(entry)
+            removed.append(entry.name)
+    return removed
+
+
+__all__ = ["RunDir", "make_run_dir", "run_root", "sweep_run_dirs"]
