@@ -12,29 +12,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import docker
-import docker.errors
 
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker, LlmSession
 from host._config import HostConfig, load_config, sandbox_enabled
 from host._engine import (
-    SANDBOX_GID,
-    SANDBOX_UID,
     ContainerLimits,
     EngineFacts,
-    PidsProbe,
-    classify_engine_exception,
     connect,
-    container_spec,
     engine_facts,
     owner_token,
-    remove_and_verify,
     require_capable,
     sweep_containers,
 )
@@ -43,17 +36,15 @@ from host._image import verify_pinned_image
 from host._manifest import AgentManifest, ToolpackManifest
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
 from host._policy import Route, RunPolicy, resolve_run_policy, route_run
+from host._pool import PoolSettings, WarmPools
 from host._rundir import make_run_dir, sweep_run_dirs
+from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain
 from host._session import RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
 
 logger = logging.getLogger("agentnode.sandbox.runner")
 
-LOG_CAP_BYTES = 64 * 1024
-"""How much of an agent's stdout/stderr the host keeps; the rest is read and dropped."""
-
 _ENGINE_FACTS_TTL = 30.0
-_EXIT_GRACE = 2.0
 
 
 @dataclass
@@ -70,6 +61,7 @@ class RunResult:
     duration_ms: int = 0
     hint: str = ""
     logs: str = ""
+    warm: bool = False
     stages: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -87,35 +79,6 @@ class RunResult:
         }
 
 
-class _CappedSink:
-    """Keeps the first `cap` bytes of a stream and drops the rest, so a flooding agent costs no memory."""
-
-    def __init__(self, cap: int = LOG_CAP_BYTES) -> None:
-        self.cap = cap
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.dropped = 0
-
-    def feed(self, chunk: bytes) -> None:
-        room = self.cap - self.size
-        if room > 0:
-            self.parts.append(chunk[:room])
-            self.size += min(room, len(chunk))
-        self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def text(self) -> str:
-        out = b"".join(self.parts).decode("utf-8", "replace")
-        if self.dropped:
-            out += f"\n[agentnode: {self.dropped} more bytes of output dropped]"
-        return out
-
-
-def _drain(chunks: Iterable[bytes], sink: _CappedSink) -> None:
-    with contextlib.suppress(Exception):
-        for chunk in chunks:
-            sink.feed(chunk)
-
-
 @dataclass
 class _Run:
     """Mutable facts of one run, gathered for the result and the single audit record."""
@@ -131,14 +94,19 @@ class _Run:
     policy: RunPolicy | None = None
     llm: LlmSession | None = None
     gate: ToolGate | None = None
+    warm: bool = False
     stages: dict[str, float] = field(default_factory=dict)
+    on_stage: Callable[[str], None] | None = None
 
     def mark(self, stage: str) -> None:
         self.stages[stage] = round((time.monotonic() - self.started) * 1000, 2)
+        if self.on_stage is not None:
+            with contextlib.suppress(Exception):
+                self.on_stage(stage)
 
 
 class SandboxHost:
-    """One host process: config, engine client, LLM broker and tool runner shared by its runs."""
+    """One host process: config, engine client, LLM broker, tool runner and warm pools shared by its runs."""
 
     def __init__(
         self,
@@ -149,6 +117,8 @@ class SandboxHost:
         broker: LlmBroker | None = None,
         tool_runner: ToolRunner | None = None,
         limits: ContainerLimits | None = None,
+        pool: PoolSettings | None = None,
+        async_teardown: bool = False,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self.config = config or load_config(self.env)
@@ -163,6 +133,11 @@ class SandboxHost:
         self.lockfile = Lockfile(self.config.paths.lockfile)
         self.owner = owner_token()
         self.audit_failures = 0
+        self.teardown_failures = 0
+        self.async_teardown = async_teardown
+        self.pools = WarmPools(self._launch_member, pool) if pool is not None and pool.size > 0 else None
+        self._active: dict[str, RunSession] = {}
+        self._teardowns: set[threading.Thread] = set()
 
     # -- engine -------------------------------------------------------------------------------------
 
@@ -188,7 +163,25 @@ class SandboxHost:
             removed += sweep_containers(self.client())
         return removed
 
+    def cancel(self, run_id: str) -> bool:
+        """Cancel a run in progress: its sandbox is killed and its result says `cancelled`."""
+        session = self._active.get(run_id)
+        if session is None:
+            return False
+        session.cancel()
+        return True
+
+    def active_runs(self) -> list[str]:
+        return list(self._active)
+
     def close(self) -> None:
+        """Cancel what still runs, destroy the warm pools, finish teardowns; nothing is left behind."""
+        for session in list(self._active.values()):
+            session.cancel()
+        if self.pools is not None:
+            self.pools.close()
+        for t in list(self._teardowns):
+            t.join(timeout=60)
         self.tool_runner.close()
         if self._client is not None:
             with contextlib.suppress(Exception):
@@ -215,19 +208,24 @@ class SandboxHost:
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
         on_stage: Callable[[str], None] | None = None,
+        on_start: Callable[[str], None] | None = None,
     ) -> RunResult:
-        """Run an installed agent; every path, refusals included, ends with exactly one audit record."""
-        run = _Run(run_id=uuid.uuid4().hex, slug=slug, started=time.monotonic())
+        """Run an installed agent; every path, refusals included, ends with exactly one audit record.
+
+        `on_start(run_id)` is called once the run id is final (a warm member brings its own);
+        `on_stage(name)` is called as the run passes each stage.
+        """
+        run = _Run(run_id=uuid.uuid4().hex, slug=slug, started=time.monotonic(), on_stage=on_stage)
         result: RunResult
         try:
-            result = self._route_and_run(run, goal, dict(kwargs or {}), runtime)
+            result = self._route_and_run(run, goal, dict(kwargs or {}), runtime, on_start)
         except SandboxError as exc:
             result = RunResult(
                 success=False,
                 error=exc.message,
                 error_code=exc.reason.value,
                 hint=exc.hint,
-                mode_used="agent_sandbox" if run.sandbox else run.source.replace("agent_", ""),
+                mode_used=run.source,
             )
             reason = exc.reason
         except Exception as exc:  # noqa: BLE001 (the host loop fails closed on anything)
@@ -237,7 +235,7 @@ class SandboxHost:
                 error=f"the host failed while running the agent ({type(exc).__name__})",
                 error_code=AuditReason.HOST_LOOP_ERROR.value,
                 hint="see the host log; check with: agentnode-sandbox doctor",
-                mode_used="agent_sandbox" if run.sandbox else "agent_host",
+                mode_used=run.source,
             )
             reason = AuditReason.HOST_LOOP_ERROR
         else:
@@ -247,12 +245,12 @@ class SandboxHost:
                 else (AuditReason.AGENT_COMPLETED if result.success else AuditReason.AGENT_ERROR)
             )
         result.run_id = run.run_id
+        result.warm = run.warm
         result.duration_ms = int((time.monotonic() - run.started) * 1000)
         result.stages = run.stages
         if not self._audit(run, result, reason):
             self.audit_failures += 1
-        if on_stage is not None:
-            on_stage("done")
+        run.mark("done")
         return result
 
     def _audit(self, run: _Run, result: RunResult, reason: AuditReason) -> bool:
@@ -286,7 +284,12 @@ class SandboxHost:
         return self.audit.append(record)
 
     def _route_and_run(
-        self, run: _Run, goal: str | None, kwargs: dict[str, Any], runtime: str | None
+        self,
+        run: _Run,
+        goal: str | None,
+        kwargs: dict[str, Any],
+        runtime: str | None,
+        on_start: Callable[[str], None] | None,
     ) -> RunResult:
         entry = self.lockfile.get(run.slug)
         if entry is None:
@@ -309,11 +312,8 @@ class SandboxHost:
             host_trust_policy=cfg.host_trust_policy,
         )
         if decision.route is Route.REFUSED:
-            run.source = (
-                "agent_sandbox"
-                if entry.trust_level.strip().lower() in ("verified", "unverified")
-                else "agent_host"
-            )
+            community = entry.trust_level.strip().lower() in ("verified", "unverified")
+            run.source = "agent_sandbox" if community else "agent_host"
             hint = (
                 "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
                 if decision.reason == AuditReason.REFUSED_FLAG_OFF
@@ -326,20 +326,26 @@ class SandboxHost:
         run.sandbox = sandboxed
         run.source = "agent_sandbox" if sandboxed else "agent_host"
         run.policy = resolve_run_policy(manifest, cfg, sandboxed=sandboxed)
-        task = RunTask(
-            run_id=run.run_id,
-            entrypoint=manifest.entrypoint,
-            goal=goal if goal is not None else manifest.goal,
-            kwargs_json=json.dumps(kwargs, allow_nan=False),
-            policy=run.policy,
-            system_prompt=manifest.system_prompt,
-        )
         run.mark("routed")
-        if sandboxed:
-            return self._run_sandboxed(run, entry, task, runtime or cfg.runtime)
-        return self._run_on_host(run, entry, task)
 
-    def _session(self, run: _Run, task: RunTask, deadline: float) -> RunSession:
+        def task() -> RunTask:
+            assert run.policy is not None
+            return RunTask(
+                run_id=run.run_id,
+                entrypoint=manifest.entrypoint,
+                goal=goal if goal is not None else manifest.goal,
+                kwargs_json=json.dumps(kwargs, allow_nan=False),
+                policy=run.policy,
+                system_prompt=manifest.system_prompt,
+            )
+
+        if sandboxed:
+            return self._run_sandboxed(run, entry, task, runtime or cfg.runtime, on_start)
+        if on_start is not None:
+            on_start(run.run_id)
+        return self._run_on_host(run, entry, task())
+
+    def _gate_and_llm(self, run: _Run, deadline: float) -> tuple[ToolGate, LlmSession]:
         assert run.policy is not None
         run.llm = self.broker.session(run.policy.llm)
         run.gate = ToolGate(
@@ -349,103 +355,104 @@ class SandboxHost:
             runner=self.tool_runner,
             deadline=deadline,
         )
-        return RunSession(task=task, tools=run.gate, llm=run.llm)
+        return run.gate, run.llm
 
-    def _run_sandboxed(self, run: _Run, entry: LockEntry, task: RunTask, runtime: str) -> RunResult:
-        run.runtime = runtime
-        cfg = self.config.agent_sandbox
+    def sandbox_spec(self, entry: LockEntry, runtime: str) -> SandboxSpec:
+        """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed."""
         client = self.client()
         require_capable(self.facts(), runtime)
-        image = verify_pinned_image(client, cfg.image)
-        run.image = cfg.image
+        image = verify_pinned_image(client, self.config.agent_sandbox.image)
         volume = verify_volume(client, entry)
+        return SandboxSpec(
+            slug=entry.slug,
+            artifact_hash=entry.artifact_hash,
+            runtime=runtime,
+            image_id=image.id,
+            volume=volume,
+            import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
+            limits=self.limits,
+        )
+
+    def _launch_member(self, spec: SandboxSpec) -> Sandbox:
+        return Sandbox.launch(
+            self.client(), spec, run_id=uuid.uuid4().hex, owner=self.owner, env=self.env, warm=True
+        )
+
+    def prewarm(self, slug: str, runtime: str | None = None) -> None:
+        """Start a warm pool for an installed community agent (no-op without pools)."""
+        entry = self.lockfile.get(slug)
+        if self.pools is None or entry is None or entry.package_type != "agent":
+            return
+        self.pools.want(self.sandbox_spec(entry, runtime or self.config.agent_sandbox.runtime))
+
+    def _run_sandboxed(
+        self,
+        run: _Run,
+        entry: LockEntry,
+        task: Callable[[], RunTask],
+        runtime: str,
+        on_start: Callable[[str], None] | None,
+    ) -> RunResult:
+        run.runtime = runtime
+        run.image = self.config.agent_sandbox.image
+        spec = self.sandbox_spec(entry, runtime)
         run.mark("verified")
-        assert run.policy is not None
-        deadline = run.started + run.policy.max_runtime_seconds
-        session = self._session(run, task, deadline)
-        rundir = make_run_dir(run.run_id, self.owner, self.env)
-        server = build_run_server(session, str(rundir.socket_path))
-        name = f"agentnode-run-{run.run_id[:20]}"
-        container_id: str | None = None
+        box = self.pools.claim(spec) if self.pools is not None else None
+        if self.pools is not None:
+            self.pools.want(spec)
+        if box is not None:
+            run.run_id = box.run_id
+            run.warm = True
+            run.mark("claimed")
+        else:
+            box = Sandbox.launch(
+                self.client(), spec, run_id=run.run_id, owner=self.owner, env=self.env, warm=False
+            )
+            run.stages.update({f"sandbox_{k}": v for k, v in box.stages.items()})
+            run.mark("started")
+        if on_start is not None:
+            on_start(run.run_id)
         try:
-            server.start()
-            rundir.grant(SANDBOX_UID, SANDBOX_GID)
-            run.mark("socket_ready")
-            spec = container_spec(
-                image=image.id,
-                run_id=run.run_id,
-                name=name,
-                owner=self.owner,
-                slug=run.slug,
-                runtime=runtime,
-                pack_volume=volume,
-                import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
-                socket_dir=str(rundir.path),
-                limits=self.limits,
-            )
-            try:
-                container = client.containers.create(**spec)
-                container_id = container.id
-                run.mark("created")
-                container.start()
-                run.mark("started")
-            except docker.errors.APIError as exc:
-                raise EngineError(
-                    f"the sandbox container could not be started ({exc.status_code})",
-                    reason=AuditReason.START_FAILED,
-                    hint="check with: agentnode-sandbox doctor",
-                    check="start",
-                ) from None
-            except docker.errors.DockerException as exc:
-                raise classify_engine_exception(exc) from None
-            sink = _CappedSink()
-            exit_info: dict[str, Any] = {}
-            cid = container_id
-
-            probe: list[PidsProbe] = []
-
-            def watch_exit() -> None:
-                with contextlib.suppress(Exception):
-                    probe.append(PidsProbe(int(client.api.inspect_container(cid)["State"]["Pid"])))
-                with contextlib.suppress(Exception):
-                    exit_info.update(client.api.wait(cid))
-                session.reported.set()
-
-            def drain_logs() -> None:
-                with contextlib.suppress(Exception):
-                    _drain(client.api.logs(cid, stream=True, follow=True, stdout=True, stderr=True), sink)
-
-            threading.Thread(target=watch_exit, daemon=True, name=f"exit-{name}").start()
-            threading.Thread(target=drain_logs, daemon=True, name=f"logs-{name}").start()
-            outcome = self._watch(
-                session, deadline, lambda: bool(exit_info), poll=lambda: [p.poll() for p in probe]
-            )
-            pids_hits = max((p.poll() for p in probe), default=0)
+            assert run.policy is not None
+            deadline = run.started + run.policy.max_runtime_seconds
+            gate, llm = self._gate_and_llm(run, deadline)
+            self._active[run.run_id] = box.session
+            box.session.assign(task(), gate, llm)
+            how = self._watch(box.session, deadline, lambda: box.exited, poll=box.pids_hits)
             run.mark("agent_done")
-            result = self._result_from(
-                session,
-                how=outcome,
-                exit_info=exit_info,
+            status = box.exit_info.get("StatusCode") if box.exited else None
+            return self._result_from(
+                box.session,
+                how=how,
                 run=run,
-                sink=sink,
-                client=client,
-                cid=cid,
-                pids_hits=pids_hits,
+                sink=box.sink,
+                exit_status=status,
+                oom=box.oom_killed,
+                pids_hits=box.pids_hits(),
             )
-            return result
         finally:
-            with contextlib.suppress(Exception):
-                server.stop(grace=None)
-            if container_id is not None:
-                try:
-                    remove_and_verify(client, container_id, name)
-                finally:
-                    rundir.remove()
-            else:
-                rundir.remove()
-                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-                    remove_and_verify(client, name, name)
+            self._active.pop(run.run_id, None)
+            self._teardown(box, run)
+
+    def _teardown(self, box: Sandbox, run: _Run) -> None:
+        """Destroy a used sandbox; in a long-running host this happens after the result is returned."""
+
+        def destroy() -> None:
+            try:
+                box.destroy()
+            except Exception as exc:  # noqa: BLE001 (counted and logged; the sweep is the backstop)
+                self.teardown_failures += 1
+                logger.warning("teardown of %s failed: %s", box.name, type(exc).__name__)
+            finally:
+                self._teardowns.discard(threading.current_thread())
+
+        if not self.async_teardown:
+            box.destroy()
             run.mark("teardown")
+            return
+        t = threading.Thread(target=destroy, daemon=True, name=f"teardown-{box.name}")
+        self._teardowns.add(t)
+        t.start()
 
     def _watch(
         self,
@@ -454,7 +461,7 @@ class SandboxHost:
         exited: Callable[[], bool],
         poll: Callable[[], object] | None = None,
     ) -> str:
-        """Wait for the result, the sandbox's exit, the wall-clock deadline or the idle limit.
+        """Wait for the result, the sandbox's exit, cancellation, the wall-clock deadline or the idle limit.
 
         `poll` (the pids probe: one small file read) runs every 50 ms while the run lasts.
         """
@@ -465,6 +472,8 @@ class SandboxHost:
             # State first, then the event: a wake-up between the two is caught by the next wait.
             if session.outcome is not None:
                 return "reported"
+            if session.cancelled:
+                return "cancelled"
             if exited():
                 return "exited"
             now = time.monotonic()
@@ -483,15 +492,14 @@ class SandboxHost:
         session: RunSession,
         *,
         how: str,
-        exit_info: Mapping[str, Any],
         run: _Run,
-        sink: _CappedSink,
-        client: docker.DockerClient | None,
-        cid: str | None,
+        sink: CappedSink,
+        exit_status: int | None,
+        oom: Callable[[], bool],
         pids_hits: int = 0,
     ) -> RunResult:
-        """Name what ended the run: its result, a deadline, or the sandbox's death and its cause."""
-        mode = "agent_sandbox" if run.sandbox else "agent_host"
+        """Name what ended the run: its result, a deadline, cancellation, or the sandbox's death and cause."""
+        mode = run.source
 
         def fail(code: AuditReason | str, error: str, hint: str, *, timed_out: bool = False) -> RunResult:
             return RunResult(
@@ -517,6 +525,8 @@ class SandboxHost:
                     success=True, result=json.loads(outcome.value_json), mode_used=mode, logs=sink.text()
                 )
             return fail(outcome.failure_code, outcome.failure_message or outcome.failure_code, "")
+        if how == "cancelled":
+            return fail(AuditReason.CANCELLED, "the run was cancelled; its sandbox was killed", "")
         if how in ("deadline", "idle"):
             assert run.policy is not None
             if pids_hits:
@@ -537,12 +547,8 @@ class SandboxHost:
                 "raise limits.max_runtime_seconds (within the host ceiling) if the agent needs longer",
                 timed_out=True,
             )
-        status = int(exit_info.get("StatusCode", -1))
-        oom = False
-        if client is not None and cid is not None:
-            with contextlib.suppress(Exception):
-                oom = bool(client.api.inspect_container(cid)["State"].get("OOMKilled"))
-        if oom or (status == 137 and run.runtime == "runsc" and not pids_hits):
+        status = -1 if exit_status is None else int(exit_status)
+        if oom() or (status == 137 and run.runtime == "runsc" and not pids_hits):
             return fail(
                 AuditReason.OOM_KILLED,
                 "the agent exceeded its memory limit and was killed",
@@ -555,8 +561,8 @@ class SandboxHost:
         if run.runtime == "runsc" and status not in (0, 1, 3, 4):
             return fail(
                 AuditReason.SANDBOX_CRASHED,
-                f"the gVisor sandbox stopped (exit {status}) before the agent reported; under gVisor the "
-                "usual cause is forking past the pids limit",
+                f"the gVisor sandbox stopped (exit {status}) before the agent reported; under gVisor "
+                "the usual cause is forking past the pids limit",
                 "use fewer processes; see the logs of the run (run --json shows them)",
             )
         return fail(
@@ -575,19 +581,20 @@ class SandboxHost:
             )
         assert run.policy is not None
         deadline = run.started + run.policy.max_runtime_seconds
-        session = self._session(run, task, deadline)
+        gate, llm = self._gate_and_llm(run, deadline)
+        session = RunSession(task=task, tools=gate, llm=llm)
         rundir = make_run_dir(run.run_id, self.owner, self.env)
         server = build_run_server(session, str(rundir.socket_path))
         proc: subprocess.Popen[bytes] | None = None
+        drainer: threading.Thread | None = None
         try:
             server.start()
             run.mark("socket_ready")
-            wrapper_site = str(Path(__file__).resolve().parent.parent)
             env = {
                 "PATH": self.env.get("PATH", "/usr/bin:/bin"),
                 "LANG": "C.UTF-8",
                 "HOME": str(rundir.path),
-                "PYTHONPATH": wrapper_site,
+                "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
                 "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONUNBUFFERED": "1",
                 "AGENTNODE_SOCKET": str(rundir.socket_path),
@@ -603,34 +610,47 @@ class SandboxHost:
                 start_new_session=True,
             )
             run.mark("started")
-            sink = _CappedSink()
-            exit_info: dict[str, Any] = {}
+            sink = CappedSink()
+            exit_info: dict[str, int] = {}
             p = proc
             assert p.stdout is not None
             fd = p.stdout.fileno()
-            threading.Thread(
-                target=_drain, args=(iter(lambda: os.read(fd, 65536), b""), sink), daemon=True
-            ).start()
+            drainer = threading.Thread(
+                target=drain, args=(iter(lambda: os.read(fd, 65536), b""), sink), daemon=True
+            )
+            drainer.start()
 
             def watch_exit() -> None:
                 exit_info["StatusCode"] = p.wait()
                 session.reported.set()
 
             threading.Thread(target=watch_exit, daemon=True).start()
+            self._active[run.run_id] = session
             how = self._watch(session, deadline, lambda: bool(exit_info))
             run.mark("agent_done")
             return self._result_from(
-                session, how=how, exit_info=exit_info, run=run, sink=sink, client=None, cid=None
+                session,
+                how=how,
+                run=run,
+                sink=sink,
+                exit_status=exit_info.get("StatusCode"),
+                oom=lambda: False,
             )
         finally:
-            if proc is not None and proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            self._active.pop(run.run_id, None)
+            if proc is not None:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                if drainer is not None:
+                    drainer.join(timeout=5)
+                if proc.stdout is not None:
+                    proc.stdout.close()
             with contextlib.suppress(Exception):
                 server.stop(grace=None)
             rundir.remove()
             run.mark("teardown")
 
 
-__all__ = ["LOG_CAP_BYTES", "RunResult", "SandboxHost"]
+__all__ = ["RunResult", "SandboxHost"]

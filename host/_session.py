@@ -105,18 +105,45 @@ class RunOutcome:
 
 @dataclass
 class RunSession:
-    """Per-run state shared by the three servicers: handover once, result once, activity clock."""
+    """Per-run state shared by the three servicers: handover once, result once, activity clock.
 
-    task: RunTask
-    tools: ToolGate
-    llm: LlmSession
+    A session may be built before its task exists (a warm pool member): FetchTask then waits until
+    `assign` hands the task over, or until the session is cancelled.
+    """
+
+    task: RunTask | None = None
+    tools: ToolGate | None = None
+    llm: LlmSession | None = None
     clock: Callable[[], float] = time.monotonic
     fetched: bool = False
+    cancelled: bool = False
     outcome: RunOutcome | None = None
     last_activity: float = field(default_factory=time.monotonic)
     inflight: int = 0
     reported: threading.Event = field(default_factory=threading.Event)
+    assigned: threading.Event = field(default_factory=threading.Event)
+    _fetching: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.task is not None:
+            self.assigned.set()
+
+    def assign(self, task: RunTask, tools: ToolGate, llm: LlmSession) -> None:
+        """Hand a task to a session built without one; it can happen once."""
+        with self._lock:
+            if self.task is not None or self.cancelled:
+                raise RuntimeError("this session already has a task or was cancelled")
+            self.task, self.tools, self.llm = task, tools, llm
+        self.touch()
+        self.assigned.set()
+
+    def cancel(self) -> None:
+        """End the session from the host side: a waiting FetchTask returns an error, the watcher wakes."""
+        with self._lock:
+            self.cancelled = True
+        self.assigned.set()
+        self.reported.set()
 
     def touch(self) -> None:
         self.last_activity = self.clock()
@@ -135,32 +162,43 @@ class RunSession:
         """When the run went idle (no call in flight), or None while a call is being served."""
         return None if self.inflight else self.last_activity
 
-    def require_open(self) -> None:
+    def _check_open(self) -> None:
+        if self.cancelled:
+            raise _Refusal("RUN_FINISHED", "the run was cancelled")
+        if self.outcome is not None:
+            raise _Refusal("RUN_FINISHED", "the run already reported its result")
+
+    def require_open(self) -> tuple[ToolGate, LlmSession]:
         """Refuse calls before the task was fetched or after the result was reported."""
         with self._lock:
-            if self.outcome is not None:
-                raise _Refusal("RUN_FINISHED", "the run already reported its result")
-            if not self.fetched:
+            self._check_open()
+            if not self.fetched or self.tools is None or self.llm is None:
                 raise _Refusal("TASK_NOT_FETCHED", "fetch the task first")
+            return self.tools, self.llm
 
-    def fetch(self, protocol_version: int) -> RunTask:
+    def fetch(self, protocol_version: int, is_active: Callable[[], bool] = lambda: True) -> RunTask:
         with self._lock:
-            if self.outcome is not None:
-                raise _Refusal("RUN_FINISHED", "the run already reported its result")
-            if self.fetched:
+            self._check_open()
+            if self._fetching:
                 raise _Refusal("TASK_ALREADY_FETCHED", "the task can be fetched once per run")
             if protocol_version != PROTOCOL_VERSION:
                 raise _Refusal(
                     "INVALID_REQUEST",
                     f"protocol version {protocol_version} is not the host's {PROTOCOL_VERSION}",
                 )
+            self._fetching = True
+        while not self.assigned.wait(0.5):
+            if not is_active():
+                raise _Refusal("RUN_FINISHED", "the caller went away before a task was assigned")
+        with self._lock:
+            self._check_open()
+            assert self.task is not None
             self.fetched = True
             return self.task
 
     def report(self, outcome: RunOutcome) -> None:
         with self._lock:
-            if self.outcome is not None:
-                raise _Refusal("RUN_FINISHED", "the run already reported its result")
+            self._check_open()
             if not self.fetched:
                 raise _Refusal("TASK_NOT_FETCHED", "fetch the task first")
             self.outcome = outcome
@@ -230,7 +268,7 @@ class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
     def FetchTask(
         self, request: session_pb2.FetchTaskRequest, context: grpc.ServicerContext
     ) -> session_pb2.FetchTaskResponse:
-        task = self.session.fetch(request.protocol_version)
+        task = self.session.fetch(request.protocol_version, context.is_active)
         p = task.policy
         return session_pb2.FetchTaskResponse(
             run_id=task.run_id,
@@ -261,7 +299,8 @@ class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
         which = request.WhichOneof("outcome")
         if which == "value_json":
             raw = request.value_json
-            if len(raw.encode("utf-8")) > self.session.task.max_result_bytes:
+            task = self.session.task
+            if len(raw.encode("utf-8")) > (task.max_result_bytes if task else MAX_RESULT_BYTES):
                 self.session.report(
                     RunOutcome(
                         failure_code="result_too_large", failure_message="the result exceeds the size cap"
@@ -296,8 +335,7 @@ class ToolServicer(_Servicer, tools_pb2_grpc.ToolServiceServicer):
     def RunTool(
         self, request: tools_pb2.RunToolRequest, context: grpc.ServicerContext
     ) -> tools_pb2.RunToolResponse:
-        self.session.require_open()
-        gate = self.session.tools
+        gate, _ = self.session.require_open()
         outcome = gate.call(request.package_slug, request.tool_name, request.arguments_json)
         result_json = ""
         if outcome.success:
@@ -327,8 +365,7 @@ class LlmServicer(_Servicer, llm_pb2_grpc.LlmServiceServicer):
     def CallLlm(
         self, request: llm_pb2.CallLlmRequest, context: grpc.ServicerContext
     ) -> llm_pb2.CallLlmResponse:
-        self.session.require_open()
-        llm = self.session.llm
+        _, llm = self.session.require_open()
         completion = llm.call(_messages(request))
         return llm_pb2.CallLlmResponse(
             content=completion.content,
@@ -341,8 +378,8 @@ class LlmServicer(_Servicer, llm_pb2_grpc.LlmServiceServicer):
     def StreamLlm(
         self, request: llm_pb2.StreamLlmRequest, context: grpc.ServicerContext
     ) -> Iterator[llm_pb2.StreamLlmResponse]:
-        self.session.require_open()
-        for item in self.session.llm.stream(_messages(request)):
+        _, llm = self.session.require_open()
+        for item in llm.stream(_messages(request)):
             if isinstance(item, str):
                 if item:
                     yield llm_pb2.StreamLlmResponse(delta=item)

@@ -49,7 +49,9 @@ def main() -> int:
         try:
             # wait_for_ready rides out a host that is still coming up, bounded by the timeout; unlike
             # channel_ready_future it leaves no connectivity poller behind to slow channel.close().
-            task = session.FetchTask(request, timeout=FETCH_TIMEOUT_SECONDS, wait_for_ready=True)
+            # A warm pool member (AGENTNODE_FETCH_TIMEOUT=0) waits for its task as long as the host keeps it.
+            wait = float(os.environ.get("AGENTNODE_FETCH_TIMEOUT", FETCH_TIMEOUT_SECONDS)) or None
+            task = session.FetchTask(request, timeout=wait, wait_for_ready=True)
         except grpc.RpcError as err:
             return _die(EXIT_NO_TASK, f"FetchTask failed: {err.code().name}: {err.details()}")
         sys.path.insert(0, os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))

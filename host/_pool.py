@@ -1,0 +1,167 @@
+"""Single-use warm pools: sandboxes started ahead of demand, each claimed by exactly one run, never reused."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from host._errors import SandboxError
+from host._sandbox import Sandbox, SandboxSpec
+
+logger = logging.getLogger("agentnode.sandbox.pool")
+
+PoolKey = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How many members each pool keeps, how long a member may wait, and the memory they may reserve."""
+
+    size: int = 2
+    idle_ttl_seconds: float = 300.0
+    memory_budget_bytes: int = 4 * 1024 * 1024 * 1024
+
+    def max_members(self, member_memory_bytes: int) -> int:
+        return max(0, self.memory_budget_bytes // max(1, member_memory_bytes))
+
+
+class WarmPools:
+    """Pools per (pack version, runtime, image); a background filler keeps each at its size.
+
+    A claimed member leaves the pool for good: the caller runs it once and destroys it. Members that
+    exited, outlived the idle TTL, or belong to a pool nobody asked for are destroyed by the filler.
+    """
+
+    def __init__(
+        self,
+        launch: Callable[[SandboxSpec], Sandbox],
+        settings: PoolSettings,
+        *,
+        destroy: Callable[[Sandbox], None] | None = None,
+    ) -> None:
+        self._launch = launch
+        self._destroy = destroy or (lambda box: box.destroy())
+        self.settings = settings
+        self._members: dict[PoolKey, list[Sandbox]] = {}
+        self._specs: dict[PoolKey, SandboxSpec] = {}
+        self._launching: dict[PoolKey, int] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self.launch_failures = 0
+        self._filler = threading.Thread(target=self._fill_loop, daemon=True, name="agentnode-pool-filler")
+        self._filler.start()
+
+    # -- public -------------------------------------------------------------------------------------
+
+    def want(self, spec: SandboxSpec) -> None:
+        """Start (or keep) a pool for this spec."""
+        with self._cond:
+            if self._closed or self.settings.size <= 0:
+                return
+            self._specs[spec.pool_key] = spec
+            self._members.setdefault(spec.pool_key, [])
+            self._cond.notify_all()
+
+    def claim(self, spec: SandboxSpec) -> Sandbox | None:
+        """Take a ready member for this spec (or any live one); None when the pool is empty."""
+        key = spec.pool_key
+        with self._cond:
+            members = self._members.get(key, [])
+            pick: Sandbox | None = None
+            for box in members:
+                if box.ready:
+                    pick = box
+                    break
+            if pick is None:
+                pick = next((b for b in members if not b.exited), None)
+            if pick is not None:
+                members.remove(pick)
+            self._cond.notify_all()
+        return pick
+
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            return {"/".join(k[:3]): len(v) for k, v in self._members.items()}
+
+    def total(self) -> int:
+        with self._cond:
+            return sum(len(v) for v in self._members.values()) + sum(self._launching.values())
+
+    def close(self) -> None:
+        """Destroy every member; no member survives the pool."""
+        with self._cond:
+            self._closed = True
+            doomed = [b for v in self._members.values() for b in v]
+            self._members.clear()
+            self._cond.notify_all()
+        self._filler.join(timeout=60)
+        for box in doomed:
+            with contextlib.suppress(Exception):
+                self._destroy(box)
+
+    # -- filler -------------------------------------------------------------------------------------
+
+    def _next_job(self) -> tuple[list[Sandbox], SandboxSpec | None]:
+        """Under the lock: members to destroy and the spec of one member to launch (if any)."""
+        now = time.monotonic()
+        doomed: list[Sandbox] = []
+        for members in self._members.values():
+            for box in list(members):
+                if box.exited or now - box.launched_at > self.settings.idle_ttl_seconds:
+                    members.remove(box)
+                    doomed.append(box)
+        cap = self.settings.max_members(max((s.limits.memory_bytes for s in self._specs.values()), default=1))
+        if self.total() >= cap:
+            return doomed, None
+        for key, spec in self._specs.items():
+            have = len(self._members.get(key, [])) + self._launching.get(key, 0)
+            if have < self.settings.size:
+                self._launching[key] = self._launching.get(key, 0) + 1
+                return doomed, spec
+        return doomed, None
+
+    def _fill_loop(self) -> None:
+        backoff = 0.0
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                doomed, spec = self._next_job()
+                if spec is None and not doomed:
+                    self._cond.wait(timeout=1.0)
+                    continue
+            for old in doomed:
+                with contextlib.suppress(Exception):
+                    self._destroy(old)
+            if spec is None:
+                continue
+            box: Sandbox | None = None
+            try:
+                box = self._launch(spec)
+                backoff = 0.0
+            except SandboxError as exc:
+                self.launch_failures += 1
+                logger.warning("warm pool launch failed: %s", exc.reason.value)
+                backoff = min(30.0, backoff * 2 or 0.5)
+            except Exception as exc:  # noqa: BLE001 (the filler must survive anything and retry)
+                self.launch_failures += 1
+                logger.warning("warm pool launch failed: %s", type(exc).__name__)
+                backoff = min(30.0, backoff * 2 or 0.5)
+            with self._cond:
+                self._launching[spec.pool_key] -= 1
+                if box is not None and not self._closed and spec.pool_key in self._specs:
+                    self._members.setdefault(spec.pool_key, []).append(box)
+                    box = None
+                self._cond.notify_all()
+            if box is not None:  # the pool closed while it launched
+                with contextlib.suppress(Exception):
+                    self._destroy(box)
+            if backoff:
+                time.sleep(backoff)
+
+
+__all__ = ["PoolSettings", "WarmPools"]
