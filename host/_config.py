@@ -57,6 +57,15 @@ class LimitsCeiling:
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """`agent_sandbox.pool`: warm pools of a long-running host (`serve`); single-use members."""
+
+    size: int = 2
+    idle_ttl_seconds: int = 300
+    memory_budget_mb: int = 4096
+
+
+@dataclass(frozen=True)
 class AgentSandboxConfig:
     """`agent_sandbox`: everything the operator decides about sandboxed runs."""
 
@@ -68,6 +77,7 @@ class AgentSandboxConfig:
     limits: LimitsCeiling = field(default_factory=LimitsCeiling)
     llm: LlmHostConfig = field(default_factory=LlmHostConfig)
     idle_timeout_seconds: int = 60
+    pool: PoolConfig = field(default_factory=PoolConfig)
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,11 @@ class _Validator:
             raise self.fail(key, "expected a positive integer", value)
         return value
 
+    def non_negative_int(self, value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(key, "expected a non-negative integer", value)
+        return value
+
     def positive_number(self, value: Any, key: str) -> float:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or value <= 0:
@@ -248,7 +263,7 @@ class _Validator:
     def sandbox(self, value: Any) -> AgentSandboxConfig:
         key = "agent_sandbox"
         allowed = ("enabled", "host_trust_policy", "image", "runtime", "tools", "limits", "llm",
-                   "idle_timeout_seconds")
+                   "idle_timeout_seconds", "pool")
         data = self.section(value, key, allowed)
         d = AgentSandboxConfig()
         enabled = self.optional(data, f"{key}.enabled", self.boolean)
@@ -265,6 +280,19 @@ class _Validator:
             limits=self.limits(_unset_is_empty(data.get("limits")), f"{key}.limits"),
             llm=self.llm(_unset_is_empty(data.get("llm")), f"{key}.llm"),
             idle_timeout_seconds=idle or d.idle_timeout_seconds,
+            pool=self.pool(_unset_is_empty(data.get("pool")), f"{key}.pool"),
+        )
+
+    def pool(self, value: Any, key: str) -> PoolConfig:
+        data = self.section(value, key, ("size", "idle_ttl_seconds", "memory_budget_mb"))
+        d = PoolConfig()
+        size = self.optional(data, f"{key}.size", self.non_negative_int)
+        ttl = self.optional(data, f"{key}.idle_ttl_seconds", self.positive_int)
+        budget = self.optional(data, f"{key}.memory_budget_mb", self.positive_int)
+        return PoolConfig(
+            size=d.size if size is None else size,
+            idle_ttl_seconds=ttl or d.idle_ttl_seconds,
+            memory_budget_mb=budget or d.memory_budget_mb,
         )
 
     def limits(self, value: Any, key: str) -> LimitsCeiling:

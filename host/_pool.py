@@ -66,9 +66,12 @@ class WarmPools:
             self._members.setdefault(spec.pool_key, [])
             self._cond.notify_all()
 
-    def claim(self, spec: SandboxSpec) -> Sandbox | None:
-        """Take a ready member for this spec (or any live one); None when the pool is empty."""
-        key = spec.pool_key
+    def claim(self, key: PoolKey) -> Sandbox | None:
+        """Take a ready member of this pool (or any live one); None when the pool is empty.
+
+        Members were verified (engine, image pin, pack volume) when they were launched, and what they
+        stand on cannot be removed while they run, so a claim needs no engine round trip.
+        """
         with self._cond:
             members = self._members.get(key, [])
             pick: Sandbox | None = None

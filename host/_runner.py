@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
 from host._policy import Route, RunPolicy, resolve_run_policy, route_run
 from host._pool import PoolSettings, WarmPools
 from host._rundir import make_run_dir, sweep_run_dirs
-from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain
+from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain, pool_key
 from host._session import RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
 
@@ -134,10 +135,13 @@ class SandboxHost:
         self.owner = owner_token()
         self.audit_failures = 0
         self.teardown_failures = 0
-        self.async_teardown = async_teardown
         self.pools = WarmPools(self._launch_member, pool) if pool is not None and pool.size > 0 else None
         self._active: dict[str, RunSession] = {}
-        self._teardowns: set[threading.Thread] = set()
+        self._reaper = (
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentnode-teardown")
+            if async_teardown
+            else None
+        )
 
     # -- engine -------------------------------------------------------------------------------------
 
@@ -180,8 +184,8 @@ class SandboxHost:
             session.cancel()
         if self.pools is not None:
             self.pools.close()
-        for t in list(self._teardowns):
-            t.join(timeout=60)
+        if self._reaper is not None:
+            self._reaper.shutdown(wait=True)
         self.tool_runner.close()
         if self._client is not None:
             with contextlib.suppress(Exception):
@@ -367,6 +371,7 @@ class SandboxHost:
             slug=entry.slug,
             artifact_hash=entry.artifact_hash,
             runtime=runtime,
+            pin=self.config.agent_sandbox.image or "",
             image_id=image.id,
             volume=volume,
             import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
@@ -395,16 +400,18 @@ class SandboxHost:
     ) -> RunResult:
         run.runtime = runtime
         run.image = self.config.agent_sandbox.image
-        spec = self.sandbox_spec(entry, runtime)
-        run.mark("verified")
-        box = self.pools.claim(spec) if self.pools is not None else None
-        if self.pools is not None:
-            self.pools.want(spec)
+        box: Sandbox | None = None
+        if self.pools is not None and run.image:
+            box = self.pools.claim(pool_key(entry.slug, entry.artifact_hash, runtime, run.image))
         if box is not None:
             run.run_id = box.run_id
             run.warm = True
             run.mark("claimed")
         else:
+            spec = self.sandbox_spec(entry, runtime)
+            run.mark("verified")
+            if self.pools is not None:
+                self.pools.want(spec)
             box = Sandbox.launch(
                 self.client(), spec, run_id=run.run_id, owner=self.owner, env=self.env, warm=False
             )
@@ -435,24 +442,22 @@ class SandboxHost:
             self._teardown(box, run)
 
     def _teardown(self, box: Sandbox, run: _Run) -> None:
-        """Destroy a used sandbox; in a long-running host this happens after the result is returned."""
-
-        def destroy() -> None:
-            try:
-                box.destroy()
-            except Exception as exc:  # noqa: BLE001 (counted and logged; the sweep is the backstop)
-                self.teardown_failures += 1
-                logger.warning("teardown of %s failed: %s", box.name, type(exc).__name__)
-            finally:
-                self._teardowns.discard(threading.current_thread())
-
-        if not self.async_teardown:
+        """Destroy a used sandbox; a long-running host does it just after the result is returned."""
+        if self._reaper is None:
             box.destroy()
             run.mark("teardown")
             return
-        t = threading.Thread(target=destroy, daemon=True, name=f"teardown-{box.name}")
-        self._teardowns.add(t)
-        t.start()
+
+        def destroy() -> None:
+            # Let the caller's result leave first: teardown is engine-heavy and competes for the GIL.
+            time.sleep(0.02)
+            try:
+                box.destroy()
+            except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
+                self.teardown_failures += 1
+                logger.warning("teardown of %s failed: %s", box.name, type(exc).__name__)
+
+        self._reaper.submit(destroy)
 
     def _watch(
         self,

@@ -70,6 +70,7 @@ class SandboxSpec:
     slug: str
     artifact_hash: str
     runtime: str
+    pin: str
     image_id: str
     volume: str
     import_root: str
@@ -77,7 +78,12 @@ class SandboxSpec:
 
     @property
     def pool_key(self) -> tuple[str, str, str, str]:
-        return (self.slug, self.artifact_hash, self.runtime, self.image_id)
+        """What a warm member is interchangeable by: the pack version, the runtime and the image pin."""
+        return pool_key(self.slug, self.artifact_hash, self.runtime, self.pin)
+
+
+def pool_key(slug: str, artifact_hash: str, runtime: str, pin: str) -> tuple[str, str, str, str]:
+    return (slug, artifact_hash, runtime, pin)
 
 
 @dataclass
@@ -221,4 +227,4 @@ class Sandbox:
             self.rundir.remove()
 
 
-__all__ = ["LOG_CAP_BYTES", "CappedSink", "Sandbox", "SandboxSpec", "drain"]
+__all__ = ["LOG_CAP_BYTES", "CappedSink", "Sandbox", "SandboxSpec", "drain", "pool_key"]

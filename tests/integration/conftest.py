@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import textwrap
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 import pytest
 
 from host._config import load_config
@@ -63,10 +65,12 @@ def _no_leftover_containers(request: pytest.FixtureRequest) -> Iterator[None]:
     if "docker_client" not in request.fixturenames:
         return
     client: docker.DockerClient = request.getfixturevalue("docker_client")
-    leftovers = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner_token()}"})
+    # The low-level listing: no per-container inspect that could race with a removal in progress.
+    leftovers = client.api.containers(all=True, filters={"label": f"{LABEL_OWNER}={owner_token()}"})
     for c in leftovers:
-        c.remove(force=True)
-    assert not leftovers, f"containers left behind: {[c.name for c in leftovers]}"
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(c["Id"], force=True)
+    assert not leftovers, f"containers left behind: {[c['Names'] for c in leftovers]}"
 
 
 class HostState:

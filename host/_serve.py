@@ -1,0 +1,197 @@
+"""The long-running host: warm pools plus an admin gRPC service on an owner-only local Unix socket."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from host._pool import PoolSettings
+from host._runner import RunResult, SandboxHost
+from sandbox_wrapper._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
+
+logger = logging.getLogger("agentnode.sandbox.serve")
+
+DEFAULT_ADMIN_SOCKET = "agentnode-admin.sock"
+_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def default_admin_socket(config_dir: Path) -> Path:
+    """The admin socket lives beside the config, where only its owner can reach it."""
+    return config_dir / DEFAULT_ADMIN_SOCKET
+
+
+def report_from(result: RunResult) -> runner_pb2.RunReport:
+    """The wire form of a run's result."""
+    return runner_pb2.RunReport(
+        success=result.success,
+        result_json=json.dumps(result.result) if result.success else "",
+        error=result.error,
+        error_code=result.error_code,
+        mode_used=result.mode_used,
+        run_id=result.run_id,
+        timed_out=result.timed_out,
+        duration_ms=max(0, result.duration_ms),
+        hint=result.hint,
+        logs=result.logs,
+        warm=result.warm,
+        stages_ms=result.stages,
+    )
+
+
+def _kwargs(raw: str, context: grpc.ServicerContext) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST: kwargs_json must be a JSON object")
+    return value  # type: ignore[no-any-return]
+
+
+class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
+    """Admin RPCs onto one SandboxHost; a client that goes away cancels its run."""
+
+    def __init__(self, host: SandboxHost) -> None:
+        self.host = host
+
+    def _run(
+        self,
+        request: runner_pb2.SubmitRunRequest | runner_pb2.StreamRunRequest,
+        context: grpc.ServicerContext,
+        on_stage: Callable[[str], None] | None = None,
+        on_start: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        if request.runtime not in ("", "runc", "runsc"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST: runtime must be runc or runsc")
+        kwargs = _kwargs(request.kwargs_json, context)
+        run_ids: list[str] = []
+
+        def started(run_id: str) -> None:
+            run_ids.append(run_id)
+            if on_start is not None:
+                on_start(run_id)
+
+        def cancel_on_disconnect() -> None:
+            for run_id in run_ids:
+                self.host.cancel(run_id)
+
+        context.add_callback(cancel_on_disconnect)
+        return self.host.run(
+            request.slug,
+            goal=request.goal if request.HasField("goal") else None,
+            kwargs=kwargs,
+            runtime=request.runtime or None,
+            on_stage=on_stage,
+            on_start=started,
+        )
+
+    def SubmitRun(
+        self, request: runner_pb2.SubmitRunRequest, context: grpc.ServicerContext
+    ) -> runner_pb2.SubmitRunResponse:
+        return runner_pb2.SubmitRunResponse(report=report_from(self._run(request, context)))
+
+    def StreamRun(
+        self, request: runner_pb2.StreamRunRequest, context: grpc.ServicerContext
+    ) -> Iterator[runner_pb2.StreamRunResponse]:
+        events: queue.Queue[runner_pb2.StreamRunResponse | None] = queue.Queue()
+
+        def work() -> None:
+            try:
+                result = self._run(
+                    request,
+                    context,
+                    on_stage=lambda s: events.put(runner_pb2.StreamRunResponse(stage=s)),
+                    on_start=lambda r: events.put(runner_pb2.StreamRunResponse(started_run_id=r)),
+                )
+                events.put(runner_pb2.StreamRunResponse(report=report_from(result)))
+            finally:
+                events.put(None)
+
+        threading.Thread(target=work, daemon=True, name="agentnode-stream-run").start()
+        while (event := events.get()) is not None:
+            yield event
+
+    def CancelRun(
+        self, request: runner_pb2.CancelRunRequest, context: grpc.ServicerContext
+    ) -> runner_pb2.CancelRunResponse:
+        return runner_pb2.CancelRunResponse(cancelled=self.host.cancel(request.run_id))
+
+
+def build_admin_server(host: SandboxHost, socket_path: Path, *, max_workers: int = 32) -> grpc.Server:
+    """Build (not start) the admin server on `socket_path`; its directory is made owner-only first."""
+    socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(socket_path.parent, 0o700)
+    socket_path.unlink(missing_ok=True)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentnode-admin"),
+        options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ],
+    )
+    register: Callable[[Any, grpc.Server], None] = runner_pb2_grpc.add_RunnerServiceServicer_to_server
+    register(RunnerServicer(host), server)
+    if server.add_insecure_port(f"unix:{socket_path}") == 0:
+        raise OSError(f"could not bind the admin socket {socket_path}")
+    return server
+
+
+def serve(
+    socket_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    warm: list[str] | None = None,
+    ready: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+    drain_seconds: float = 30.0,
+) -> None:
+    """Run the long-running host until SIGTERM/SIGINT (or `stop`), then drain, cancel and clean up."""
+    probe = SandboxHost(env=env)
+    pool_cfg = probe.config.agent_sandbox.pool
+    probe.close()
+    host = SandboxHost(
+        env=env,
+        pool=PoolSettings(
+            size=pool_cfg.size,
+            idle_ttl_seconds=float(pool_cfg.idle_ttl_seconds),
+            memory_budget_bytes=pool_cfg.memory_budget_mb * 1024 * 1024,
+        ),
+        async_teardown=True,
+    )
+    stop = stop or threading.Event()
+    server: grpc.Server | None = None
+    try:
+        host.startup_sweep()
+        for slug in warm or []:
+            host.prewarm(slug)
+        server = build_admin_server(host, socket_path)
+        server.start()
+        os.chmod(socket_path, 0o600)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+        if ready is not None:
+            ready(str(socket_path))
+        stop.wait()
+    finally:
+        if server is not None:
+            # Stop taking new runs; runs in flight get `drain_seconds` to finish, then their RPCs are
+            # cancelled, which cancels the runs (their sandboxes are killed).
+            server.stop(grace=drain_seconds).wait()
+        host.close()
+        socket_path.unlink(missing_ok=True)
+
+
+__all__ = ["RunnerServicer", "build_admin_server", "default_admin_socket", "report_from", "serve"]

@@ -1,0 +1,94 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitRunRequest(_message.Message):
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime")
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    slug: str
+    goal: str
+    kwargs_json: str
+    runtime: str
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ...) -> None: ...
+
+class SubmitRunResponse(_message.Message):
+    __slots__ = ("report",)
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    report: RunReport
+    def __init__(self, report: _Optional[_Union[RunReport, _Mapping]] = ...) -> None: ...
+
+class StreamRunRequest(_message.Message):
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime")
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    slug: str
+    goal: str
+    kwargs_json: str
+    runtime: str
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ...) -> None: ...
+
+class StreamRunResponse(_message.Message):
+    __slots__ = ("started_run_id", "stage", "report")
+    STARTED_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    started_run_id: str
+    stage: str
+    report: RunReport
+    def __init__(self, started_run_id: _Optional[str] = ..., stage: _Optional[str] = ..., report: _Optional[_Union[RunReport, _Mapping]] = ...) -> None: ...
+
+class CancelRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class CancelRunResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
+
+class RunReport(_message.Message):
+    __slots__ = ("success", "result_json", "error", "error_code", "mode_used", "run_id", "timed_out", "duration_ms", "hint", "logs", "warm", "stages_ms")
+    class StagesMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MODE_USED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    HINT_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
+    STAGES_MS_FIELD_NUMBER: _ClassVar[int]
+    success: bool
+    result_json: str
+    error: str
+    error_code: str
+    mode_used: str
+    run_id: str
+    timed_out: bool
+    duration_ms: int
+    hint: str
+    logs: str
+    warm: bool
+    stages_ms: _containers.ScalarMap[str, float]
+    def __init__(self, success: _Optional[bool] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[str] = ..., mode_used: _Optional[str] = ..., run_id: _Optional[str] = ..., timed_out: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., hint: _Optional[str] = ..., logs: _Optional[str] = ..., warm: _Optional[bool] = ..., stages_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...

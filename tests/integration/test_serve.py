@@ -1,0 +1,225 @@
+"""The long-running host: single-use warm pools, cancellation, sweeping after a crash, owner-only socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from host._client import RunnerClient
+from host._engine import LABEL_OWNER, LABEL_RUN
+from host._serve import serve
+from tests.integration.conftest import REPO, HostState
+
+pytestmark = pytest.mark.docker
+
+
+class Served:
+    """A `serve` loop in a thread of this process, with its admin socket and a persistent client."""
+
+    def __init__(self, state: HostState, warm: list[str]) -> None:
+        self.socket = Path(state.root) / "admin.sock"
+        self.stop = threading.Event()
+        ready = threading.Event()
+        self.thread = threading.Thread(
+            target=serve,
+            args=(self.socket,),
+            kwargs={
+                "env": state.env,
+                "warm": warm,
+                "ready": lambda _s: ready.set(),
+                "stop": self.stop,
+                "drain_seconds": 5.0,
+            },
+            daemon=True,
+        )
+        self.thread.start()
+        assert ready.wait(60), "serve did not become ready"
+        self.client = RunnerClient(self.socket)
+
+    def close(self) -> None:
+        self.client.close()
+        self.stop.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def served(host_state: HostState, make_agent: Callable[..., Path]) -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def start(warm: list[str], pool_size: int = 2) -> Served:
+        host_state.write_config({"pool": {"size": pool_size, "idle_ttl_seconds": 120}})
+        s = Served(host_state, warm)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def _labelled(client: docker.DockerClient, label: str) -> list[str]:
+    """Container names by label, without the per-container inspect that races with removal."""
+    return sorted(
+        c["Names"][0].lstrip("/") for c in client.api.containers(all=True, filters={"label": label})
+    )
+
+
+def _ours(client: docker.DockerClient, slug: str) -> list[str]:
+    return _labelled(client, f"io.agentnode.sandbox.slug={slug}")
+
+
+def test_warm_runs_never_share_state(
+    host_state: HostState,
+    make_agent: Callable[..., Path],
+    served: Callable[..., Served],
+    docker_client: docker.DockerClient,
+) -> None:
+    agent = make_agent(
+        "stateful",
+        """
+        import os
+        def run(context, **kwargs):
+            seen = sorted(os.listdir("/tmp"))
+            with open("/tmp/left-by-" + context.run_id, "w") as fh:
+                fh.write("x")
+            return {"seen": seen, "pid1": open("/proc/1/stat").read().split()[21]}
+    """,
+    )
+    host_state.install(agent)
+    s = served(["stateful"], pool_size=2)
+    _wait_for(lambda: len(_ours(docker_client, "stateful")) >= 2)
+    time.sleep(2)  # let both members reach FetchTask
+    results = [s.client.submit("stateful") for _ in range(4)]
+    assert all(r.success for r in results), [(r.error_code, r.error) for r in results]
+    assert sum(r.warm for r in results) >= 2
+    assert len({r.run_id for r in results}) == 4
+    for r in results:
+        assert r.result["seen"] == []  # nothing any earlier run wrote is visible
+    # every used member is destroyed: none of these run ids has a container any more
+    for r in results:
+        _wait_for(lambda r=r: not _labelled(docker_client, f"{LABEL_RUN}={r.run_id}"))
+    audit = host_state.audit()
+    assert [a["request_id"] for a in audit] == [r.run_id for r in results]
+
+
+def test_cancel_kills_the_run(
+    host_state: HostState,
+    make_agent: Callable[..., Path],
+    served: Callable[..., Served],
+    docker_client: docker.DockerClient,
+) -> None:
+    host_state.install(
+        make_agent(
+            "sleepy",
+            """
+        import time
+        def run(context, **kwargs):
+            time.sleep(60)
+    """,
+            extra="limits:\n  max_runtime_seconds: 90\n",
+        )
+    )
+    s = served([], pool_size=0)
+    events: list[object] = []
+    t = threading.Thread(target=lambda: events.extend(s.client.stream("sleepy")))
+    t.start()
+    _wait_for(lambda: any(isinstance(e, str) and e.startswith("started:") for e in events))
+    run_id = next(e for e in events if isinstance(e, str) and e.startswith("started:")).split(":", 1)[1]
+    _wait_for(lambda: bool(_labelled(docker_client, f"{LABEL_RUN}={run_id}")))
+    assert s.client.cancel(run_id) is True
+    t.join(timeout=60)
+    report = events[-1]
+    assert getattr(report, "error_code", None) == "cancelled" and report.run_id == run_id
+    _wait_for(lambda: not _labelled(docker_client, f"{LABEL_RUN}={run_id}"))
+    assert s.client.cancel(run_id) is False
+    assert host_state.audit()[-1]["reason"] == "cancelled"
+
+
+def test_killed_serve_is_swept_on_next_start(
+    host_state: HostState, make_agent: Callable[..., Path], docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    host_state.install(
+        make_agent(
+            "warmable",
+            """
+        def run(context, **kwargs):
+            return "ok"
+    """,
+        )
+    )
+    host_state.write_config({"pool": {"size": 2}})
+    sock = tmp_path / "killed.sock"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from pathlib import Path
+        from host._serve import serve
+        serve(Path({str(sock)!r}), warm=["warmable"], ready=lambda s: print("READY", flush=True))
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, **host_state.env}, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        _wait_for(lambda: len(_ours(docker_client, "warmable")) >= 2)
+        orphans = _ours(docker_client, "warmable")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert _ours(docker_client, "warmable") == orphans  # the crash left them behind
+    bystander = docker_client.containers.run(
+        host_state.image,
+        ["/usr/bin/python3", "-c", "import time; time.sleep(60)"],
+        entrypoint=[],
+        detach=True,
+        network_mode="none",
+        labels={LABEL_OWNER: "1:1"},
+    )  # our owner label, but no run id
+    try:
+        s = Served(host_state, [])
+        try:
+            assert _ours(docker_client, "warmable") == []
+            bystander.reload()
+            assert bystander.status == "running"
+        finally:
+            s.close()
+    finally:
+        bystander.remove(force=True)
+
+
+def test_admin_socket_refuses_other_users(host_state: HostState, served: Callable[..., Served]) -> None:
+    s = served([], pool_size=0)
+    st = s.socket.stat()
+    assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+    assert s.socket.parent.stat().st_mode & 0o077 == 0
+    probe = textwrap.dedent(f"""
+        import os, socket, sys
+        os.setgid(65534); os.setuid(65534)
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect({str(s.socket)!r})
+        except PermissionError:
+            sys.exit(13)
+        sys.exit(0)
+    """)
+    assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 13
