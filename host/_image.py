@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import fcntl
 import hashlib
 import os
+import py_compile
 import re
 import shutil
 import subprocess
@@ -71,6 +73,7 @@ newgrp, ...: nothing in a run may gain privileges), and nothing else a run does 
 # Wheel architecture (as the daemon reports it) -> Debian architecture.
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 WHEEL_PYTHON = "3.11"
+BYTECODE_VERSION = (3, 11)
 
 _ENGINE_FAILURES = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 """What talking to the engine can raise; each becomes a classified EngineError."""
@@ -141,6 +144,7 @@ def image_inputs_hash(repo_root: Path) -> str:
     entries = [(f"docker/{n}", (repo_root / "docker" / n).read_bytes()) for n in DOCKER_INPUTS]
     entries += [(p.relative_to(repo_root).as_posix(), p.read_bytes()) for p in _wrapper_sources(repo_root)]
     entries += [("PROTOCOL_VERSION", str(PROTOCOL_VERSION).encode()), ("recipe", _recipe())]
+    entries += [("bytecode", f"unchecked-hash {BYTECODE_VERSION}".encode())]
     return _digest(entries)
 
 
@@ -415,6 +419,20 @@ def prepare_context(repo_root: Path, ctx: Path, wheels: Iterable[Path]) -> None:
     for wheel in wheels:
         unpack_wheel(wheel, site)
     copy_wrapper(repo_root, site)
+    precompile(site)
+
+
+def precompile(site: Path) -> None:
+    """Ship bytecode: the root is read-only, so without it every sandbox recompiles grpc and protobuf.
+
+    Unchecked-hash pycs are never revalidated against their sources, which cannot change in the image.
+    The image's Python is 3.11; bytecode from another minor version would just be ignored, so skip it.
+    """
+    if sys.version_info[:2] != BYTECODE_VERSION:
+        return
+    compileall.compile_dir(
+        site, quiet=1, workers=1, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
 
 
 def _build_stream(chunks: Iterator[dict[str, Any]], progress: Progress) -> str:
