@@ -1,0 +1,264 @@
+"""`doctor`: a read-only readiness report that names, for each refusal a run would hit, the run's own fix.
+
+Every failing row carries the `hint` of the very SandboxError a run raises for the same condition, so the
+fix an operator reads here is the one the run would print; nothing is swept, built, pinned or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from host._config import HostConfig, load_config, sandbox_enabled
+from host._engine import (
+    LABEL_OWNER,
+    LABEL_RUN,
+    classify_engine_exception,
+    connect,
+    engine_facts,
+    owner_alive,
+    require_capable,
+)
+from host._errors import AuditReason, ConfigError, EngineError, SandboxError
+from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
+from host._image import image_status, verify_pinned_image
+from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
+from host._policy import Route, route_run
+from sandbox_wrapper import PROTOCOL_VERSION
+
+# verify_pinned_image refuses in this order; each refusal has its own row.
+IMAGE_ROWS: tuple[tuple[str, AuditReason], ...] = (
+    ("image_pinned", AuditReason.IMAGE_NOT_PINNED),
+    ("image_present", AuditReason.IMAGE_MISSING),
+    ("image_matches_pin", AuditReason.IMAGE_MISMATCH),
+    ("image_protocol", AuditReason.PROTOCOL_MISMATCH),
+)
+LEFTOVER_FIX = "they are swept on the next run"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the report; `fix` is what to do about it ("" when nothing)."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _failed(check: str, exc: SandboxError) -> Check:
+    return Check(check, False, exc.message, exc.hint)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """All rows; ready only when every row is ok."""
+
+    slug: str | None
+    checks: tuple[Check, ...]
+
+    @property
+    def ready(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "slug": self.slug,
+            "checks": [dataclasses.asdict(c) for c in self.checks],
+        }
+
+
+def capability_checks(client: docker.DockerClient, runtime: str) -> list[Check]:
+    """The memory-ceiling and runtime rows, each judged by the runner's own `require_capable`.
+
+    `require_capable` stops at its first refusal, so each condition is probed alone: the other
+    condition is assumed met, which keeps both rows and both fixes visible at once.
+    """
+    try:
+        facts = engine_facts(client)
+    except EngineError as exc:
+        return [_failed("engine", exc)]
+    rows: list[Check] = []
+    probes = (
+        ("memory_limit", dataclasses.replace(facts, runtimes=facts.runtimes | {runtime}),
+         f"the engine (version {facts.server_version}) enforces memory and swap limits"),
+        ("runtime", dataclasses.replace(facts, memory_limit=True, swap_limit=True),
+         f"runtime {runtime} is registered with the engine"),
+    )  # fmt: skip
+    for check, probe, detail in probes:
+        try:
+            require_capable(probe, runtime)
+        except EngineError as exc:
+            rows.append(_failed(check, exc))
+        else:
+            rows.append(Check(check, True, detail))
+    return rows
+
+
+def image_checks(client: docker.DockerClient, pin: str | None) -> list[Check]:
+    """One row per refusal of `verify_pinned_image`; rows after the first failing one are not judged."""
+    passed_detail = {
+        "image_pinned": f"agent_sandbox.image = {pin}",
+        "image_present": "the pinned image is present in the engine",
+        "image_matches_pin": "it is the agentnode-sandbox image the pin names",
+        "image_protocol": f"it speaks sandbox protocol {PROTOCOL_VERSION}",
+    }
+    try:
+        verify_pinned_image(client, pin)
+    except EngineError as exc:
+        names = [name for name, reason in IMAGE_ROWS if reason == exc.reason]
+        if not names:  # the engine itself failed mid-check
+            return [_failed(exc.check, exc)]
+        rows = [Check(name, True, passed_detail[name]) for name, _ in IMAGE_ROWS]
+        failed_at = [name for name, _ in IMAGE_ROWS].index(names[0])
+        return [*rows[:failed_at], _failed(names[0], exc)]
+    status = image_status(client, pin)
+    if status.current_inputs_hash is not None and not status.up_to_date:
+        passed_detail["image_protocol"] += (
+            " (built from older docker/ inputs than this checkout; `agentnode-sandbox image build` "
+            "refreshes it and records the new pin)"
+        )
+    return [Check(name, True, passed_detail[name]) for name, _ in IMAGE_ROWS]
+
+
+def leftover_check(client: docker.DockerClient) -> Check:
+    """Informational: run containers whose owning host process is gone (the next run sweeps them)."""
+    try:
+        found = client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]})
+    except Exception as exc:  # noqa: BLE001 (every engine failure is classified)
+        return _failed("leftover_containers", classify_engine_exception(exc))
+    dead = sum(1 for c in found if not owner_alive((c.get("Labels") or {}).get(LABEL_OWNER, "")))
+    if not dead:
+        return Check("leftover_containers", True, "no run containers of dead host processes")
+    return Check(
+        "leftover_containers", True, f"{dead} run container(s) of host processes that are gone", LEFTOVER_FIX
+    )
+
+
+@dataclass
+class _Pack:
+    """What doctor learned about SLUG; `route` is None when it could not be decided."""
+
+    rows: list[Check]
+    entry: LockEntry | None = None
+    route: Route | None = None
+
+
+def _pack_checks(slug: str, cfg: HostConfig, env: Mapping[str, str]) -> _Pack:
+    """installed, agent, route, manifest: the run's own steps, in its order, up to the first refusal."""
+    try:
+        entry = installed_agent(Lockfile(cfg.paths.lockfile), slug)
+    except SandboxError as exc:
+        return _Pack([_failed("agent" if exc.reason == AuditReason.NOT_AN_AGENT else "installed", exc)])
+    pack = _Pack(
+        [
+            Check("installed", True, f"{slug} {entry.version}, trust {entry.trust_level}"),
+            Check("agent", True, f"{slug} is an agent pack"),
+        ],
+        entry,
+    )
+    try:
+        decision = decide_route(entry, cfg, env)
+    except ConfigError:
+        return pack  # the feature_flag row names the problem
+    pack.route = decision.route
+    if decision.route is Route.REFUSED:
+        pack.rows.append(_failed("route", refusal_error(decision)))
+    else:
+        where = "host (a local process, not isolated)" if decision.route is Route.HOST else "sandbox"
+        pack.rows.append(Check("route", True, f"{where}: {decision.message}"))
+    try:
+        _, policy = effective_policy(entry, cfg, decision.route)
+    except SandboxError as exc:
+        pack.rows.append(_failed("manifest", exc))
+    else:
+        pack.rows.append(
+            Check(
+                "manifest",
+                True,
+                f"valid; max_tool_calls {policy.max_tool_calls}, max_runtime_seconds "
+                f"{policy.max_runtime_seconds}, llm {'on' if policy.llm.enabled else 'off'} "
+                f"(details: agentnode-sandbox policy explain {slug})",
+            )
+        )
+    return pack
+
+
+def _flag_check(cfg: HostConfig, env: Mapping[str, str], route: Route | None, slug: str | None) -> Check:
+    """Off is a failure unless SLUG runs on the host, where the flag does not matter."""
+    try:
+        enabled = sandbox_enabled(cfg, env)
+    except ConfigError as exc:
+        return _failed("feature_flag", exc)
+    if enabled:
+        return Check("feature_flag", True, "on: verified and unverified agents run sandboxed")
+    if route is Route.HOST:
+        return Check("feature_flag", True, f"off, and not needed: {slug} runs on the host")
+    policy = cfg.agent_sandbox.host_trust_policy
+    off = route_run("unverified", sandbox_enabled=False, host_trust_policy=policy)
+    return Check(
+        "feature_flag", False, "off: verified and unverified agents are refused", refusal_error(off).hint
+    )
+
+
+def run_doctor(
+    slug: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    client_factory: Callable[[], docker.DockerClient] | None = None,
+) -> DoctorReport:
+    """Check config, flag, engine, memory ceiling, runtime, image and (with `slug`) that agent's run path."""
+    environ = dict(os.environ if env is None else env)
+    try:
+        cfg = load_config(environ)
+    except ConfigError as exc:
+        return DoctorReport(slug, (_failed("config", exc),))
+    exists = "" if cfg.paths.config_file.exists() else " (no file: defaults)"
+    rows = [Check("config", True, f"{cfg.paths.config_file}{exists}")]
+    pack = _pack_checks(slug, cfg, environ) if slug else _Pack([])
+    rows.append(_flag_check(cfg, environ, pack.route, slug))
+    if pack.route is Route.HOST:
+        assert pack.entry is not None
+        host_path = pack.entry.host_path
+        if pack.entry.trust_level in HOST_TRUST and host_path and Path(host_path).is_dir():
+            pack.rows.append(Check("host_copy", True, host_path))
+        else:
+            pack.rows.append(_failed("host_copy", host_copy_error(pack.entry.slug)))
+        return DoctorReport(slug, (*rows, *pack.rows))
+    try:
+        client = (client_factory or (lambda: connect(environ)))()
+    except SandboxError as exc:
+        return DoctorReport(slug, (*rows, _failed("engine", exc), *pack.rows))
+    try:
+        rows += _engine_rows(client, cfg, environ, pack)
+    finally:
+        if client_factory is None:
+            client.close()
+    return DoctorReport(slug, tuple(rows))
+
+
+def _engine_rows(
+    client: docker.DockerClient, cfg: HostConfig, env: Mapping[str, str], pack: _Pack
+) -> list[Check]:
+    """Everything judged through an engine that answers, in the documented row order."""
+    rows = [Check("engine", True, f"the engine answers at {env.get('DOCKER_HOST') or 'the default socket'}")]
+    rows += capability_checks(client, cfg.agent_sandbox.runtime)
+    rows += image_checks(client, cfg.agent_sandbox.image)
+    rows += pack.rows
+    if pack.entry is not None:
+        try:
+            rows.append(Check("volume", True, verify_volume(client, pack.entry)))
+        except SandboxError as exc:
+            rows.append(_failed("volume", exc))
+    rows.append(leftover_check(client))
+    return rows
+
+
+__all__ = ["Check", "DoctorReport", "capability_checks", "image_checks", "leftover_check", "run_doctor"]

@@ -1,0 +1,149 @@
+"""`policy explain`: what a run of an installed agent would get, computed by the functions a run uses."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from host._broker import LlmBroker
+from host._config import HostConfig, load_config, sandbox_enabled
+from host._errors import AuditReason, PackError, RefusedError
+from host._manifest import LLM_CAP_KEYS, AgentManifest
+from host._packs import LockEntry, Lockfile
+from host._policy import Route, RouteDecision, RunPolicy, resolve_run_policy, route_run
+
+
+def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:
+    """The lockfile entry of an installed agent, or the PackError a run of `slug` fails with."""
+    entry = lockfile.get(slug)
+    if entry is None:
+        raise PackError(
+            f"{slug} is not installed",
+            reason=AuditReason.NOT_INSTALLED,
+            hint="install it: agentnode-sandbox install PATH --trust unverified",
+        )
+    if entry.package_type != "agent":
+        raise PackError(
+            f"{slug} is a {entry.package_type}, not an agent",
+            reason=AuditReason.NOT_AN_AGENT,
+            hint="run an agent pack; tool packs are called by agents",
+        )
+    return entry
+
+
+def refusal_error(decision: RouteDecision) -> RefusedError:
+    """The error (and the operator's way out) of a refused route."""
+    hint = (
+        "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
+        if decision.reason == AuditReason.REFUSED_FLAG_OFF
+        else "reinstall with --trust curated|trusted|verified|unverified"
+    )
+    return RefusedError(decision.message, reason=AuditReason(decision.reason), hint=hint)
+
+
+def host_copy_error(slug: str) -> PackError:
+    """A host-routed agent installed without a host copy cannot run on the host."""
+    return PackError(
+        f"{slug} has no host copy",
+        reason=AuditReason.NOT_INSTALLED,
+        hint=f"reinstall it with --trust trusted: agentnode-sandbox install <path-to-{slug}>",
+    )
+
+
+def decide_route(entry: LockEntry, cfg: HostConfig, env: Mapping[str, str]) -> RouteDecision:
+    """Where a run of `entry` goes, decided exactly as the runner decides it."""
+    return route_run(
+        entry.trust_level,
+        sandbox_enabled=sandbox_enabled(cfg, env),
+        host_trust_policy=cfg.agent_sandbox.host_trust_policy,
+    )
+
+
+def effective_policy(entry: LockEntry, cfg: HostConfig, route: Route) -> tuple[AgentManifest, RunPolicy]:
+    """The manifest and the run policy; a refused run is shown with the sandbox policy it would get."""
+    manifest = entry.parsed_manifest()
+    assert isinstance(manifest, AgentManifest)  # installed_agent() checked the package type
+    return manifest, resolve_run_policy(manifest, cfg.agent_sandbox, sandboxed=route is not Route.HOST)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Everything `policy explain` reports about one agent."""
+
+    entry: LockEntry
+    decision: RouteDecision
+    manifest: AgentManifest
+    policy: RunPolicy
+    config: HostConfig
+    llm_provider: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented `policy explain --json` object (docs/cli.md)."""
+        p, m, cfg = self.policy, self.manifest, self.config.agent_sandbox
+        sandboxed = self.decision.route is not Route.HOST
+        refused = self.decision.route is Route.REFUSED
+        requested_llm = {key: m.llm_access.get(key) for key in LLM_CAP_KEYS}
+        models = m.llm_access.get("allowed_models")
+        return {
+            "slug": self.entry.slug,
+            "version": self.entry.version,
+            "trust": self.entry.trust_level,
+            "route": self.decision.route.value,
+            "route_reason": self.decision.reason or None,
+            "route_message": self.decision.message,
+            "hint": refusal_error(self.decision).hint if refused else None,
+            "runtime": cfg.runtime if sandboxed else None,
+            "image": cfg.image if sandboxed else None,
+            "allowed_packages": list(p.allowed_packages),
+            "max_tool_calls": p.max_tool_calls,
+            "max_runtime_seconds": p.max_runtime_seconds,
+            "max_iterations": p.max_iterations,
+            "idle_timeout_seconds": cfg.idle_timeout_seconds,
+            "llm": {
+                "enabled": p.llm.enabled,
+                "max_calls": p.llm.max_calls,
+                "max_input_chars": p.llm.max_input_chars,
+                "max_output_chars": p.llm.max_output_chars,
+                "allowed_models": None if p.llm.allowed_models is None else sorted(p.llm.allowed_models),
+                "clamped": list(p.llm.clamped),
+                "provider": self.llm_provider.get("provider"),
+                "model": self.llm_provider.get("model"),
+                "configured": bool(self.llm_provider.get("configured")),
+            },
+            "clamped": list(p.clamped),
+            "requested": {
+                "allowed_packages": None if m.allowed_packages is None else list(m.allowed_packages),
+                "max_tool_calls": m.max_tool_calls,
+                "max_runtime_seconds": m.max_runtime_seconds,
+                "max_iterations": m.max_iterations,
+                "llm": {
+                    "enabled": m.llm_access.get("enabled") is True,
+                    **requested_llm,
+                    "allowed_models": None if models is None else [str(x).strip() for x in models],
+                },
+            },
+        }
+
+
+def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explanation:
+    """Resolve an installed agent's route and effective policy without starting or changing anything."""
+    environ = dict(os.environ if env is None else env)
+    cfg = load_config(environ)
+    entry = installed_agent(Lockfile(cfg.paths.lockfile), slug)
+    decision = decide_route(entry, cfg, environ)
+    manifest, policy = effective_policy(entry, cfg, decision.route)
+    provider = LlmBroker(cfg.agent_sandbox.llm, environ).describe()
+    return Explanation(entry, decision, manifest, policy, cfg, provider)
+
+
+__all__ = [
+    "Explanation",
+    "decide_route",
+    "effective_policy",
+    "explain_policy",
+    "host_copy_error",
+    "installed_agent",
+    "refusal_error",
+]

@@ -1,0 +1,742 @@
+"""The installed `agentnode-sandbox` command without an engine: every command, exit code and --json schema.
+
+Each test runs the console script from .venv as a subprocess with its own state directory and
+DOCKER_HOST pointing at nothing, so no test here can touch a real engine. The --json outputs are checked
+against the schema tables of docs/cli.md (parsed by `check_schema`, also used by the integration tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from host._audit import AuditLog, run_record
+from host._config import load_config
+from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
+from host._engine import (
+    LABEL_OWNER,
+    LABEL_RUN,
+    EngineFacts,
+    classify_engine_exception,
+    owner_token,
+    require_capable,
+)
+from host._errors import EngineError
+from host._image import BUILD_HINT
+from host._manifest import AgentManifest, ToolpackManifest, load_manifest
+from host._packs import Lockfile
+from host._tools import InstalledToolpack, ToolRunner
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = REPO / ".venv" / "bin" / "agentnode-sandbox"
+DOC = REPO / "docs" / "cli.md"
+NO_ENGINE = "unix:///nonexistent/docker.sock"
+CANARY = "sk-canary-cli-8d7e6f5a4b"
+
+# -- the documented schemas ---------------------------------------------------------------------------
+
+_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "boolean": bool,
+    "null": type(None),
+    "object": dict,
+    "array": list,
+}
+
+
+def documented_schema(name: str) -> dict[str, tuple[frozenset[str], bool]]:
+    """`path -> (types, optional)` from the table after `<!-- schema: name -->` in docs/cli.md."""
+    lines = DOC.read_text().splitlines()
+    start = lines.index(f"<!-- schema: {name} -->") + 3  # skip the marker, the header and the rule
+    schema: dict[str, tuple[frozenset[str], bool]] = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        field, typ = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        optional = typ.endswith(", optional")
+        types = frozenset(t.strip() for t in typ.removesuffix(", optional").split(" or "))
+        assert types <= {*_TYPES, "any"}, f"{name}: {field}: unknown type {typ!r}"
+        schema[field.strip("`")] = (types, optional)
+    assert schema, f"no schema table for {name}"
+    return schema
+
+
+def _type_ok(value: Any, types: frozenset[str]) -> bool:
+    if "any" in types:
+        return True
+    if isinstance(value, bool):
+        return "boolean" in types
+    return any(isinstance(value, _TYPES[t]) for t in types if t != "boolean")
+
+
+def check_schema(name: str, value: Any) -> None:
+    """Fail unless `value` has exactly the documented keys (optional ones aside) with the documented types."""
+    schema = documented_schema(name)
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item, prefix + "[]")
+            return
+        if not isinstance(node, dict):
+            return
+        children = {}
+        for path, spec in schema.items():
+            parent, _, key = path.rpartition(".")
+            if parent == prefix:
+                children[key] = spec
+        if not children:
+            return  # a free-form object
+        where = f"{name}: {prefix or '(top)'}"
+        assert set(node) <= set(children), f"{where}: undocumented keys {set(node) - set(children)}"
+        required = {k for k, (_, optional) in children.items() if not optional}
+        assert required <= set(node), f"{where}: missing keys {required - set(node)}"
+        for key, item in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            types = children[key][0]
+            assert _type_ok(item, types), f"{name}: {path}: {item!r} is not {sorted(types)}"
+            walk(item, path)
+
+    walk(value, "")
+
+
+def test_every_documented_schema_parses() -> None:
+    names = [line[len("<!-- schema: ") : -len(" -->")] for line in DOC.read_text().splitlines()
+             if line.startswith("<!-- schema: ")]  # fmt: skip
+    assert sorted(names) == sorted(
+        ["run", "error", "install", "uninstall", "list", "image-build", "image-pull", "image-status",
+         "doctor", "policy-explain", "audit", "audit-verify"]
+    )  # fmt: skip
+    for name in names:
+        documented_schema(name)
+
+
+def test_the_schema_check_catches_missing_extra_and_mistyped_keys() -> None:
+    good = {"success": False, "error": "x", "error_code": "not_installed", "hint": None}
+    check_schema("error", good)
+    for bad in ({**good, "extra": 1}, {k: v for k, v in good.items() if k != "hint"}, {**good, "error": 3}):
+        with pytest.raises(AssertionError):
+            check_schema("error", bad)
+    with pytest.raises(AssertionError):
+        check_schema("list", [{"slug": "a"}])
+
+
+# -- running the command ------------------------------------------------------------------------------
+
+
+def cli_env(root: Path, **extra: str) -> dict[str, str]:
+    """A private environment: its own config dir and home, and no engine."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(root / "home"),
+        "LANG": "C.UTF-8",
+        "AGENTNODE_CONFIG": str(root / "state"),
+        "DOCKER_HOST": NO_ENGINE,
+    }
+    env.update(extra)
+    return env
+
+
+def cli(env: dict[str, str], *args: str | Path, cwd: Path | None = None, timeout: float = 180) -> Any:
+    """Run the installed console script; returns the CompletedProcess."""
+    return subprocess.run(
+        [str(BIN), *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )  # fmt: skip
+
+
+def json_out(proc: Any) -> Any:
+    """The one JSON value on stdout (and nothing else there)."""
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, (proc.stdout, proc.stderr)
+    return json.loads(lines[0])
+
+
+def assert_error_lines(proc: Any, code: int) -> None:
+    """The contract's error shape: `error: …` then `hint: …` on stderr, no traceback."""
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    err = [line for line in proc.stderr.splitlines() if not line.startswith("WARNING ")]
+    assert err[0].startswith("error: ") and err[1].startswith("hint: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return cli_env(tmp_path)
+
+
+def write_agent(root: Path, slug: str, extra: str = "", source: str | None = None) -> Path:
+    d = root / slug
+    d.mkdir(parents=True)
+    (d / "agent.py").write_text(source or "def run(context, **kwargs):\n    return {'goal': context.goal}\n")
+    (d / "agentnode.yaml").write_text(
+        f'package_id: {slug}\nversion: "1.0.0"\npackage_type: agent\n'
+        f"agent:\n  entrypoint: agent:run\n  goal: probe\n{extra}"
+    )
+    return d
+
+
+def set_trust(env: dict[str, str], slug: str, trust: str) -> None:
+    """Turn an installed entry into one with another trust level (community installs need an engine)."""
+    lockfile = Lockfile(load_config(env).paths.lockfile)
+    entry = lockfile.get(slug)
+    assert entry is not None
+    lockfile.put(dataclasses.replace(entry, trust_level=trust))
+
+
+def doctor_rows(proc: Any) -> dict[str, dict[str, Any]]:
+    report = json_out(proc)
+    check_schema("doctor", report)
+    return {row["check"]: row for row in report["checks"]}
+
+
+# -- usage errors -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("frobnicate",),
+        ("run",),
+        ("run", "x", "--bogus"),
+        ("run", "x", "--arg", "novalue"),
+        ("run", "x", "--arg", "n=not-json"),
+        ("install", "/nonexistent/pack"),
+        ("install", ".", "--trust", "root"),
+        ("audit", "--last", "0"),
+        ("audit", "--last", "many"),
+        ("init", "Bad_Name"),
+        ("init", "-"),
+        ("init", "a" * 65),
+        ("init", "ok", "--type", "plugin"),
+        ("image",),
+        ("image", "pull"),
+        ("policy", "explain"),
+    ],
+)
+def test_usage_errors_exit_2_with_error_and_hint_and_no_stdout(
+    env: dict[str, str], args: tuple[str, ...]
+) -> None:
+    takes_json = bool(args) and args[0] not in ("init", "image", "policy")
+    proc = cli(env, *args, "--json") if takes_json else cli(env, *args)
+    assert_error_lines(proc, 2)
+    assert proc.stdout == ""
+
+
+def test_help_exits_0_and_names_every_command(env: dict[str, str]) -> None:
+    proc = cli(env, "--help")
+    assert proc.returncode == 0
+    for command in ("run", "install", "uninstall", "list", "init", "image", "doctor", "policy", "audit"):
+        assert command in proc.stdout
+
+
+# -- list, install, uninstall, policy explain, run on the host path ----------------------------------
+
+
+def test_list_on_empty_state(env: dict[str, str]) -> None:
+    proc = cli(env, "list", "--json")
+    assert proc.returncode == 0 and json_out(proc) == []
+    human = cli(env, "list")
+    assert human.returncode == 0 and "no packs installed" in human.stdout
+
+
+def test_install_list_explain_uninstall_a_trusted_agent_without_an_engine(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    pack = write_agent(tmp_path / "src", "helper", "  tool_access:\n    allowed_packages: [word-tools]\n")
+    proc = cli(env, "install", pack, "--trust", "TRUSTED", "--json")
+    assert proc.returncode == 0, proc.stderr
+    installed = json_out(proc)
+    check_schema("install", installed)
+    assert installed["slug"] == "helper" and installed["trust_level"] == "trusted"
+    assert installed["sandbox_volume"] is None and Path(installed["host_path"]).is_dir()
+
+    listed = json_out(cli(env, "list", "--json"))
+    check_schema("list", listed)
+    assert [(r["slug"], r["package_type"], r["trust_level"]) for r in listed] == [
+        ("helper", "agent", "trusted")
+    ]
+
+    explained = cli(env, "policy", "explain", "helper", "--json")
+    assert explained.returncode == 0, explained.stderr
+    p = json_out(explained)
+    check_schema("policy-explain", p)
+    assert p["route"] == "host" and p["runtime"] is None and p["image"] is None
+    assert p["allowed_packages"] == ["word-tools"] and p["max_tool_calls"] == 40 and p["clamped"] == []
+
+    proc = cli(env, "uninstall", "helper", "--json")
+    assert proc.returncode == 0, proc.stderr
+    removed = json_out(proc)
+    check_schema("uninstall", removed)
+    assert removed["volume_left_behind"] is None and not Path(installed["host_path"]).exists()
+    assert json_out(cli(env, "list", "--json")) == []
+    assert_error_lines(cli(env, "uninstall", "helper"), 1)
+
+
+def test_policy_explain_shows_the_host_ceiling_clamping_the_manifest(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, AGENTNODE_AGENT_SANDBOX="1")
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"agent_sandbox": {
+        "host_trust_policy": "none", "runtime": "runsc", "image": "sha256:" + "a" * 64,
+        "limits": {"max_tool_calls": 3, "max_runtime_seconds": 30},
+        "tools": {"allowed_packages": ["word-tools"]},
+        "llm": {"max_calls": 2, "allowed_models": ["m1"]},
+    }}))  # fmt: skip
+    pack = write_agent(tmp_path / "src", "greedy", (
+        "  tool_access:\n    allowed_packages: [word-tools, other-tools]\n"
+        "  limits:\n    max_tool_calls: 40\n    max_runtime_seconds: 20\n"
+        "  llm_access:\n    enabled: true\n    max_calls: 20\n    max_input_chars: 1000\n"
+        "    allowed_models: [m1, m2]\n"
+    ))  # fmt: skip
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    p = json_out(cli(env, "policy", "explain", "greedy", "--json"))
+    check_schema("policy-explain", p)
+    assert p["route"] == "sandbox" and p["runtime"] == "runsc" and p["image"] == "sha256:" + "a" * 64
+    assert p["max_tool_calls"] == 3 and p["max_runtime_seconds"] == 20
+    assert p["allowed_packages"] == ["word-tools"]
+    assert p["llm"]["enabled"] is True and p["llm"]["max_calls"] == 2 and p["llm"]["max_input_chars"] == 1000
+    assert p["llm"]["allowed_models"] == ["m1"]
+    assert p["llm"]["clamped"] == ["max_calls", "allowed_models"]
+    assert p["clamped"] == ["max_tool_calls", "tools.allowed_packages", "llm.max_calls", "llm.allowed_models"]
+    assert p["requested"]["max_tool_calls"] == 40 and p["requested"]["llm"]["max_calls"] == 20
+    assert p["requested"]["llm"]["max_output_chars"] is None
+    human = cli(env, "policy", "explain", "greedy")
+    assert human.returncode == 0 and "lowered it from 40" in human.stdout
+
+
+def test_policy_explain_names_the_provider_but_never_the_key(env: dict[str, str], tmp_path: Path) -> None:
+    env.update(OPENAI_API_KEY=CANARY)
+    pack = write_agent(tmp_path / "src", "helper")
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    for args in (("--json",), ()):
+        proc = cli(env, "policy", "explain", "helper", *args)
+        assert proc.returncode == 0 and CANARY not in proc.stdout + proc.stderr
+    llm = json_out(cli(env, "policy", "explain", "helper", "--json"))["llm"]
+    assert llm["provider"] == "openai" and llm["configured"] is True
+
+
+def test_a_community_agent_cannot_be_installed_without_an_engine(env: dict[str, str], tmp_path: Path) -> None:
+    pack = write_agent(tmp_path / "src", "stranger")
+    proc = cli(env, "install", pack, "--json")
+    assert_error_lines(proc, 1)
+    out = json_out(proc)
+    check_schema("error", out)
+    expected = _engine_error()
+    assert out["error_code"] == expected.reason.value == "engine_unavailable"
+    assert out["hint"] == expected.hint
+    assert json_out(cli(env, "list", "--json")) == []
+
+
+def _engine_error() -> EngineError:
+    """What connecting to NO_ENGINE raises: the socket file does not exist."""
+    return classify_engine_exception(FileNotFoundError(2, "No such file or directory"))
+
+
+def test_run_on_the_host_path_prints_one_documented_json_object(env: dict[str, str], tmp_path: Path) -> None:
+    pack = write_agent(
+        tmp_path / "src", "echoer",
+        source="import sys\ndef run(context, n=0, **kwargs):\n    print('to the log')\n"
+               "    return {'goal': context.goal, 'n': n}\n",
+    )  # fmt: skip
+    assert cli(env, "install", pack, "--trust", "curated").returncode == 0
+    proc = cli(env, "run", "echoer", "--goal", "hi there", "--arg", "n=3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json_out(proc)
+    check_schema("run", out)
+    assert out["success"] is True and out["result"] == {"goal": "hi there", "n": 3}
+    assert out["mode_used"] == "agent_host" and "to the log" in out["logs"] and out["error_code"] is None
+    human = cli(env, "run", "echoer")
+    assert human.returncode == 0 and json.loads(human.stdout) == {"goal": "probe", "n": 0}
+    assert human.stderr.startswith("ok: echoer")
+
+    records = json_out(cli(env, "audit", "--json", "--slug", "echoer"))
+    check_schema("audit", records)
+    assert len(records) == 2 and records[0]["request_id"] == out["run_id"]
+
+
+def test_a_failed_run_exits_1_with_the_full_run_object(env: dict[str, str], tmp_path: Path) -> None:
+    source = "def run(context, **kwargs):\n    raise ValueError('no')\n"
+    pack = write_agent(tmp_path / "src", "broken", source=source)
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    proc = cli(env, "run", "broken", "--json")
+    assert proc.returncode == 1
+    out = json_out(proc)
+    check_schema("run", out)
+    assert out["success"] is False and out["error_code"] and out["result"] is None
+    assert_error_lines(cli(env, "run", "missing"), 1)
+
+
+def test_a_config_error_before_the_run_still_prints_the_run_object(env: dict[str, str]) -> None:
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "config.json").write_text('{"agent_sandbox": {"limits": {"max_tool_calls": "x"}}}')
+    proc = cli(env, "run", "anything", "--json")
+    assert_error_lines(proc, 1)
+    out = json_out(proc)
+    check_schema("run", out)
+    assert out["error_code"] == "config_invalid" and "agent_sandbox.limits.max_tool_calls" in out["error"]
+
+
+# -- refusals: run, doctor and policy explain give the same fix ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("trust", "code", "rows"),
+    [
+        ("unverified", "refused_flag_off", {"feature_flag", "route"}),
+        ("mystery", "refused_trust", {"route"}),
+    ],
+)
+def test_refused_runs_and_doctor_name_the_same_fix(
+    env: dict[str, str], tmp_path: Path, trust: str, code: str, rows: set[str]
+) -> None:
+    pack = write_agent(tmp_path / "src", "community")
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    set_trust(env, "community", trust)
+
+    run = json_out(cli(env, "run", "community", "--json"))
+    assert run["error_code"] == code and run["hint"]
+    proc = cli(env, "doctor", "community", "--json")
+    assert proc.returncode == 1
+    found = doctor_rows(proc)
+    for name in rows:
+        assert found[name]["ok"] is False and found[name]["fix"] == run["hint"]
+    assert found["installed"]["ok"] and found["agent"]["ok"] and found["manifest"]["ok"]
+    explained = json_out(cli(env, "policy", "explain", "community", "--json"))
+    assert explained["route"] == "refused" and explained["route_reason"] == code
+    assert explained["hint"] == run["hint"]
+
+
+def test_not_installed_and_not_an_agent_share_the_runs_fix(env: dict[str, str]) -> None:
+    assert cli(env, "install", REPO / "examples" / "word-tools", "--trust", "trusted").returncode == 0
+    for slug, row, code in (("ghost", "installed", "not_installed"), ("word-tools", "agent", "not_an_agent")):
+        run = json_out(cli(env, "run", slug, "--json"))
+        assert run["error_code"] == code
+        found = doctor_rows(cli(env, "doctor", slug, "--json"))
+        assert found[row] == {"check": row, "ok": False, "detail": run["error"], "fix": run["hint"]}
+        explained = cli(env, "policy", "explain", slug, "--json")
+        assert explained.returncode == 1 and json_out(explained)["hint"] == run["hint"]
+
+
+def test_a_host_routed_agent_without_its_host_copy(env: dict[str, str], tmp_path: Path) -> None:
+    assert cli(env, "install", write_agent(tmp_path / "src", "helper"), "--trust", "trusted").returncode == 0
+    lockfile = Lockfile(load_config(env).paths.lockfile)
+    entry = lockfile.get("helper")
+    assert entry is not None
+    lockfile.put(dataclasses.replace(entry, host_path=None))
+    run = json_out(cli(env, "run", "helper", "--json"))
+    assert run["error_code"] == "not_installed" and "--trust trusted" in run["hint"]
+    proc = cli(env, "doctor", "helper", "--json")
+    found = doctor_rows(proc)
+    assert proc.returncode == 1 and failed_rows(found) == ["host_copy"]
+    assert found["host_copy"]["fix"] == run["hint"] and found["host_copy"]["detail"] == run["error"]
+
+
+def failed_rows(rows: dict[str, dict[str, Any]]) -> list[str]:
+    return [name for name, row in rows.items() if not row["ok"]]
+
+
+# -- doctor -------------------------------------------------------------------------------------------
+
+
+def test_doctor_without_an_engine_names_the_engine_fix(env: dict[str, str]) -> None:
+    proc = cli(env, "doctor", "--json")
+    assert proc.returncode == 1
+    report = json_out(proc)
+    check_schema("doctor", report)
+    assert report["ready"] is False and report["slug"] is None
+    assert [r["check"] for r in report["checks"]] == ["config", "feature_flag", "engine"]
+    engine = report["checks"][2]
+    expected = _engine_error()
+    assert engine["ok"] is False and engine["fix"] == expected.hint and engine["detail"] == expected.message
+    human = cli(env, "doctor")
+    assert human.returncode == 1 and "FAIL  engine" in human.stdout and "not ready" in human.stdout
+
+
+def test_doctor_with_the_flag_on_fails_only_on_the_engine(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, AGENTNODE_AGENT_SANDBOX="true")
+    found = doctor_rows(cli(env, "doctor", "--json"))
+    assert found["feature_flag"]["ok"] is True and found["engine"]["ok"] is False
+
+
+def test_doctor_is_ready_for_a_trusted_agent_without_an_engine(env: dict[str, str], tmp_path: Path) -> None:
+    assert cli(env, "install", write_agent(tmp_path / "src", "helper"), "--trust", "trusted").returncode == 0
+    proc = cli(env, "doctor", "helper", "--json")
+    assert proc.returncode == 0, proc.stdout
+    found = doctor_rows(proc)
+    assert list(found) == ["config", "feature_flag", "installed", "agent", "route", "manifest", "host_copy"]
+    assert all(row["ok"] for row in found.values())
+    assert cli(env, "doctor", "helper").stdout.rstrip().endswith("ready")
+
+
+def test_doctor_reports_a_bad_config_and_a_bad_flag(env: dict[str, str]) -> None:
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "config.json").write_text('{"agent_sandbox": {"runtime": "kata"}}')
+    report = json_out(cli(env, "doctor", "--json"))
+    assert [r["check"] for r in report["checks"]] == ["config"]
+    assert "agent_sandbox.runtime" in report["checks"][0]["detail"] and report["checks"][0]["fix"]
+    (state / "config.json").write_text("{}")
+    found = doctor_rows(cli({**env, "AGENTNODE_AGENT_SANDBOX": "maybe"}, "doctor", "--json"))
+    flag = found["feature_flag"]
+    assert flag["ok"] is False and "AGENTNODE_AGENT_SANDBOX" in flag["detail"] and flag["fix"]
+
+
+def test_doctor_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
+    state = Path(env["AGENTNODE_CONFIG"])
+    assert cli(env, "doctor", "--json").returncode == 1
+    assert not state.exists()  # not even the state directory
+    assert cli(env, "install", write_agent(tmp_path / "src", "helper"), "--trust", "trusted").returncode == 0
+
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(state.rglob("*"))}
+
+    before = snapshot()
+    for args in (("doctor", "--json"), ("doctor", "helper"), ("policy", "explain", "helper")):
+        cli(env, *args)
+    assert snapshot() == before
+
+
+class InfoOnly:
+    """An engine client stand-in that only answers `info()` (the client is injected by design)."""
+
+    def __init__(self, **info: Any) -> None:
+        self._info = {"ServerVersion": "27.0", "Runtimes": {"runc": {}, "runsc": {}},
+                      "MemoryLimit": True, "SwapLimit": True, **info}  # fmt: skip
+
+    def info(self) -> dict[str, Any]:
+        return self._info
+
+
+def _capability_error(runtime: str, **facts: Any) -> EngineError:
+    base = {"server_version": "27.0", "runtimes": frozenset({"runc", "runsc"}), "memory_limit": True,
+            "swap_limit": True}  # fmt: skip
+    with pytest.raises(EngineError) as info:
+        require_capable(EngineFacts(**{**base, **facts}), runtime)
+    return info.value
+
+
+def test_capability_checks_name_the_runtime_registration_fix() -> None:
+    rows = {c.check: c for c in capability_checks(InfoOnly(Runtimes={"runc": {}}), "runsc")}  # type: ignore[arg-type]
+    assert rows["memory_limit"].ok and not rows["runtime"].ok
+    assert rows["runtime"].fix == _capability_error("runsc", runtimes=frozenset({"runc"})).hint
+    assert "runsc" in rows["runtime"].fix and "daemon.json" in rows["runtime"].fix
+    ok = capability_checks(InfoOnly(Runtimes={"runc": {}}), "runc")  # type: ignore[arg-type]
+    assert all(c.ok for c in ok)
+
+
+@pytest.mark.parametrize("missing", ["MemoryLimit", "SwapLimit"])
+def test_capability_checks_name_the_memory_fix_not_the_image(missing: str) -> None:
+    rows = {c.check: c for c in capability_checks(InfoOnly(**{missing: False}), "runc")}  # type: ignore[arg-type]
+    assert rows["runtime"].ok and not rows["memory_limit"].ok
+    assert rows["memory_limit"].fix == _capability_error("runc", memory_limit=False).hint
+    assert "swap" in rows["memory_limit"].fix and "image" not in rows["memory_limit"].fix
+
+
+def test_capability_checks_show_both_problems_at_once() -> None:
+    client = InfoOnly(Runtimes={"runc": {}}, MemoryLimit=False)
+    rows = capability_checks(client, "runsc")  # type: ignore[arg-type]
+    assert [(c.check, c.ok) for c in rows] == [("memory_limit", False), ("runtime", False)]
+
+
+def test_capability_checks_classify_an_engine_that_stops_answering() -> None:
+    class Gone:
+        def info(self) -> dict[str, Any]:
+            raise ConnectionRefusedError("gone")
+
+    rows = capability_checks(Gone(), "runc")  # type: ignore[arg-type]
+    assert [(c.check, c.ok) for c in rows] == [("engine", False)] and rows[0].fix == _engine_error().hint
+
+
+@pytest.mark.parametrize("pin", [None, "agentnode-sandbox:latest"])
+def test_image_checks_refuse_a_missing_or_unusable_pin_before_asking_the_engine(pin: str | None) -> None:
+    rows = image_checks(object(), pin)  # type: ignore[arg-type]  # never touched: the pin is refused first
+    assert [(c.check, c.ok) for c in rows] == [("image_pinned", False)] and rows[0].fix == BUILD_HINT
+
+
+def test_leftover_check_counts_only_containers_of_dead_hosts() -> None:
+    class Api:
+        def containers(self, **kwargs: Any) -> list[dict[str, Any]]:
+            assert kwargs == {"all": True, "filters": {"label": [LABEL_RUN, LABEL_OWNER]}}
+            return [{"Labels": {LABEL_OWNER: owner_token()}}, {"Labels": {LABEL_OWNER: "999999999:1"}}]
+
+    class Client:
+        api = Api()
+
+    row = leftover_check(Client())  # type: ignore[arg-type]
+    assert row.ok and row.detail.startswith("1 ") and row.fix == LEFTOVER_FIX
+
+
+# -- image commands without an engine -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("build",), ("status",), ("pull", "registry.example/agentnode-sandbox:1")])
+def test_image_commands_without_an_engine_fail_with_the_engine_fix(
+    env: dict[str, str], args: tuple[str, ...]
+) -> None:
+    proc = cli(env, "image", *args, "--json")
+    assert_error_lines(proc, 1)
+    out = json_out(proc)
+    check_schema("error", out)
+    assert out["error_code"] == "engine_unavailable" and out["hint"] == _engine_error().hint
+
+
+# -- init ---------------------------------------------------------------------------------------------
+
+
+def test_init_agent_scaffolds_a_valid_pack_with_the_llm_access_block(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = cli(env, "init", "my-agent", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    pack = tmp_path / "my-agent"
+    assert sorted(p.name for p in pack.iterdir()) == ["agentnode.yaml", "my_agent.py"]
+    assert "agentnode-sandbox install" in proc.stdout and "agentnode-sandbox run my-agent" in proc.stdout
+    manifest = load_manifest(pack)
+    assert isinstance(manifest, AgentManifest) and manifest.entrypoint == "my_agent:run"
+    assert dict(manifest.llm_access) == {
+        "enabled": False, "max_calls": 20, "max_input_chars": 24000, "max_output_chars": 24000,
+    }  # fmt: skip
+    text = (pack / "agentnode.yaml").read_text()
+    block = text[text.index("  llm_access:") :]
+    assert "# allowed_models:" in block and "opt-in" in block
+    assert "never picks the model" in block and "ALWAYS wins" in block
+    source = (pack / "my_agent.py").read_text()
+    assert "def run(context" in source and "async" not in source
+    assert "LlmAccessError" in source and "PermissionError" in source
+
+
+def test_init_toolpack_uses_the_src_layout_and_its_tool_runs(env: dict[str, str], tmp_path: Path) -> None:
+    proc = cli(env, "init", "my-tools", "--type", "toolpack", "--dir", tmp_path / "packs")
+    assert proc.returncode == 0, proc.stderr
+    pack = tmp_path / "packs" / "my-tools"
+    assert (pack / "src" / "my_tools.py").is_file() and "--trust trusted" in proc.stdout
+    manifest = load_manifest(pack)
+    assert isinstance(manifest, ToolpackManifest)
+    (tool,) = manifest.tools
+    assert tool.name == "echo" and tool.input_schema is not None and tool.input_schema["required"] == ["text"]
+    runner = ToolRunner()
+    try:
+        out = runner.run(
+            InstalledToolpack(slug="my-tools", version="0.1.0", trust="trusted", root=pack / "src",
+                              manifest=manifest),
+            tool, {"text": "hello"}, timeout=30,
+        )  # fmt: skip
+    finally:
+        runner.close()
+    assert out.success and out.result == {"text": "hello", "length": 5}
+
+
+def test_init_refuses_a_non_empty_directory_and_fills_an_empty_one(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    proc = cli(env, "init", "taken", cwd=tmp_path)
+    assert_error_lines(proc, 1)
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    assert cli(env, "init", "empty", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "empty" / "agentnode.yaml").is_file()
+
+
+@pytest.mark.parametrize("slug", ["123", "yes", "json", "a.b-c"])
+def test_init_names_that_are_awkward_in_yaml_or_python_still_make_valid_packs(
+    env: dict[str, str], tmp_path: Path, slug: str
+) -> None:
+    assert cli(env, "init", slug, cwd=tmp_path).returncode == 0
+    manifest = load_manifest(tmp_path / slug)
+    assert manifest.slug == slug
+    module = manifest.entrypoint.split(":")[0]
+    assert module.isidentifier() and module != "json" and (tmp_path / slug / f"{module}.py").is_file()
+
+
+def test_init_agent_and_toolpack_run_together_on_the_host_path(env: dict[str, str], tmp_path: Path) -> None:
+    assert cli(env, "init", "my-tools", "--type", "toolpack", cwd=tmp_path).returncode == 0
+    assert cli(env, "init", "helper", cwd=tmp_path).returncode == 0
+    manifest = tmp_path / "helper" / "agentnode.yaml"
+    manifest.write_text(manifest.read_text().replace("allowed_packages: []", "allowed_packages: [my-tools]"))
+    assert yaml.safe_load(manifest.read_text())["agent"]["tool_access"]["allowed_packages"] == ["my-tools"]
+    for name in ("my-tools", "helper"):
+        assert cli(env, "install", tmp_path / name, "--trust", "trusted").returncode == 0
+    out = json_out(cli(env, "run", "helper", "--goal", "four words goal here", "--json"))
+    assert out["success"] is True, out
+    assert out["result"]["tool"] == {"text": "four words goal here", "length": 20}
+    assert [r["step"] for r in out["result"]["refusals"]] == ["llm"]
+
+
+# -- audit --------------------------------------------------------------------------------------------
+
+
+def _record(slug: str, run_id: str) -> dict[str, Any]:
+    return run_record(
+        slug=slug, trust="unverified", run_id=run_id, action="allow", source="agent_sandbox",
+        reason="agent_completed", sandbox=True, runtime="runc", image="sha256:" + "b" * 64, duration_ms=12,
+        timed_out=False, llm={"enabled": True, "max_calls": 2, "calls": 1, "ok": 1, "model": "m"},
+        tool_calls=1, tool_refusals=0,
+    )  # fmt: skip
+
+
+def test_audit_show_and_verify_on_a_handmade_log(env: dict[str, str]) -> None:
+    path = load_config(env).paths.audit_file
+    log = AuditLog(path)
+    for slug, run_id in (("a", "r1"), ("b", "r2"), ("a", "r3")):
+        assert log.append(_record(slug, run_id))
+
+    last = json_out(cli(env, "audit", "--json", "--last", "1"))
+    check_schema("audit", last)
+    assert [r["request_id"] for r in last] == ["r3"]
+    only_a = json_out(cli(env, "audit", "show", "--json", "--slug", "a"))
+    assert [r["request_id"] for r in only_a] == ["r1", "r3"]
+    assert "r2" in cli(env, "audit").stdout
+
+    proc = cli(env, "audit", "verify", "--json")
+    assert proc.returncode == 0
+    report = json_out(proc)
+    check_schema("audit-verify", report)
+    assert report["ok"] is True and report["records"] == 3 and report["problems"] == []
+
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace('"duration_ms":12', '"duration_ms":13')
+    path.write_text("\n".join(lines) + "\n")
+    proc = cli(env, "audit", "verify", "--json")
+    assert proc.returncode == 1
+    report = json_out(proc)
+    check_schema("audit-verify", report)
+    assert report["ok"] is False and any("audit.jsonl:3" in p for p in report["problems"])
+    human = cli(env, "audit", "verify")
+    assert human.returncode == 1 and human.stdout.startswith("FAILED")
+
+
+def test_audit_on_empty_state(env: dict[str, str]) -> None:
+    assert json_out(cli(env, "audit", "--json")) == []
+    proc = cli(env, "audit", "verify", "--json")
+    assert proc.returncode == 0 and json_out(proc)["records"] == 0
+
+
+# -- errors and --debug -------------------------------------------------------------------------------
+
+
+def test_tracebacks_only_with_debug(env: dict[str, str]) -> None:
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "agentnode.lock").write_text("{not json")
+    proc = cli(env, "list")
+    assert_error_lines(proc, 1)
+    assert "agentnode.lock" in proc.stderr
+    for args in (("--debug", "list"), ("list", "--debug")):
+        debug = cli(env, *args)
+        assert debug.returncode == 1 and "Traceback" in debug.stderr and "error: " in debug.stderr
+    out = json_out(cli(env, "list", "--json"))
+    check_schema("error", out)
+    assert out["success"] is False and out["hint"]
