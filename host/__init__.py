@@ -1,5 +1,43 @@
-"""Host side of agentnode-sandbox: policy, LLM broker, audit, Docker runtime and the per-run gRPC services."""
+"""Host side of agentnode-sandbox: policy, LLM broker, audit, Docker runtime and the per-run gRPC services.
+
+The public names are imported on first use, so `agentnode-sandbox --help` and light commands stay fast.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from host._client import RunnerClient
+    from host._errors import (
+        AuditReason,
+        ConfigError,
+        EngineError,
+        ManifestError,
+        PackError,
+        RefusedError,
+        SandboxError,
+    )
+    from host._runner import RunResult, SandboxHost
+
+_EXPORTS = {
+    "AuditReason": "host._errors",
+    "ConfigError": "host._errors",
+    "EngineError": "host._errors",
+    "ManifestError": "host._errors",
+    "PackError": "host._errors",
+    "RefusedError": "host._errors",
+    "SandboxError": "host._errors",
+    "RunResult": "host._runner",
+    "SandboxHost": "host._runner",
+    "RunnerClient": "host._client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'host' has no attribute {name!r}")

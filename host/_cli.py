@@ -85,17 +85,25 @@ def _parse_args_kv(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from host._runner import SandboxHost
-
     kwargs = _parse_args_kv(args.arg or [])
-    host = SandboxHost()
-    try:
-        host.startup_sweep()
-        result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime)
-    finally:
-        host.close()
+    audit_failures = 0
+    if args.via:
+        from host._client import RunnerClient
+
+        with RunnerClient(args.via) as client:
+            result = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime)
+    else:
+        from host._runner import SandboxHost
+
+        host = SandboxHost()
+        try:
+            host.startup_sweep()
+            result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime)
+        finally:
+            host.close()
+        audit_failures = host.audit_failures
     payload = result.to_json()
-    if host.audit_failures:
+    if audit_failures:
         payload["audit_error"] = "the audit record could not be written"
 
     def human() -> None:
@@ -107,11 +115,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         else:
             _print_error(f"{result.error} [{result.error_code}]", result.hint)
-        if host.audit_failures:
+        if audit_failures:
             print("warning: the audit record could not be written", file=sys.stderr)
 
     _emit(args, payload, human)
     return EXIT_OK if result.success else EXIT_FAILED
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from host._config import load_config
+    from host._serve import default_admin_socket, serve
+
+    socket_path = Path(args.socket) if args.socket else default_admin_socket(load_config().paths.dir)
+
+    def ready(path: str) -> None:
+        if args.json:
+            sys.stdout.write(json.dumps({"socket": path, "warm": args.warm}) + "\n")
+            sys.stdout.flush()
+        warm = ", ".join(args.warm) or "none"
+        print(f"serving on {path} (warm: {warm}); stop with SIGTERM", file=sys.stderr)
+
+    serve(socket_path, warm=args.warm, ready=ready, drain_seconds=args.drain_seconds)
+    return EXIT_OK
 
 
 # -- packs --------------------------------------------------------------------------------------------
@@ -459,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--goal", help="the goal text (default: the manifest's agent.goal)")
     r.add_argument("--arg", action="append", metavar="KEY=JSON", help="a keyword argument for the entrypoint")
     r.add_argument("--runtime", choices=["runc", "runsc"], help="override agent_sandbox.runtime for this run")
+    r.add_argument("--via", metavar="SOCKET", help="submit to a running `serve` host via its admin socket")
+
+    sv = command("serve", cmd_serve, "run a long-running host with warm pools on an owner-only admin socket")
+    sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")
+    sv.add_argument("--warm", action="append", metavar="SLUG", default=[], help="keep a warm pool for SLUG")
+    sv.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, let runs finish this long")
 
     i = command("install", cmd_install, "install an agent pack or toolpack")
     i.add_argument("path")

@@ -22,7 +22,7 @@ import docker
 
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker, LlmSession
-from host._config import HostConfig, load_config, sandbox_enabled
+from host._config import HostConfig, load_config
 from host._engine import (
     ContainerLimits,
     EngineFacts,
@@ -32,11 +32,12 @@ from host._engine import (
     require_capable,
     sweep_containers,
 )
-from host._errors import AuditReason, EngineError, PackError, RefusedError, SandboxError
+from host._errors import AuditReason, EngineError, SandboxError
+from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host._image import verify_pinned_image
-from host._manifest import AgentManifest, ToolpackManifest
+from host._manifest import ToolpackManifest
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
-from host._policy import Route, RunPolicy, resolve_run_policy, route_run
+from host._policy import Route, RunPolicy
 from host._pool import PoolSettings, WarmPools
 from host._rundir import make_run_dir, sweep_run_dirs
 from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain, pool_key
@@ -295,41 +296,18 @@ class SandboxHost:
         runtime: str | None,
         on_start: Callable[[str], None] | None,
     ) -> RunResult:
-        entry = self.lockfile.get(run.slug)
-        if entry is None:
-            raise PackError(
-                f"{run.slug} is not installed",
-                reason=AuditReason.NOT_INSTALLED,
-                hint="install it: agentnode-sandbox install PATH --trust unverified",
-            )
+        entry = installed_agent(self.lockfile, run.slug)
         run.trust = entry.trust_level
-        if entry.package_type != "agent":
-            raise PackError(
-                f"{run.slug} is a {entry.package_type}, not an agent",
-                reason=AuditReason.NOT_AN_AGENT,
-                hint="run an agent pack; tool packs are called by agents",
-            )
-        cfg = self.config.agent_sandbox
-        decision = route_run(
-            entry.trust_level,
-            sandbox_enabled=sandbox_enabled(self.config, self.env),
-            host_trust_policy=cfg.host_trust_policy,
-        )
+        decision = decide_route(entry, self.config, self.env)
         if decision.route is Route.REFUSED:
             community = entry.trust_level.strip().lower() in ("verified", "unverified")
             run.source = "agent_sandbox" if community else "agent_host"
-            hint = (
-                "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
-                if decision.reason == AuditReason.REFUSED_FLAG_OFF
-                else "reinstall with --trust curated|trusted|verified|unverified"
-            )
-            raise RefusedError(decision.message, reason=AuditReason(decision.reason), hint=hint)
-        manifest = entry.parsed_manifest()
-        assert isinstance(manifest, AgentManifest)
+            raise refusal_error(decision)
         sandboxed = decision.route is Route.SANDBOX
         run.sandbox = sandboxed
         run.source = "agent_sandbox" if sandboxed else "agent_host"
-        run.policy = resolve_run_policy(manifest, cfg, sandboxed=sandboxed)
+        manifest, run.policy = effective_policy(entry, self.config, decision.route)
+        cfg = self.config.agent_sandbox
         run.mark("routed")
 
         def task() -> RunTask:
@@ -579,11 +557,7 @@ class SandboxHost:
     def _run_on_host(self, run: _Run, entry: LockEntry, task: RunTask) -> RunResult:
         """Trusted/curated agents: the same wrapper and services as a local process. Not isolated."""
         if entry.trust_level not in HOST_TRUST or not entry.host_path:
-            raise PackError(
-                f"{run.slug} has no host copy",
-                reason=AuditReason.NOT_INSTALLED,
-                hint=f"reinstall it with --trust trusted: agentnode-sandbox install <path-to-{run.slug}>",
-            )
+            raise host_copy_error(run.slug)
         assert run.policy is not None
         deadline = run.started + run.policy.max_runtime_seconds
         gate, llm = self._gate_and_llm(run, deadline)
