@@ -34,7 +34,18 @@ _EXPORTS = {
     "RunnerClient": "host._client",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AuditReason",
+    "ConfigError",
+    "EngineError",
+    "ManifestError",
+    "PackError",
+    "RefusedError",
+    "RunResult",
+    "RunnerClient",
+    "SandboxError",
+    "SandboxHost",
+]
 
 
 def __getattr__(name: str) -> Any:
