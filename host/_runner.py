@@ -107,6 +107,11 @@ class _Run:
                 self.on_stage(stage)
 
 
+def _trust(entry: LockEntry) -> str:
+    """The entry's trust level as routing compares it: trimmed, lower case, "" when missing."""
+    return (entry.trust_level or "").strip().lower()
+
+
 class SandboxHost:
     """One host process: config, engine client, LLM broker, tool runner and warm pools shared by its runs."""
 
@@ -202,7 +207,7 @@ class SandboxHost:
         assert isinstance(manifest, ToolpackManifest)
         root = Path(entry.host_path or "/nonexistent") / entry.import_subdir
         return InstalledToolpack(
-            slug=entry.slug, version=entry.version, trust=entry.trust_level, root=root, manifest=manifest
+            slug=entry.slug, version=entry.version, trust=_trust(entry), root=root, manifest=manifest
         )
 
     def run(
@@ -297,11 +302,16 @@ class SandboxHost:
         on_start: Callable[[str], None] | None,
     ) -> RunResult:
         entry = installed_agent(self.lockfile, run.slug)
-        run.trust = entry.trust_level
+        trust = _trust(entry)
+        run.trust = entry.trust_level  # as recorded; routing compares the normalized form
         decision = decide_route(entry, self.config, self.env)
         if decision.route is Route.REFUSED:
-            community = entry.trust_level.strip().lower() in ("verified", "unverified")
-            run.source = "agent_sandbox" if community else "agent_host"
+            # Refused for want of the sandbox, it would have been a sandboxed run; else by trust level.
+            would_sandbox = decision.reason == AuditReason.REFUSED_FLAG_OFF or trust in (
+                "verified",
+                "unverified",
+            )
+            run.source = "agent_sandbox" if would_sandbox else "agent_host"
             raise refusal_error(decision)
         sandboxed = decision.route is Route.SANDBOX
         run.sandbox = sandboxed
@@ -357,9 +367,7 @@ class SandboxHost:
         )
 
     def _launch_member(self, spec: SandboxSpec) -> Sandbox:
-        return Sandbox.launch(
-            self.client(), spec, run_id=uuid.uuid4().hex, owner=self.owner, env=self.env, warm=True
-        )
+        return Sandbox.launch(self.client(), spec, run_id=uuid.uuid4().hex, owner=self.owner, env=self.env)
 
     def prewarm(self, slug: str, runtime: str | None = None) -> None:
         """Start a warm pool for an installed community agent (no-op without pools)."""
@@ -378,31 +386,34 @@ class SandboxHost:
     ) -> RunResult:
         run.runtime = runtime
         run.image = self.config.agent_sandbox.image
+        assert run.policy is not None
+        deadline = run.started + run.policy.max_runtime_seconds
         box: Sandbox | None = None
         if self.pools is not None and run.image:
             box = self.pools.claim(pool_key(entry.slug, entry.artifact_hash, runtime, run.image))
-        if box is not None:
-            run.run_id = box.run_id
-            run.warm = True
-            run.mark("claimed")
-        else:
-            spec = self.sandbox_spec(entry, runtime)
-            run.mark("verified")
-            if self.pools is not None:
-                self.pools.want(spec)
-            box = Sandbox.launch(
-                self.client(), spec, run_id=run.run_id, owner=self.owner, env=self.env, warm=False
-            )
-            run.stages.update({f"sandbox_{k}": v for k, v in box.stages.items()})
-            run.mark("started")
-        if on_start is not None:
-            on_start(run.run_id)
         try:
-            assert run.policy is not None
-            deadline = run.started + run.policy.max_runtime_seconds
-            gate, llm = self._gate_and_llm(run, deadline)
-            self._active[run.run_id] = box.session
-            box.session.assign(task(), gate, llm)
+            if box is not None:
+                run.run_id = box.run_id
+                run.warm = True
+                run.mark("claimed")
+                self._active[run.run_id] = box.session
+                box.session.assign(task(), *self._gate_and_llm(run, deadline))
+            else:
+                spec = self.sandbox_spec(entry, runtime)
+                run.mark("verified")
+                if self.pools is not None:
+                    self.pools.want(spec)
+                # The task goes in before the container starts: its first FetchTask never waits on us.
+                gate, llm = self._gate_and_llm(run, deadline)
+                session = RunSession(task=task(), tools=gate, llm=llm)
+                self._active[run.run_id] = session
+                box = Sandbox.launch(
+                    self.client(), spec, run_id=run.run_id, owner=self.owner, env=self.env, session=session
+                )
+                run.stages.update({f"sandbox_{k}": v for k, v in box.stages.items()})
+                run.mark("started")
+            if on_start is not None:
+                on_start(run.run_id)
             how = self._watch(box.session, deadline, lambda: box.exited, poll=box.pids_hits)
             run.mark("agent_done")
             status = box.exit_info.get("StatusCode") if box.exited else None
@@ -417,7 +428,8 @@ class SandboxHost:
             )
         finally:
             self._active.pop(run.run_id, None)
-            self._teardown(box, run)
+            if box is not None:
+                self._teardown(box, run)
 
     def _teardown(self, box: Sandbox, run: _Run) -> None:
         """Destroy a used sandbox; a long-running host does it just after the result is returned."""
@@ -556,7 +568,7 @@ class SandboxHost:
 
     def _run_on_host(self, run: _Run, entry: LockEntry, task: RunTask) -> RunResult:
         """Trusted/curated agents: the same wrapper and services as a local process. Not isolated."""
-        if entry.trust_level not in HOST_TRUST or not entry.host_path:
+        if _trust(entry) not in HOST_TRUST or not entry.host_path:
             raise host_copy_error(run.slug)
         assert run.policy is not None
         deadline = run.started + run.policy.max_runtime_seconds

@@ -108,15 +108,25 @@ class Sandbox:
 
     @classmethod
     def launch(
-        cls, client: docker.DockerClient, spec: SandboxSpec, *, run_id: str, owner: str, env: Any, warm: bool
+        cls,
+        client: docker.DockerClient,
+        spec: SandboxSpec,
+        *,
+        run_id: str,
+        owner: str,
+        env: Any,
+        session: RunSession | None = None,
     ) -> Sandbox:
         """Create the run dir and socket server, then create and start the container.
 
-        A warm sandbox starts without a task: its wrapper waits in FetchTask until `session.assign`.
-        Anything that fails is torn down before the error (START_FAILED or a classified engine error) rises.
+        A cold run passes a session that already holds its task, so the wrapper's first FetchTask is
+        answered at once however slow the engine is. Without one the sandbox is a warm member: its wrapper
+        waits in FetchTask (no deadline) until `session.assign`. Anything that fails is torn down before
+        the error (START_FAILED or a classified engine error) rises.
         """
         t0 = time.monotonic()
-        session = RunSession()
+        warm = session is None
+        session = session or RunSession()
         rundir = make_run_dir(run_id, owner, env)
         try:
             server = build_run_server(session, str(rundir.socket_path))
