@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.constants
 import docker.errors
 import requests.exceptions
 from docker.types import LogConfig, Mount, Ulimit
@@ -68,12 +70,34 @@ class EngineFacts:
 def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
     """Connect to the engine named by DOCKER_HOST (or the default socket) and prove it answers."""
     environment = dict(os.environ if env is None else env)
+    clients: list[docker.DockerClient] = []
+
+    def client_for(version: str) -> docker.DockerClient:
+        opened = docker.DockerClient.from_env(environment=environment, version=version, timeout=timeout)
+        clients.append(opened)
+        return opened
+
     try:
-        client = docker.DockerClient.from_env(environment=environment, timeout=timeout)
+        # The SDK leaves a socket open when a Unix connect fails, and its own version probe ("auto") cannot
+        # be closed when it fails; so reach the socket and negotiate the version here, closing what we open.
+        _reach_unix_socket(environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock", timeout)
+        server = client_for(docker.constants.MINIMUM_DOCKER_API_VERSION).api.version(api_version=False)
+        client = client_for(str(server["ApiVersion"]))
         client.ping()
     except Exception as exc:  # noqa: BLE001 (the SDK raises many types; all are classified)
+        for opened in clients:
+            opened.close()
         raise classify_engine_exception(exc) from None
+    clients[0].close()
     return client
+
+
+def _reach_unix_socket(docker_host: str, timeout: float) -> None:
+    """Raise the OSError a connect to a `unix://` engine socket meets (other schemes: nothing to do)."""
+    if docker_host.startswith("unix://"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(timeout)
+            probe.connect(docker_host.removeprefix("unix://"))
 
 
 def classify_engine_exception(exc: BaseException) -> EngineError:
@@ -94,7 +118,8 @@ def classify_engine_exception(exc: BaseException) -> EngineError:
                 "or set DOCKER_HOST to a socket you may use; check with: agentnode-sandbox doctor",
                 check="engine",
             )
-    if isinstance(exc, docker.errors.APIError) and exc.status_code == 403:
+    # The SDK wraps a refused version probe (`from_env`) in a plain DockerException: look down the chain.
+    if any(isinstance(item, docker.errors.APIError) and item.status_code in (401, 403) for item in chain):
         return EngineError(
             "the container engine refused the request",
             reason=AuditReason.ENGINE_PERMISSION_DENIED,

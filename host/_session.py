@@ -408,8 +408,10 @@ def build_run_server(session: RunSession, socket_path: str, *, max_workers: int 
     ]
     for register, servicer in registrations:
         register(servicer, server)
-    if server.add_insecure_port(f"unix:{socket_path}") == 0:
-        raise OSError(f"could not bind the run socket {socket_path}")
+    try:
+        server.add_insecure_port(f"unix:{socket_path}")  # grpc raises RuntimeError when it cannot bind
+    except RuntimeError:
+        raise OSError(f"could not bind the run socket {socket_path}") from None
     return server
 
 

@@ -1,0 +1,543 @@
+"""Engine access without a daemon: the hardened spec as data, fail-closed capability checks, the classifier,
+owner tokens and the pids probe; the SDK talks to a real (tiny) HTTP server on a Unix socket."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import os
+import shutil
+import socket
+import socketserver
+import subprocess
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+import requests
+import requests.exceptions
+
+from host._engine import (
+    HOME_IN_CONTAINER,
+    LABEL_OWNER,
+    LABEL_RUN,
+    LABEL_SLUG,
+    ContainerLimits,
+    EngineFacts,
+    PidsProbe,
+    classify_engine_exception,
+    connect,
+    container_spec,
+    engine_facts,
+    owner_alive,
+    owner_token,
+    require_capable,
+)
+from host._errors import AuditReason, EngineError
+
+MiB = 1024 * 1024
+WRAPPER_ENV = {
+    "HOME",
+    "PATH",
+    "LANG",
+    "PYTHONPATH",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "AGENTNODE_SOCKET",
+    "AGENTNODE_IMPORT_ROOT",
+}
+ENGINE_SOCKETS = ("docker.sock", "podman.sock", "containerd.sock")
+
+
+class FakeEngine:
+    """A Docker-compatible engine stand-in: a real HTTP server on a Unix socket with scripted answers.
+
+    `status` answers every request with that error status; otherwise /version, /_ping and /info answer
+    like an engine (`info` is the /info body).
+    """
+
+    def __init__(self, *, status: int | None = None, info: dict[str, Any] | None = None) -> None:
+        self.status = status
+        self.info = info or {}
+        self.paths: list[str] = []  # without the /v1.NN prefix
+        self.raw_paths: list[str] = []
+        self._dir = tempfile.mkdtemp(dir="/tmp", prefix="fe-")  # a Unix socket path must fit 108 bytes
+        self.socket_path = f"{self._dir}/engine.sock"
+        self._server = _UnixHttpServer(self.socket_path, _engine_handler(self))
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def __enter__(self) -> FakeEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class _UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet (and a Unix peer has no address to format)."""
+
+        def do_GET(self) -> None:
+            engine.raw_paths.append(self.path)
+            path = "/" + self.path.split("?")[0].lstrip("/")
+            if path.startswith("/v1."):
+                path = "/" + path.split("/", 2)[2]
+            engine.paths.append(path)
+            if engine.status is not None:
+                self._send(engine.status, {"message": "authorization denied by plugin"})
+            elif path == "/version":
+                self._send(200, {"ApiVersion": "1.45", "Version": "fake", "MinAPIVersion": "1.24"})
+            elif path == "/_ping":
+                self._send(200, "OK")
+            elif path == "/info":
+                self._send(200, engine.info)
+            else:
+                self._send(404, {"message": "no such route"})
+
+        do_HEAD = do_GET
+
+        def _send(self, status: int, body: Any) -> None:
+            payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    return Handler
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "image": "sha256:" + "a" * 64,
+        "run_id": "run123",
+        "name": "agentnode-run-run123",
+        "owner": "4242:777",
+        "slug": "probe-agent",
+        "runtime": "runc",
+        "pack_volume": "agentnode-pack-probe-agent-1.0.0-0123456789abcdef",
+        "import_root": "/pack/src",
+        "socket_dir": "/run/agentnode-sandbox/run-run123",
+    }
+    return container_spec(**(kwargs | overrides))
+
+
+# --- container_spec: every hardening decision, as data ------------------------------------------------
+
+
+def test_spec_isolation_flags() -> None:
+    s = spec()
+    assert s["network_mode"] == "none"
+    assert s["read_only"] is True
+    assert s["cap_drop"] == ["ALL"] and "cap_add" not in s
+    assert s["security_opt"] == ["no-new-privileges"]
+    assert s["user"] == "65532:65532"
+    assert s["init"] is True
+    assert s["privileged"] is False and s["ipc_mode"] == "private"
+    assert s["runtime"] == "runc" and spec(runtime="runsc")["runtime"] == "runsc"
+    assert s["image"] == "sha256:" + "a" * 64 and s["name"] == "agentnode-run-run123"
+    assert s["stdin_open"] is False and s["tty"] is False and s["auto_remove"] is False
+    for absent in ("pid_mode", "userns_mode", "devices", "volumes", "volumes_from", "ports", "dns"):
+        assert absent not in s
+
+
+def test_spec_resource_limits_are_the_documented_ones() -> None:
+    s = spec()
+    assert s["pids_limit"] == 256
+    assert s["mem_limit"] == 512 * MiB and s["memswap_limit"] == s["mem_limit"]  # no swap on top
+    assert s["nano_cpus"] == 1_000_000_000
+    ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in s["ulimits"]}
+    assert ulimits == {"nofile": (256, 256), "fsize": (64 * MiB, 64 * MiB), "core": (0, 0)}
+
+
+def test_spec_limits_follow_container_limits() -> None:
+    limits = ContainerLimits(memory_bytes=64 * MiB, pids=32, cpus=0.5, nofile=64, fsize_bytes=MiB)
+    s = spec(limits=limits)
+    assert (s["mem_limit"], s["memswap_limit"], s["pids_limit"]) == (64 * MiB, 64 * MiB, 32)
+    assert s["nano_cpus"] == 500_000_000
+    assert {u["Name"]: u["Hard"] for u in s["ulimits"]} == {"nofile": 64, "fsize": MiB, "core": 0}
+
+
+def test_spec_tmpfs_are_small_and_not_executable() -> None:
+    tmpfs = spec()["tmpfs"]
+    assert set(tmpfs) == {"/tmp", HOME_IN_CONTAINER}
+    for target, size in (("/tmp", 64 * MiB), (HOME_IN_CONTAINER, 16 * MiB)):
+        opts = tmpfs[target].split(",")
+        assert {"noexec", "nosuid", "nodev"} <= set(opts)
+        assert f"size={size}" in opts
+        assert "exec" not in opts and "suid" not in opts and "dev" not in opts
+    home = tmpfs[HOME_IN_CONTAINER].split(",")
+    assert {"uid=65532", "gid=65532", "mode=0700"} <= set(home)
+
+
+def test_spec_environment_is_only_the_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "sk-host-canary-31337"
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///var/run/docker.sock")
+    s = spec()
+    env = s["environment"]
+    assert set(env) == WRAPPER_ENV
+    assert env["HOME"] == HOME_IN_CONTAINER and env["PATH"] == "/usr/bin:/bin"
+    assert env["AGENTNODE_SOCKET"] == "/run/agentnode/sandbox.sock"
+    assert env["AGENTNODE_IMPORT_ROOT"] == "/pack/src"
+    assert canary not in repr(s) and "docker.sock" not in repr(s)
+    for key, value in os.environ.items():
+        if key not in WRAPPER_ENV and len(value) > 6:
+            assert value not in env.values(), key
+
+
+def test_spec_mounts_exactly_pack_and_socket_dir_read_only() -> None:
+    s = spec()
+    mounts = [dict(m) for m in s["mounts"]]
+    assert mounts == [
+        {
+            "Target": "/pack",
+            "Source": "agentnode-pack-probe-agent-1.0.0-0123456789abcdef",
+            "Type": "volume",
+            "ReadOnly": True,
+            "VolumeOptions": {"NoCopy": True},
+        },
+        {
+            "Target": "/run/agentnode",
+            "Source": "/run/agentnode-sandbox/run-run123",
+            "Type": "bind",
+            "ReadOnly": True,
+        },
+    ]
+    text = json.dumps({k: v for k, v in s.items() if k not in ("ulimits", "log_config")}, default=str)
+    assert not any(sock in text for sock in ENGINE_SOCKETS)
+
+
+def test_spec_labels_and_bounded_logs() -> None:
+    s = spec(slug="x" * 64)
+    assert s["labels"] == {LABEL_RUN: "run123", LABEL_OWNER: "4242:777", LABEL_SLUG: "x" * 63}
+    log = s["log_config"]
+    assert log.type == "json-file" and log.config == {"max-size": str(MiB), "max-file": "1"}
+    assert spec(limits=ContainerLimits(log_max_bytes=4096))["log_config"].config["max-size"] == "4096"
+
+
+def test_spec_is_pure() -> None:
+    assert spec() == spec()
+    assert spec()["command"] == ["/usr/bin/python3", "-s", "-m", "sandbox_wrapper"]
+    assert spec()["entrypoint"] == []
+
+
+# --- require_capable ---------------------------------------------------------------------------------
+
+CAPABLE = EngineFacts(
+    server_version="27.0", runtimes=frozenset({"runc", "runsc"}), memory_limit=True, swap_limit=True
+)
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_capable_engine_passes(runtime: str) -> None:
+    require_capable(CAPABLE, runtime)
+
+
+def refusal(facts: EngineFacts, runtime: str) -> EngineError:
+    with pytest.raises(EngineError) as info:
+        require_capable(facts, runtime)
+    return info.value
+
+
+def test_unknown_runtime_is_a_config_error() -> None:
+    err = refusal(CAPABLE, "kata")
+    assert err.reason is AuditReason.CONFIG_INVALID and err.check == "runtime"
+    assert "runc or runsc" in err.hint
+
+
+def test_runsc_not_registered_says_how_to_register_it() -> None:
+    err = refusal(EngineFacts("27.0", frozenset({"runc"}), True, True), "runsc")
+    assert err.reason is AuditReason.RUNTIME_NOT_REGISTERED and err.check == "runtime"
+    assert "--host-uds=open" in err.hint and "docker info" in err.hint
+
+
+def test_runc_not_registered() -> None:
+    err = refusal(EngineFacts("x", frozenset({"crun"}), True, True), "runc")
+    assert err.reason is AuditReason.RUNTIME_NOT_REGISTERED and "docker info" in err.hint
+
+
+@pytest.mark.parametrize(("memory", "swap"), [(False, True), (True, False), (False, False)])
+def test_memory_ceiling_unenforceable_fails_closed(memory: bool, swap: bool) -> None:
+    err = refusal(EngineFacts("x", frozenset({"runc"}), memory, swap), "runc")
+    assert err.reason is AuditReason.MEMORY_LIMIT_UNSUPPORTED and err.check == "memory_limit"
+    assert "{{.MemoryLimit}} {{.SwapLimit}}" in err.hint
+
+
+# --- classify_engine_exception -------------------------------------------------------------------------
+
+
+def chained(outer: BaseException, inner: BaseException) -> BaseException:
+    """`outer` raised from `inner`, with real tracebacks, as the SDK does."""
+    try:
+        try:
+            raise inner
+        except BaseException as exc:
+            raise outer from exc
+    except BaseException as exc:
+        return exc
+
+
+class FakeResponse(requests.Response):
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status_code = status
+        self.reason = "Forbidden"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        PermissionError(errno.EACCES, "Permission denied"),
+        OSError(errno.EPERM, "Operation not permitted"),
+        chained(
+            requests.exceptions.ConnectionError("Connection aborted."),
+            PermissionError(errno.EACCES, "Permission denied"),
+        ),
+        chained(
+            docker.errors.DockerException("Error while fetching server API version"),
+            chained(requests.exceptions.ConnectionError("aborted"), PermissionError(errno.EACCES, "no")),
+        ),
+        docker.errors.APIError("denied", response=FakeResponse(403)),
+        chained(
+            docker.errors.DockerException("Error while fetching server API version: 403"),
+            docker.errors.APIError("denied", response=FakeResponse(403)),
+        ),
+    ],
+)
+def test_permission_problems_are_classified(exc: BaseException) -> None:
+    err = classify_engine_exception(exc)
+    assert err.reason is AuditReason.ENGINE_PERMISSION_DENIED and err.check == "engine"
+    assert "agentnode-sandbox doctor" in err.hint
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        FileNotFoundError(errno.ENOENT, "No such file or directory"),
+        ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+        chained(
+            requests.exceptions.ConnectionError("Connection aborted."),
+            FileNotFoundError(errno.ENOENT, "No such file or directory"),
+        ),
+        requests.exceptions.ReadTimeout("read timed out"),
+        docker.errors.APIError("boom", response=FakeResponse(500)),
+        docker.errors.DockerException("Error while fetching server API version"),
+        RuntimeError("anything else"),
+    ],
+)
+def test_everything_else_is_engine_unavailable(exc: BaseException) -> None:
+    err = classify_engine_exception(exc)
+    assert err.reason is AuditReason.ENGINE_UNAVAILABLE and err.check == "engine"
+    assert "DOCKER_HOST" in err.hint and "agentnode-sandbox doctor" in err.hint
+
+
+def test_classifier_never_copies_the_exception_text() -> None:
+    err = classify_engine_exception(
+        chained(RuntimeError("secret-token-abc at /srv/x"), PermissionError(errno.EACCES, "secret"))
+    )
+    assert "secret" not in err.message + err.hint
+
+
+def test_a_cyclic_chain_terminates() -> None:
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert classify_engine_exception(a).reason is AuditReason.ENGINE_UNAVAILABLE
+
+
+# --- connect / engine_facts against a real HTTP server on a Unix socket -------------------------------------
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeEngine]:
+    with FakeEngine(
+        info={"ServerVersion": "27.1", "Runtimes": {"runc": {}, "runsc": {}}, "MemoryLimit": True}
+    ) as fake:
+        yield fake
+
+
+def test_connect_pings_the_engine_named_by_docker_host(engine: FakeEngine) -> None:
+    client = connect({"DOCKER_HOST": engine.docker_host})
+    try:
+        # The API version is negotiated: unversioned /version first, then the server's version.
+        assert engine.raw_paths == ["/version", "/v1.45/_ping"]
+        facts = engine_facts(client)
+    finally:
+        client.close()
+    assert facts == EngineFacts("27.1", frozenset({"runc", "runsc"}), memory_limit=True, swap_limit=False)
+
+
+def test_connect_ignores_the_process_environment(engine: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    connect({"DOCKER_HOST": engine.docker_host}).close()
+    assert engine.paths
+
+
+def test_connect_to_a_missing_socket_is_engine_unavailable() -> None:
+    with pytest.raises(EngineError) as info:
+        connect({"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, timeout=5)
+    assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_connect_to_a_dead_socket_is_engine_unavailable(tmp_path: Path) -> None:
+    d = tempfile.mkdtemp(dir="/tmp")
+    try:
+        path = f"{d}/dead.sock"
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(path)
+        sock.close()  # the file stays; nobody listens
+        with pytest.raises(EngineError) as info:
+            connect({"DOCKER_HOST": f"unix://{path}"}, timeout=5)
+    finally:
+        shutil.rmtree(d)
+    assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_connect_refused_by_the_engine_is_permission_denied(status: int) -> None:
+    with FakeEngine(status=status) as fake, pytest.raises(EngineError) as info:
+        connect({"DOCKER_HOST": fake.docker_host}, timeout=5)
+    assert info.value.reason is AuditReason.ENGINE_PERMISSION_DENIED
+    assert "authorization denied" not in info.value.message  # the engine's text never crosses
+
+
+def test_engine_facts_classifies_a_failing_engine(engine: FakeEngine) -> None:
+    client = connect({"DOCKER_HOST": engine.docker_host})
+    try:
+        engine.status = 500
+        with pytest.raises(EngineError) as info:
+            engine_facts(client)
+    finally:
+        client.close()
+    assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
+
+
+def test_engine_facts_tolerates_missing_fields(engine: FakeEngine) -> None:
+    engine.info = {"Runtimes": None}
+    client = connect({"DOCKER_HOST": engine.docker_host})
+    try:
+        facts = engine_facts(client)
+    finally:
+        client.close()
+    assert facts == EngineFacts("", frozenset(), memory_limit=False, swap_limit=False)
+    with pytest.raises(EngineError):
+        require_capable(facts, "runc")
+
+
+def failing_connects_leave_no_open_socket() -> list[str]:
+    """Connect failures of every kind; returns the ResourceWarnings the garbage they left produced."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        for host in ("unix:///nonexistent/docker.sock", "unix:///"):
+            with pytest.raises(EngineError):
+                connect({"DOCKER_HOST": host}, timeout=5)
+        for status in (403, 500):
+            with FakeEngine(status=status) as fake, pytest.raises(EngineError):
+                connect({"DOCKER_HOST": fake.docker_host}, timeout=5)
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_failed_connects_close_what_they_opened() -> None:
+    assert failing_connects_leave_no_open_socket() == []
+
+
+# --- owner tokens ---------------------------------------------------------------------------------------
+
+
+def test_owner_token_names_this_process_and_it_is_alive() -> None:
+    token = owner_token()
+    pid, _, start = token.partition(":")
+    assert pid == str(os.getpid()) and start.isdigit() and start != "0"
+    assert owner_token(os.getpid()) == token
+    assert owner_alive(token)
+
+
+def test_a_reaped_process_is_not_alive() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        token = owner_token(proc.pid)
+        assert owner_alive(token)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not owner_alive(token)
+
+
+def test_a_reused_pid_is_not_the_owner() -> None:
+    pid, _, start = owner_token().partition(":")
+    assert not owner_alive(f"{pid}:{int(start) + 1}")
+
+
+@pytest.mark.parametrize("token", ["", "garbage", ":", "-1:5", "abc:123", "99999999:0", f"{os.getpid()}"])
+def test_garbage_tokens_are_not_alive(token: str) -> None:
+    assert not owner_alive(token)
+
+
+def test_token_of_a_missing_process_never_matches_a_live_one() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    token = owner_token(proc.pid)
+    assert token == f"{proc.pid}:0" and not owner_alive(token)
+
+
+# --- PidsProbe ---------------------------------------------------------------------------------------------
+
+
+def test_pids_probe_reads_max_events_and_never_goes_down(tmp_path: Path) -> None:
+    probe = PidsProbe(os.getpid())
+    events = tmp_path / "pids.events"
+    probe.path = events
+    events.write_text("max 7\n")
+    assert probe.poll() == 7
+    events.write_text("max 3\n")
+    assert probe.poll() == 7  # a counter only grows; a smaller reading is not news
+    events.write_text("max 12\n")
+    assert probe.poll() == 12 and probe.hits == 12
+    events.write_text("other 99\nmax notanumber\n")
+    assert probe.poll() == 12
+    events.unlink()
+    assert probe.poll() == 12  # the cgroup went away with the container: the last count stands
+
+
+def test_pids_probe_without_a_cgroup_reports_zero(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    probe = PidsProbe(proc.pid)  # no /proc/<pid>/cgroup any more
+    assert probe.path is None and probe.poll() == 0
+    probe.path = tmp_path / "absent"
+    assert probe.poll() == 0
+
+
+def test_pids_probe_finds_a_pids_events_file_for_a_live_process() -> None:
+    probe = PidsProbe(os.getpid())
+    if probe.path is None:
+        pytest.skip("this host exposes no pids controller for the test process")
+    assert probe.path.name == "pids.events" and probe.path.is_file()
+    assert probe.poll() >= 0

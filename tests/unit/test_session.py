@@ -1,0 +1,728 @@
+"""The per-run gRPC server over a real Unix socket, driven by the generated stubs: handover once, result
+once, size caps both ways, the wire error model per errors.proto, atomic caps under concurrency, no leaks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from host._broker import LlmBroker, LlmSession
+from host._config import LlmHostConfig
+from host._manifest import ToolpackManifest, ToolSpec
+from host._policy import LlmPolicy, RunPolicy
+from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
+from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
+from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
+    llm_pb2,
+    llm_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+    tools_pb2,
+    tools_pb2_grpc,
+)
+from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
+
+REPO = Path(__file__).resolve().parents[2]
+CANARY = "sk-canary-session-8c1f20"
+HOST_SECRET = "secret-ish text /srv/host/private.key"
+REASON_KEY = "agentnode-reason"
+GRANT = LlmPolicy(enabled=True, max_calls=5, max_input_chars=1000, max_output_chars=1000)
+HELLO = [llm_pb2.ChatMessage(role="user", content="hello")]
+
+TOOL_MODULE = textwrap.dedent(
+    """
+    def append(path):
+        with open(path, "a") as handle:
+            handle.write("ran\\n")
+        return "appended"
+
+    def echo(**kwargs):
+        return kwargs
+    """
+)
+
+
+def proto_status_codes() -> dict[str, grpc.StatusCode]:
+    """The canonical status of every reason, read from the comments in errors.proto (the contract)."""
+    text = (REPO / "protos/agentnode/sandbox/v1/errors.proto").read_text()
+    pairs = re.findall(r"//\s*([A-Z_]+):[^\n]*\n\s*ERROR_REASON_([A-Z_]+)\s*=", text)
+    return {reason: grpc.StatusCode[code] for code, reason in pairs}
+
+
+PROTO_STATUS = proto_status_codes()
+
+
+# --- harness -------------------------------------------------------------------------------------------
+
+
+def write_toolpack(base: Path, slug: str, trust: str = "trusted") -> InstalledToolpack:
+    root = base / slug
+    root.mkdir(parents=True)
+    (root / "tools.py").write_text(TOOL_MODULE)
+    schema = {
+        "type": "object",
+        "properties": {"path": {"type": "string"}},
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+    tools = (
+        ToolSpec(name="append", entrypoint="tools:append", description="", input_schema=schema),
+        ToolSpec(name="echo", entrypoint="tools:echo", description="", input_schema=None),
+    )
+    manifest = ToolpackManifest(
+        slug=slug, version="1.0.0", name=slug, entrypoint="tools", tools=tools, dependencies=()
+    )
+    return InstalledToolpack(slug=slug, version="1.0.0", trust=trust, root=root, manifest=manifest)
+
+
+@dataclass
+class Run:
+    """One served run: the session object, its started server and stubs on a fresh channel."""
+
+    session: RunSession
+    server: grpc.Server
+    channel: grpc.Channel
+    socket_path: str
+    sessions: session_pb2_grpc.SessionServiceStub = field(init=False)
+    tools: tools_pb2_grpc.ToolServiceStub = field(init=False)
+    llm: llm_pb2_grpc.LlmServiceStub = field(init=False)
+    pending: tuple[RunTask, ToolGate, LlmSession] | None = None
+
+    def __post_init__(self) -> None:
+        self.sessions = session_pb2_grpc.SessionServiceStub(self.channel)
+        self.tools = tools_pb2_grpc.ToolServiceStub(self.channel)
+        self.llm = llm_pb2_grpc.LlmServiceStub(self.channel)
+
+    def fetch(self, version: int = PROTOCOL_VERSION) -> session_pb2.FetchTaskResponse:
+        return self.sessions.FetchTask(session_pb2.FetchTaskRequest(protocol_version=version), timeout=10)
+
+    def report(self, value: Any) -> session_pb2.ReportResultResponse:
+        return self.sessions.ReportResult(
+            session_pb2.ReportResultRequest(value_json=json.dumps(value)), timeout=10
+        )
+
+    def run_tool(self, slug: str, tool: str, arguments: Any) -> tools_pb2.RunToolResponse:
+        raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        return self.tools.RunTool(
+            tools_pb2.RunToolRequest(package_slug=slug, tool_name=tool, arguments_json=raw), timeout=30
+        )
+
+    def call_llm(self, messages: list[llm_pb2.ChatMessage] = HELLO) -> llm_pb2.CallLlmResponse:
+        return self.llm.CallLlm(llm_pb2.CallLlmRequest(messages=messages), timeout=30)
+
+    def stream_llm(self, messages: list[llm_pb2.ChatMessage] = HELLO) -> Iterator[llm_pb2.StreamLlmResponse]:
+        return self.llm.StreamLlm(llm_pb2.StreamLlmRequest(messages=messages), timeout=30)
+
+
+@dataclass
+class Env:
+    """What the harness builds runs from; tests change fields before calling `start`."""
+
+    tmp: Path
+    fake_llm: FakeLlmServer
+    runner: ToolRunner
+    sock_dir: str
+    packs: dict[str, InstalledToolpack] = field(default_factory=dict)
+    runs: list[Run] = field(default_factory=list)
+
+    def broker(self, env: dict[str, str] | None = None, **host: Any) -> LlmBroker:
+        default = {"OPENAI_API_KEY": CANARY, "OPENAI_BASE_URL": self.fake_llm.base_url_openai}
+        return LlmBroker(LlmHostConfig(**host), env=default if env is None else env)
+
+    def start(
+        self,
+        *,
+        llm: LlmPolicy = GRANT,
+        broker: LlmBroker | None = None,
+        allowed: tuple[str, ...] = ("word-tools", "community-tools", "ghost"),
+        max_tool_calls: int = 20,
+        deadline: float | None = None,
+        gate_class: type[ToolGate] = ToolGate,
+        max_result_bytes: int | None = None,
+        warm: bool = False,
+    ) -> Run:
+        """Serve a run; a `warm` one starts without its task, which `Run.pending` holds for `assign`."""
+        policy = RunPolicy(
+            allowed_packages=allowed,
+            max_tool_calls=max_tool_calls,
+            max_runtime_seconds=60,
+            max_iterations=7,
+            llm=llm,
+            clamped=(),
+        )
+        task = RunTask(
+            run_id="run-abc",
+            entrypoint="agent:run",
+            goal="count words",
+            kwargs_json='{"n": 1}',
+            policy=policy,
+            system_prompt="be terse",
+            **({} if max_result_bytes is None else {"max_result_bytes": max_result_bytes}),
+        )
+        gate = gate_class(
+            allowed_packages=allowed,
+            max_tool_calls=max_tool_calls,
+            lookup=self.packs.get,
+            runner=self.runner,
+            deadline=time.monotonic() + 60 if deadline is None else deadline,
+        )
+        llm_session = (broker or self.broker()).session(llm)
+        session = RunSession() if warm else RunSession(task=task, tools=gate, llm=llm_session)
+        socket_path = f"{self.sock_dir}/run{len(self.runs)}.sock"
+        server = build_run_server(session, socket_path)
+        server.start()
+        channel = grpc.insecure_channel(
+            f"unix:{socket_path}",
+            # Far above the server's cap, so that what refuses an oversized message is the server.
+            options=[
+                ("grpc.max_receive_message_length", 64 * 2**20),
+                ("grpc.max_send_message_length", 64 * 2**20),
+            ],
+        )
+        run = Run(session=session, server=server, channel=channel, socket_path=socket_path)
+        run.pending = (task, gate, llm_session)
+        self.runs.append(run)
+        return run
+
+    def started(self, **kwargs: Any) -> Run:
+        """A run whose task was already fetched."""
+        run = self.start(**kwargs)
+        run.fetch()
+        return run
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    sock_dir = tempfile.mkdtemp(dir="/tmp", prefix="ses-")  # a Unix socket path must fit 108 bytes
+    runner = ToolRunner()
+    with FakeLlmServer() as fake_llm:
+        e = Env(tmp=tmp_path, fake_llm=fake_llm, runner=runner, sock_dir=sock_dir)
+        e.packs["word-tools"] = write_toolpack(tmp_path / "packs", "word-tools")
+        e.packs["community-tools"] = write_toolpack(tmp_path / "packs", "community-tools", trust="unverified")
+        try:
+            yield e
+        finally:
+            for run in e.runs:
+                run.channel.close()
+                run.server.stop(grace=None).wait(5)
+            runner.close()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def refused(call: Callable[..., Any], *args: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        result = call(*args)
+        if isinstance(result, Iterator):
+            list(result)
+    return info.value
+
+
+def reason(err: grpc.RpcError) -> str | None:
+    return dict(err.trailing_metadata() or ()).get(REASON_KEY)
+
+
+def assert_refused(err: grpc.RpcError, expected: str) -> None:
+    """The wire error model: canonical code per errors.proto, the reason in metadata and details."""
+    assert reason(err) == expected, (err.code(), err.details())
+    assert err.code() == PROTO_STATUS[expected]
+    assert err.details().startswith(f"{expected}: ") and len(err.details()) > len(expected) + 2
+
+
+# --- the contract table --------------------------------------------------------------------------------
+
+
+def test_errors_proto_names_a_status_for_every_reason() -> None:
+    from sandbox_wrapper._proto.agentnode.sandbox.v1 import errors_pb2
+
+    names = {n.removeprefix("ERROR_REASON_") for n in errors_pb2.ErrorReason.keys()} - {"UNSPECIFIED"}
+    assert set(PROTO_STATUS) == names and len(names) == 20
+
+
+def test_server_status_table_matches_errors_proto() -> None:
+    from host import _session
+
+    assert _session._STATUS == PROTO_STATUS
+
+
+# --- building and serving -----------------------------------------------------------------------------------
+
+
+def bare_session(env: Env) -> RunSession:
+    gate = ToolGate(
+        allowed_packages=(), max_tool_calls=1, lookup=env.packs.get, runner=env.runner, deadline=0
+    )
+    task = RunTask("r", "agent:run", "", "{}", RunPolicy((), 1, 1, 1, GRANT, ()), "")
+    return RunSession(task=task, tools=gate, llm=env.broker().session(GRANT))
+
+
+def test_the_server_is_built_unstarted(env: Env) -> None:
+    path = f"{env.sock_dir}/unstarted.sock"
+    server = build_run_server(bare_session(env), path)
+    try:
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            stub = session_pb2_grpc.SessionServiceStub(channel)
+            request = session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.FetchTask(request, timeout=0.5)
+            assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            server.start()
+            assert stub.FetchTask(request, timeout=10).run_id == "r"
+    finally:
+        server.stop(grace=None).wait(5)
+
+
+def test_an_unbindable_socket_path_is_an_os_error(env: Env) -> None:
+    with pytest.raises(OSError, match="could not bind"):
+        build_run_server(bare_session(env), "/nonexistent/dir/x.sock")
+
+
+# --- handover once, result once ----------------------------------------------------------------------------
+
+
+def test_fetch_task_hands_over_the_task_and_policy(env: Env) -> None:
+    run = env.start(llm=LlmPolicy(enabled=True, max_calls=3, max_input_chars=40, max_output_chars=50))
+    task = run.fetch()
+    assert (task.run_id, task.entrypoint, task.goal, task.kwargs_json) == (
+        "run-abc",
+        "agent:run",
+        "count words",
+        '{"n": 1}',
+    )
+    assert (task.limits.max_tool_calls, task.limits.max_iterations, task.limits.max_runtime_seconds) == (
+        20,
+        7,
+        60,
+    )
+    assert list(task.allowed_packages) == ["word-tools", "community-tools", "ghost"]
+    assert task.system_prompt == "be terse"
+    assert (task.llm.enabled, task.llm.max_calls, task.llm.max_input_chars, task.llm.max_output_chars) == (
+        True,
+        3,
+        40,
+        50,
+    )
+    assert task.max_result_bytes == 1024 * 1024 and task.protocol_version == PROTOCOL_VERSION
+    assert run.session.fetched
+
+
+def test_task_can_be_fetched_once(env: Env) -> None:
+    run = env.start()
+    run.fetch()
+    err = refused(run.fetch)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert_refused(err, "TASK_ALREADY_FETCHED")
+
+
+@pytest.mark.parametrize("version", [0, PROTOCOL_VERSION + 1, 999])
+def test_protocol_mismatch_is_refused_and_fetches_nothing(env: Env, version: int) -> None:
+    run = env.start()
+    err = refused(run.fetch, version)
+    assert_refused(err, "INVALID_REQUEST")
+    assert str(version) in err.details()
+    assert not run.session.fetched
+    assert_refused(refused(run.call_llm), "TASK_NOT_FETCHED")
+
+
+def test_calls_before_fetch_task_are_refused_and_run_nothing(env: Env) -> None:
+    run = env.start()
+    marker = env.tmp / "ran.txt"
+    for err in (
+        refused(run.run_tool, "word-tools", "append", {"path": str(marker)}),
+        refused(run.call_llm),
+        refused(run.stream_llm),
+        refused(run.report, {"done": True}),
+    ):
+        assert_refused(err, "TASK_NOT_FETCHED")
+    assert not marker.exists() and env.fake_llm.requests == []
+    assert run.session.outcome is None and run.session.tools.calls_made == 0
+
+
+def test_calls_after_the_result_are_refused(env: Env) -> None:
+    run = env.started()
+    run.report({"answer": 42})
+    assert run.session.outcome is not None and run.session.outcome.value_json == '{"answer": 42}'
+    assert run.session.reported.is_set()
+    marker = env.tmp / "ran.txt"
+    for err in (
+        refused(run.run_tool, "word-tools", "append", {"path": str(marker)}),
+        refused(run.call_llm),
+        refused(run.stream_llm),
+        refused(run.report, {"again": True}),
+        refused(run.fetch),
+    ):
+        assert_refused(err, "RUN_FINISHED")
+    assert not marker.exists() and env.fake_llm.requests == []
+    assert run.session.outcome.value_json == '{"answer": 42}'
+
+
+def test_oversized_result_is_too_large_and_recorded(env: Env) -> None:
+    run = env.started()
+    err = refused(run.report, "x" * (1024 * 1024))  # 1 MiB + 2 quote bytes of JSON
+    assert_refused(err, "TOO_LARGE")
+    outcome = run.session.outcome
+    assert outcome is not None and not outcome.success and outcome.failure_code == "result_too_large"
+    assert run.session.reported.is_set()
+    assert_refused(refused(run.report, 1), "RUN_FINISHED")
+
+
+def test_result_cap_counts_bytes_not_characters(env: Env) -> None:
+    def request(chars: int) -> session_pb2.ReportResultRequest:
+        return session_pb2.ReportResultRequest(value_json=json.dumps("é" * chars, ensure_ascii=False))
+
+    run = env.started(max_result_bytes=100)
+    err = refused(run.sessions.ReportResult, request(60))  # 62 characters, 122 bytes
+    assert_refused(err, "TOO_LARGE")
+    run2 = env.started(max_result_bytes=100)
+    run2.sessions.ReportResult(request(40), timeout=10)  # 42 characters, 82 bytes
+    assert run2.session.outcome is not None and run2.session.outcome.value_json == '"' + "é" * 40 + '"'
+
+
+def test_invalid_json_result_is_refused_and_recorded(env: Env) -> None:
+    run = env.started()
+    request = session_pb2.ReportResultRequest(value_json="{not json")
+    assert_refused(refused(run.sessions.ReportResult, request), "INVALID_REQUEST")
+    outcome = run.session.outcome
+    assert outcome is not None and outcome.failure_code == "result_not_serializable"
+
+
+def test_a_result_needs_an_outcome(env: Env) -> None:
+    run = env.started()
+    assert_refused(refused(run.sessions.ReportResult, session_pb2.ReportResultRequest()), "INVALID_REQUEST")
+    assert run.session.outcome is None and not run.session.reported.is_set()
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (session_pb2.AGENT_ERROR_CODE_AGENT_EXCEPTION, "agent_exception"),
+        (session_pb2.AGENT_ERROR_CODE_IMPORT_FAILED, "import_failed"),
+        (session_pb2.AGENT_ERROR_CODE_UNSPECIFIED, "agent_exception"),
+    ],
+)
+def test_reported_failures_keep_their_code_and_a_bounded_message(env: Env, code: int, expected: str) -> None:
+    run = env.started()
+    failure = session_pb2.AgentFailure(code=code, message="m" * 5000)
+    run.sessions.ReportResult(session_pb2.ReportResultRequest(failure=failure), timeout=10)
+    outcome = run.session.outcome
+    assert outcome is not None and not outcome.success
+    assert outcome.failure_code == expected and outcome.failure_message == "m" * 2000
+
+
+# --- warm sessions: the task comes later ---------------------------------------------------------------
+
+
+def test_a_warm_fetch_waits_for_its_task(env: Env) -> None:
+    run = env.start(warm=True)
+    assert run.pending is not None
+    marker = env.tmp / "ran.txt"
+    assert_refused(refused(run.run_tool, "word-tools", "append", {"path": str(marker)}), "TASK_NOT_FETCHED")
+    waiting = run.sessions.FetchTask.future(
+        session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION), timeout=30
+    )
+    time.sleep(0.5)
+    assert not waiting.done() and run.session.inflight == 1  # the wrapper is connected and waiting
+    assert_refused(refused(run.fetch), "TASK_ALREADY_FETCHED")
+    run.session.assign(*run.pending)
+    task = waiting.result(timeout=10)
+    assert task.run_id == "run-abc" and task.goal == "count words" and run.session.fetched
+    assert run.run_tool("word-tools", "append", {"path": str(marker)}).success
+    with pytest.raises(RuntimeError):
+        run.session.assign(*run.pending)  # a session takes one task
+
+
+def test_cancelling_a_waiting_fetch_finishes_the_run(env: Env) -> None:
+    run = env.start(warm=True)
+    assert run.pending is not None
+    waiting = run.sessions.FetchTask.future(
+        session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION), timeout=30
+    )
+    time.sleep(0.3)
+    run.session.cancel()
+    with pytest.raises(grpc.RpcError) as info:
+        waiting.result(timeout=10)
+    assert_refused(info.value, "RUN_FINISHED")
+    assert not run.session.fetched and run.session.reported.is_set()
+    with pytest.raises(RuntimeError):
+        run.session.assign(*run.pending)
+    assert_refused(refused(run.report, 1), "RUN_FINISHED")
+
+
+# --- message size caps, both directions ---------------------------------------------------------------------
+
+
+def test_oversized_request_is_refused_before_the_host_reads_it(env: Env) -> None:
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=5, max_input_chars=10**8, max_output_chars=100))
+    big = [llm_pb2.ChatMessage(role="user", content="x" * (MAX_MESSAGE_BYTES + 1024))]
+    err = refused(run.call_llm, big)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert reason(err) is None  # refused by gRPC itself, before any servicer ran
+    assert env.fake_llm.requests == [] and run.session.llm.usage()["requests"] == 0
+    assert run.call_llm().content == "fake reply"  # the run goes on
+
+
+def test_oversized_response_is_never_sent(env: Env) -> None:
+    env.fake_llm.default = Behaviour(text="y" * (MAX_MESSAGE_BYTES + 1024))
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=5, max_input_chars=100, max_output_chars=10**8))
+    err = refused(run.call_llm)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    env.fake_llm.default = Behaviour()
+    assert run.call_llm().content == "fake reply"
+
+
+# --- every refusal reason, through the wire -----------------------------------------------------------------
+
+
+def test_tool_refusals_map_to_their_canonical_status(env: Env) -> None:
+    run = env.started(max_tool_calls=1)
+    marker = str(env.tmp / "ran.txt")
+    cases: list[tuple[str, grpc.RpcError]] = [
+        ("TOOL_NOT_ALLOWED", refused(run.run_tool, "other-tools", "echo", {})),
+        ("TOOL_NOT_FOUND", refused(run.run_tool, "ghost", "echo", {})),
+        ("TOOL_NOT_FOUND", refused(run.run_tool, "word-tools", "nope", {})),
+        ("TOOL_PACK_UNTRUSTED", refused(run.run_tool, "community-tools", "echo", {})),
+        ("TOOL_ARGUMENTS_INVALID", refused(run.run_tool, "word-tools", "append", {"wrong": 1})),
+        ("INVALID_REQUEST", refused(run.run_tool, "word-tools", "echo", "{not json")),
+        ("INVALID_REQUEST", refused(run.run_tool, "", "echo", {})),
+        ("TOO_LARGE", refused(run.run_tool, "word-tools", "echo", {"x": "y" * (1 << 20)})),
+    ]
+    ok = run.run_tool("word-tools", "append", {"path": marker})
+    assert ok.success and json.loads(ok.result_json) == "appended"
+    assert (ok.tool_calls_made, ok.tools_remaining, ok.mode_used) == (1, 0, "host_worker")
+    cases.append(("TOOL_CALL_LIMIT", refused(run.run_tool, "word-tools", "append", {"path": marker})))
+    for expected, err in cases:
+        assert_refused(err, expected)
+    assert Path(marker).read_text() == "ran\n"
+    assert run.session.tools.refusals == len(cases)
+
+
+def test_spent_time_budget_is_run_deadline(env: Env) -> None:
+    run = env.started(deadline=time.monotonic() - 1)
+    assert_refused(refused(run.run_tool, "word-tools", "echo", {}), "RUN_DEADLINE")
+
+
+@pytest.mark.parametrize(
+    ("expected", "policy", "host", "keys"),
+    [
+        ("LLM_NOT_GRANTED", LlmPolicy(), {}, True),
+        ("LLM_INPUT_TOO_LARGE", LlmPolicy(True, 5, 3, 100), {}, True),
+        ("LLM_MODEL_NOT_ALLOWED", LlmPolicy(True, 5, 100, 100, frozenset({"other-model"})), {}, True),
+        ("LLM_UNAVAILABLE", GRANT, {}, False),
+        ("LLM_CALL_LIMIT", LlmPolicy(True, 0, 100, 100), {}, True),
+    ],
+)
+def test_llm_refusals_map_to_their_canonical_status(
+    env: Env, expected: str, policy: LlmPolicy, host: dict[str, Any], keys: bool
+) -> None:
+    run = env.started(llm=policy, broker=env.broker(None if keys else {}, **host))
+    assert_refused(refused(run.call_llm), expected)
+    assert_refused(refused(run.stream_llm), expected)
+    assert env.fake_llm.requests == []
+
+
+def test_llm_call_limit_after_the_budget_is_spent(env: Env) -> None:
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=1, max_input_chars=100, max_output_chars=100))
+    first = run.call_llm()
+    assert first.content == "fake reply" and first.calls_remaining == 0
+    assert first.finish_reason == llm_pb2.FINISH_REASON_STOP and first.usage.output_tokens == 10
+    assert_refused(refused(run.call_llm), "LLM_CALL_LIMIT")
+    assert len(env.fake_llm.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "expected"),
+    [
+        (Behaviour(status=500), "LLM_UNAVAILABLE"),
+        (Behaviour(status=429), "LLM_RATE_LIMITED"),
+        (Behaviour(garbage=True), "LLM_UNAVAILABLE"),
+        (Behaviour(text="z" * 200), "LLM_OUTPUT_TOO_LARGE"),
+    ],
+)
+def test_provider_failures_map_to_their_canonical_status(
+    env: Env, behaviour: Behaviour, expected: str
+) -> None:
+    env.fake_llm.default = behaviour
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=5, max_input_chars=100, max_output_chars=100))
+    err = refused(run.call_llm)
+    assert_refused(err, expected)
+    assert SECRET_IN_ERROR_BODY not in err.details()
+
+
+def test_provider_timeout_is_llm_timeout(env: Env) -> None:
+    env.fake_llm.default = Behaviour(hang=True)
+    run = env.started(broker=env.broker(timeout_seconds=0.5))
+    assert_refused(refused(run.call_llm), "LLM_TIMEOUT")
+
+
+def test_invalid_messages_are_invalid_requests(env: Env) -> None:
+    run = env.started()
+    assert_refused(refused(run.call_llm, [llm_pb2.ChatMessage(role="tool", content="x")]), "INVALID_REQUEST")
+    assert_refused(refused(run.call_llm, []), "INVALID_REQUEST")
+    assert env.fake_llm.requests == []
+
+
+# --- the translation boundary -------------------------------------------------------------------------------
+
+
+class ExplodingGate(ToolGate):
+    """A gate with a bug: the servicer must turn it into a generic HOST_ERROR."""
+
+    def call(self, slug: str, tool_name: str, arguments_json: str) -> ToolOutcome:
+        raise RuntimeError(HOST_SECRET)
+
+
+def test_unexpected_exception_is_a_generic_host_error(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    run = env.started(gate_class=ExplodingGate)
+    err = refused(run.run_tool, "word-tools", "echo", {})
+    assert err.code() == grpc.StatusCode.INTERNAL
+    assert_refused(err, "HOST_ERROR")
+    assert err.details() == "HOST_ERROR: the host failed to serve this call"
+    crossed = err.details() + repr(err.trailing_metadata()) + repr(err.initial_metadata())
+    assert "secret-ish" not in crossed and "private.key" not in crossed
+    assert "secret-ish" not in caplog.text
+    assert any("RuntimeError" in r.getMessage() for r in caplog.records)  # the type is logged, not the text
+    assert run.session.inflight == 0
+    assert run.call_llm().content == "fake reply"  # the run's server survives
+
+
+# --- concurrency: caps are atomic across the wire -----------------------------------------------------------
+
+
+def test_fifty_concurrent_llm_calls_reach_the_provider_exactly_max_calls_times(env: Env) -> None:
+    env.fake_llm.default = Behaviour(delay=0.3)
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=5, max_input_chars=100, max_output_chars=100))
+    request = llm_pb2.CallLlmRequest(messages=HELLO)
+    calls = [run.llm.CallLlm.future(request, timeout=60) for _ in range(50)]
+    errors = [f.exception() for f in calls]
+    ok = [e for e in errors if e is None]
+    refusals = [e for e in errors if e is not None]
+    assert len(ok) == 5 and len(refusals) == 45
+    for err in refusals:
+        assert_refused(err, "LLM_CALL_LIMIT")
+    assert len(env.fake_llm.requests) == 5
+    usage = run.session.llm.usage()
+    assert (usage["calls"], usage["ok"], usage["refused_limit"]) == (5, 5, 45)
+
+
+def test_fifty_concurrent_tool_calls_run_exactly_the_cap(env: Env) -> None:
+    run = env.started(max_tool_calls=5)
+    marker = env.tmp / "lines.txt"
+    request = tools_pb2.RunToolRequest(
+        package_slug="word-tools", tool_name="append", arguments_json=json.dumps({"path": str(marker)})
+    )
+    with futures.ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(lambda _: _outcome(run.tools.RunTool, request), range(50)))
+    ok = [r for r in results if isinstance(r, tools_pb2.RunToolResponse)]
+    refusals = [r for r in results if isinstance(r, grpc.RpcError)]
+    assert len(ok) == 5 and all(r.success for r in ok) and len(refusals) == 45
+    for err in refusals:
+        assert_refused(err, "TOOL_CALL_LIMIT")
+    assert marker.read_text() == "ran\n" * 5
+    assert run.session.tools.calls_made == 5 and run.session.tools.refusals == 45
+
+
+def _outcome(call: Callable[..., Any], request: Any) -> Any:
+    try:
+        return call(request, timeout=60)
+    except grpc.RpcError as err:
+        return err
+
+
+# --- streaming ----------------------------------------------------------------------------------------------
+
+
+def test_stream_forwards_chunks_then_one_final_message(env: Env) -> None:
+    env.fake_llm.default = Behaviour(text="abcdefghijklmnop", chunks=4)
+    run = env.started()
+    messages = list(run.stream_llm())
+    deltas = [m.delta for m in messages if not m.done]
+    assert deltas == ["abcd", "efgh", "ijkl", "mnop"]
+    final = messages[-1]
+    assert final.done and final.delta == "" and final.finish_reason == llm_pb2.FINISH_REASON_STOP
+    assert sum(m.done for m in messages) == 1
+    assert run.session.llm.usage()["ok"] == 1
+
+
+def test_stream_is_cut_exactly_at_max_output_chars(env: Env) -> None:
+    env.fake_llm.default = Behaviour(text="0123456789" * 5, chunks=5)
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=5, max_input_chars=100, max_output_chars=23))
+    received: list[str] = []
+    with pytest.raises(grpc.RpcError) as info:
+        for message in run.stream_llm():
+            assert not message.done
+            received.append(message.delta)
+    assert "".join(received) == "0123456789" * 2 + "012"
+    assert_refused(info.value, "LLM_OUTPUT_TOO_LARGE")
+    assert run.session.inflight == 0
+
+
+class _FailingSession:
+    """Stands in for the run's LlmSession (our own class): one chunk, then a host bug."""
+
+    calls_remaining = 1
+
+    def stream(self, messages: Any) -> Iterator[str]:
+        yield "partial"
+        raise RuntimeError(HOST_SECRET)
+
+
+def test_a_host_bug_mid_stream_ends_it_with_a_generic_host_error(env: Env) -> None:
+    run = env.started()
+    run.session.llm = _FailingSession()  # type: ignore[assignment]
+    received: list[str] = []
+    with pytest.raises(grpc.RpcError) as info:
+        for message in run.stream_llm():
+            received.append(message.delta)
+    assert received == ["partial"]
+    assert_refused(info.value, "HOST_ERROR")
+    assert "secret-ish" not in info.value.details()
+
+
+# --- nothing secret crosses ---------------------------------------------------------------------------------
+
+
+def test_the_key_never_crosses_the_socket_or_reaches_a_log(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    wire: list[str] = []  # everything the sandbox side receives
+
+    def note(err: grpc.RpcError) -> None:
+        wire.extend([err.details() or "", repr(err.trailing_metadata()), repr(err.initial_metadata())])
+
+    run = env.started(llm=LlmPolicy(enabled=True, max_calls=20, max_input_chars=100, max_output_chars=50))
+    wire.append(repr(run.call_llm()))
+    wire.extend(repr(m) for m in run.stream_llm())
+    for behaviour in (
+        Behaviour(status=401),
+        Behaviour(status=500),
+        Behaviour(garbage=True),
+        Behaviour(text="q" * 60),
+    ):
+        env.fake_llm.script(behaviour)
+        note(refused(run.call_llm))
+    env.fake_llm.script(Behaviour(status=500))
+    note(refused(run.stream_llm))
+    note(refused(run.call_llm, [llm_pb2.ChatMessage(role="user", content="x" * 101)]))
+    note(refused(run.run_tool, "community-tools", "echo", {}))
+    wire.append(repr(run.run_tool("word-tools", "echo", {"a": 1})))
+    logs = caplog.text + "\n".join(repr(r.__dict__) for r in caplog.records)
+    assert CANARY in json.dumps(env.fake_llm.requests[0].headers)  # the provider did get the key
+    for text in ("\n".join(wire), logs):
+        assert CANARY not in text
+        assert SECRET_IN_ERROR_BODY not in text and "internal.provider.example" not in text
+    assert "gpt-4o-mini" not in "\n".join(wire)  # the model name stays on the host
