@@ -28,7 +28,7 @@ def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:
         raise PackError(
             f"{slug} is a {entry.package_type}, not an agent",
             reason=AuditReason.NOT_AN_AGENT,
-            hint="run an agent pack; tool packs are called by agents",
+            hint="tool packs are called by agents, not run; see the installed agents: agentnode-sandbox list",
         )
     return entry
 
@@ -38,7 +38,7 @@ def refusal_error(decision: RouteDecision) -> RefusedError:
     hint = (
         "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
         if decision.reason == AuditReason.REFUSED_FLAG_OFF
-        else "reinstall with --trust curated|trusted|verified|unverified"
+        else "reinstall with a known trust level: agentnode-sandbox install <path-to-pack> --trust unverified"
     )
     return RefusedError(decision.message, reason=AuditReason(decision.reason), hint=hint)
 

@@ -16,7 +16,7 @@ from host._engine import SOCKET_NAME, owner_alive
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
-_OWNER_FILE = "owner"
+_OWNER_SUFFIX = ".owner"
 _PREFIX = "run-"
 
 
@@ -63,16 +63,23 @@ class RunDir:
             if self.socket_path.exists():
                 os.chmod(self.socket_path, 0o666)  # noqa: S103 (see above)
 
+    @property
+    def owner_file(self) -> Path:
+        """Beside the directory, not in it: the container sees the directory and must not learn host pids."""
+        return self.path.with_name(self.path.name + _OWNER_SUFFIX)
+
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        self.owner_file.unlink(missing_ok=True)
 
 
 def make_run_dir(run_id: str, owner: str, env: Mapping[str, str] | None = None) -> RunDir:
     """Create a fresh directory for one run, recording the owning host process for the sweep."""
     path = run_root(env) / f"{_PREFIX}{run_id}"
     path.mkdir(mode=0o700)
-    (path / _OWNER_FILE).write_text(owner)
-    return RunDir(path)
+    rundir = RunDir(path)
+    rundir.owner_file.write_text(owner)
+    return rundir
 
 
 def _young(path: Path, seconds: float = 60.0) -> bool:
@@ -88,16 +95,25 @@ def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
     removed: list[str] = []
     root = run_root(env)
     for entry in root.iterdir():
-        if not entry.name.startswith(_PREFIX) or not entry.is_dir():
+        if not entry.name.startswith(_PREFIX):
             continue
+        if entry.name.endswith(_OWNER_SUFFIX) and entry.is_file():
+            rundir = RunDir(entry.with_name(entry.name.removesuffix(_OWNER_SUFFIX)))
+            if not rundir.path.exists() and not owner_alive(entry.read_text().strip()):
+                entry.unlink(missing_ok=True)  # the directory went, its owner record stayed
+            continue
+        if not entry.is_dir():
+            continue
+        rundir = RunDir(entry)
         try:
-            owner = (entry / _OWNER_FILE).read_text().strip()
+            owner = rundir.owner_file.read_text().strip()
         except OSError:
             owner = ""
         if owner_alive(owner) if owner else _young(entry):
             continue
         with contextlib.suppress(OSError):
             shutil.rmtree(entry)
+            rundir.owner_file.unlink(missing_ok=True)
             removed.append(entry.name)
     return removed
 

@@ -47,6 +47,8 @@ from host._tools import InstalledToolpack, ToolGate, ToolRunner
 logger = logging.getLogger("agentnode.sandbox.runner")
 
 _ENGINE_FACTS_TTL = 30.0
+_GVISOR_CRASH_STATUS = 2
+"""What runsc exits with when the sandbox kernel itself stops; an agent's own exit status passes through."""
 
 
 @dataclass
@@ -553,11 +555,11 @@ class SandboxHost:
             return fail(
                 AuditReason.PIDS_EXHAUSTED, f"{pids_error}; the sandbox stopped (exit {status})", pids_hint
             )
-        if run.runtime == "runsc" and status not in (0, 1, 3, 4):
+        if run.runtime == "runsc" and status == _GVISOR_CRASH_STATUS:
             return fail(
                 AuditReason.SANDBOX_CRASHED,
-                f"the gVisor sandbox stopped (exit {status}) before the agent reported; under gVisor "
-                "the usual cause is forking past the pids limit",
+                f"the gVisor sandbox stopped (exit {status}) before the agent reported; under gVisor the "
+                "usual cause is forking past the pids limit (or the agent itself exited with that status)",
                 "use fewer processes; see the logs of the run (run --json shows them)",
             )
         return fail(

@@ -78,7 +78,9 @@ def test_make_run_dir_is_fresh_private_and_records_its_owner(env: dict[str, str]
     rundir = make_run_dir("abc123", "4242:99", env)
     assert rundir.path == run_root(env) / "run-abc123"
     assert mode(rundir.path) == 0o700
-    assert (rundir.path / "owner").read_text() == "4242:99"
+    assert rundir.owner_file.read_text() == "4242:99"
+    assert rundir.owner_file.parent == rundir.path.parent  # never inside what the container sees
+    assert os.listdir(rundir.path) == []
     assert rundir.socket_path == rundir.path / SOCKET_NAME
     with pytest.raises(FileExistsError):
         make_run_dir("abc123", "4242:99", env)  # a run never reuses a directory
@@ -161,7 +163,7 @@ def test_remove_is_idempotent(env: dict[str, str]) -> None:
     rundir = make_run_dir("gone", "1:1", env)
     rundir.remove()
     rundir.remove()
-    assert not rundir.path.exists()
+    assert not rundir.path.exists() and not rundir.owner_file.exists()
 
 
 def test_sweep_removes_only_orphaned_run_dirs(env: dict[str, str]) -> None:
@@ -185,5 +187,6 @@ def test_sweep_removes_only_orphaned_run_dirs(env: dict[str, str]) -> None:
 
     assert sorted(removed) == ["run-dead", "run-garbage", "run-stale"]
     assert not dead.path.exists() and not garbage.path.exists() and not stale.exists()
+    assert not dead.owner_file.exists() and live.owner_file.exists()
     assert live.path.is_dir() and fresh.is_dir() and bystander_dir.is_dir() and bystander_file.is_file()
     assert sweep_run_dirs(env) == []
