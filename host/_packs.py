@@ -268,15 +268,22 @@ def install_pack(
     is_agent = isinstance(manifest, AgentManifest)
     volume: str | None = None
     if is_agent:
-        if client is None or not image:
-            if trust not in HOST_TRUST:
-                raise PackError(
-                    "community agents are installed into a sandbox volume, which needs the engine and the "
-                    "pinned image",
-                    reason=AuditReason.ENGINE_UNAVAILABLE,
-                    hint="run scripts/provision-engine and agentnode-sandbox image build, then install again",
-                )
-        else:
+        if client is None and trust not in HOST_TRUST:
+            raise PackError(
+                "community agents are installed into a sandbox volume, which needs the container engine",
+                reason=AuditReason.ENGINE_UNAVAILABLE,
+                hint="start the engine (scripts/provision-engine), then install again; "
+                "check with: agentnode-sandbox doctor",
+            )
+        if client is not None and not image and trust not in HOST_TRUST:
+            raise PackError(
+                "community agents are installed into a sandbox volume, which needs the pinned image",
+                reason=AuditReason.IMAGE_NOT_PINNED,
+                hint="build and pin it: agentnode-sandbox image build, then install again",
+            )
+        # A host-trusted agent installed without engine or image gets no volume: it runs on the host path,
+        # and a policy that sandboxes it fails closed (volume_missing) until it is reinstalled.
+        if client is not None and image:
             volume = volume_name(manifest.slug, manifest.version, digest)
             populate_volume(
                 client,
@@ -310,8 +317,19 @@ def install_pack(
         manifest=_read_manifest_data(pack_dir),
         installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    Lockfile(paths.lockfile).put(entry)
+    previous = Lockfile(paths.lockfile).put(entry)
+    if previous is not None:
+        _forget_copies(previous, keep=entry, client=client)
     return entry
+
+
+def _forget_copies(old: LockEntry, *, keep: LockEntry, client: docker.DockerClient | None) -> None:
+    """Best effort: drop the replaced version's volume and host copy (a volume in use by a run stays)."""
+    if old.sandbox_volume and old.sandbox_volume != keep.sandbox_volume and client is not None:
+        with contextlib.suppress(docker.errors.DockerException):
+            client.volumes.get(old.sandbox_volume).remove(force=True)
+    if old.host_path and old.host_path != keep.host_path:
+        shutil.rmtree(old.host_path, ignore_errors=True)
 
 
 def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient | None) -> LockEntry:
@@ -320,7 +338,7 @@ def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient
     if entry is None:
         raise PackError(f"{slug} is not installed", hint="see: agentnode-sandbox list")
     if entry.sandbox_volume and client is not None:
-        with contextlib.suppress(docker.errors.NotFound):
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # in use by a run: stays
             client.volumes.get(entry.sandbox_volume).remove(force=True)
     if entry.host_path:
         shutil.rmtree(entry.host_path, ignore_errors=True)

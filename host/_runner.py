@@ -47,6 +47,7 @@ from host._tools import InstalledToolpack, ToolGate, ToolRunner
 logger = logging.getLogger("agentnode.sandbox.runner")
 
 _ENGINE_FACTS_TTL = 30.0
+_LOG_SETTLE_SECONDS = 0.5
 _GVISOR_CRASH_STATUS = 2
 """What runsc exits with when the sandbox kernel itself stops; an agent's own exit status passes through."""
 
@@ -418,6 +419,8 @@ class SandboxHost:
                 on_start(run.run_id)
             how = self._watch(box.session, deadline, lambda: box.exited, poll=box.pids_hits)
             run.mark("agent_done")
+            if self._reaper is None:  # a one-shot run can afford to wait for the last log lines
+                box.settle_logs(_LOG_SETTLE_SECONDS)
             status = box.exit_info.get("StatusCode") if box.exited else None
             return self._result_from(
                 box.session,
@@ -621,6 +624,10 @@ class SandboxHost:
             self._active[run.run_id] = session
             how = self._watch(session, deadline, lambda: bool(exit_info))
             run.mark("agent_done")
+            if how == "reported":  # the wrapper exits right after reporting: keep its last log lines
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=_LOG_SETTLE_SECONDS)
+                drainer.join(timeout=_LOG_SETTLE_SECONDS)
             return self._result_from(
                 session,
                 how=how,

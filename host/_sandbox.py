@@ -104,6 +104,7 @@ class Sandbox:
     probes: list[PidsProbe] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
     _destroyed: bool = False
+    _drainer: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -180,7 +181,8 @@ class Sandbox:
             box.destroy()
             raise
         threading.Thread(target=box._watch_exit, daemon=True, name=f"exit-{box.name}").start()
-        threading.Thread(target=box._drain_logs, daemon=True, name=f"logs-{box.name}").start()
+        box._drainer = threading.Thread(target=box._drain_logs, daemon=True, name=f"logs-{box.name}")
+        box._drainer.start()
         return box
 
     def _mark(self, stage: str, t0: float) -> None:
@@ -210,6 +212,11 @@ class Sandbox:
     @property
     def exited(self) -> bool:
         return bool(self.exit_info)
+
+    def settle_logs(self, timeout: float) -> None:
+        """Give the log drain a moment to reach the end: the wrapper exits right after it reports."""
+        if self._drainer is not None:
+            self._drainer.join(timeout)
 
     def pids_hits(self) -> int:
         return max((p.poll() for p in self.probes), default=0)

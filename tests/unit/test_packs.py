@@ -197,7 +197,7 @@ def test_community_agent_needs_the_engine(tmp_path: Path, paths: ConfigPaths) ->
     with pytest.raises(PackError) as info:
         install_pack(pack, trust="unverified", paths=paths, client=None, image=None)
     assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
-    assert "image build" in info.value.hint
+    assert "provision-engine" in info.value.hint and "doctor" in info.value.hint
     assert Lockfile(paths.lockfile).get("agent-x") is None
 
 
