@@ -54,8 +54,8 @@ def test_scaffolded_agent_and_toolpack_run_sandboxed(state: HostState, tmp_path:
     text = (pack / "agentnode.yaml").read_text()
     (pack / "agentnode.yaml").write_text(text.replace("allowed_packages: []", "allowed_packages: [my-tools]"))
     assert install(state.env, pack)["sandbox_volume"] != first_volume
-    # Reinstalling keeps the superseded version's volume; it is this test's own, so it goes now.
-    state.client.volumes.get(first_volume).remove(force=True)
+    # Reinstalling drops the superseded version's volume.
+    assert not state.client.api.volumes(filters={"name": first_volume}).get("Volumes")
     proc = cli(state.env, "run", slug, "--goal", "plan a picnic", "--runtime", runtime, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json_out(proc)["result"]
