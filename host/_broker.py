@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from host._config import LlmHostConfig
+from host._errors import CallRefusal
 from host._policy import LlmPolicy
 
 if TYPE_CHECKING:
@@ -69,13 +70,11 @@ _REFUSAL_MESSAGES = {
 }
 
 
-class LlmRefusal(Exception):
-    """A refused or failed LLM call; `reason` is the wire reason, `message` its fixed generic text."""
+class LlmRefusal(CallRefusal):
+    """A refused or failed LLM call; `message` is a fixed generic text per reason, so nothing leaks."""
 
     def __init__(self, reason: str) -> None:
-        self.reason = reason
-        self.message = _REFUSAL_MESSAGES[reason]
-        super().__init__(self.message)
+        super().__init__(reason, _REFUSAL_MESSAGES[reason])
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,18 @@ class AuditReason(enum.StrEnum):
 AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)
 
 
+class CallRefusal(Exception):
+    """One refused call from the sandbox: `reason` is the wire ErrorReason (errors.proto) without its prefix.
+
+    It fails that call only, never the run; `message` is host-written and safe to send into the sandbox.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
 class SandboxError(Exception):
     """Root of every error the host raises to its callers.
 
@@ -93,6 +105,7 @@ class RefusedError(SandboxError):
 __all__ = [
     "AUDIT_REASONS",
     "AuditReason",
+    "CallRefusal",
     "ConfigError",
     "EngineError",
     "ManifestError",

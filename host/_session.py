@@ -14,9 +14,10 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from host._broker import Completion, LlmRefusal, LlmSession
+from host._broker import Completion, LlmSession
+from host._errors import CallRefusal
 from host._policy import RunPolicy
-from host._tools import ToolGate, ToolRefusal
+from host._tools import ToolGate
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     llm_pb2,
@@ -66,15 +67,6 @@ _FINISH = {
     "content_filter": llm_pb2.FINISH_REASON_CONTENT_FILTER,
     "other": llm_pb2.FINISH_REASON_OTHER,
 }
-
-
-class _Refusal(Exception):
-    """A session-level refusal carrying a wire reason."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -164,32 +156,32 @@ class RunSession:
 
     def _check_open(self) -> None:
         if self.cancelled:
-            raise _Refusal("RUN_FINISHED", "the run was cancelled")
+            raise CallRefusal("RUN_FINISHED", "the run was cancelled")
         if self.outcome is not None:
-            raise _Refusal("RUN_FINISHED", "the run already reported its result")
+            raise CallRefusal("RUN_FINISHED", "the run already reported its result")
 
     def require_open(self) -> tuple[ToolGate, LlmSession]:
         """Refuse calls before the task was fetched or after the result was reported."""
         with self._lock:
             self._check_open()
             if not self.fetched or self.tools is None or self.llm is None:
-                raise _Refusal("TASK_NOT_FETCHED", "fetch the task first")
+                raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
             return self.tools, self.llm
 
     def fetch(self, protocol_version: int, is_active: Callable[[], bool] = lambda: True) -> RunTask:
         with self._lock:
             self._check_open()
             if self._fetching:
-                raise _Refusal("TASK_ALREADY_FETCHED", "the task can be fetched once per run")
+                raise CallRefusal("TASK_ALREADY_FETCHED", "the task can be fetched once per run")
             if protocol_version != PROTOCOL_VERSION:
-                raise _Refusal(
+                raise CallRefusal(
                     "INVALID_REQUEST",
                     f"protocol version {protocol_version} is not the host's {PROTOCOL_VERSION}",
                 )
             self._fetching = True
         while not self.assigned.wait(0.5):
             if not is_active():
-                raise _Refusal("RUN_FINISHED", "the caller went away before a task was assigned")
+                raise CallRefusal("RUN_FINISHED", "the caller went away before a task was assigned")
         with self._lock:
             self._check_open()
             assert self.task is not None
@@ -200,7 +192,7 @@ class RunSession:
         with self._lock:
             self._check_open()
             if not self.fetched:
-                raise _Refusal("TASK_NOT_FETCHED", "fetch the task first")
+                raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
             self.outcome = outcome
         self.reported.set()
 
@@ -216,7 +208,7 @@ def _abort(context: grpc.ServicerContext, reason: str, message: str) -> NoReturn
 
 def _translate(exc: Exception, context: grpc.ServicerContext, name: str) -> NoReturn:
     """The one boundary: refusals keep their reason, anything else becomes a generic HOST_ERROR."""
-    if isinstance(exc, _Refusal | ToolRefusal | LlmRefusal):
+    if isinstance(exc, CallRefusal):
         _abort(context, exc.reason, exc.message)
     logger.warning("host error in %s: %s", name, type(exc).__name__)
     _abort(context, "HOST_ERROR", "the host failed to serve this call")
@@ -306,7 +298,7 @@ class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
                         failure_code="result_too_large", failure_message="the result exceeds the size cap"
                     )
                 )
-                raise _Refusal("TOO_LARGE", "the result exceeds the size cap")
+                raise CallRefusal("TOO_LARGE", "the result exceeds the size cap")
             try:
                 json.loads(raw)
             except ValueError:
@@ -315,7 +307,7 @@ class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
                         failure_code="result_not_serializable", failure_message="the result is not valid JSON"
                     )
                 )
-                raise _Refusal("INVALID_REQUEST", "the result is not valid JSON") from None
+                raise CallRefusal("INVALID_REQUEST", "the result is not valid JSON") from None
             self.session.report(RunOutcome(value_json=raw))
         elif which == "failure":
             name = session_pb2.AgentErrorCode.Name(request.failure.code)
@@ -324,7 +316,7 @@ class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
                 code = "agent_exception"
             self.session.report(RunOutcome(failure_code=code, failure_message=request.failure.message[:2000]))
         else:
-            raise _Refusal("INVALID_REQUEST", "a result needs value_json or failure")
+            raise CallRefusal("INVALID_REQUEST", "a result needs value_json or failure")
         return session_pb2.ReportResultResponse()
 
 

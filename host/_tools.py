@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from host._errors import CallRefusal
 from host._manifest import ToolpackManifest, ToolSpec
 from host._tool_worker import MAX_RESULT_BYTES
 
@@ -57,14 +58,14 @@ class InstalledToolpack:
 ToolpackLookup = Callable[[str], InstalledToolpack | None]
 
 
-class ToolRefusal(Exception):
-    """The gate refused a call before anything ran; `reason` is the wire ErrorReason without its prefix."""
+class ToolRefusal(CallRefusal):
+    """The gate refused a call before anything ran; the message is capped."""
 
     def __init__(self, reason: str, message: str) -> None:
-        message = message[:_MAX_MESSAGE]
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
+        super().__init__(reason, message[:_MAX_MESSAGE])
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
 
 
 @dataclass(frozen=True)
