@@ -220,6 +220,8 @@ def container_spec(
             HOME_IN_CONTAINER: (
                 f"{tmpfs_opts},size={limits.home_bytes},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0700"
             ),
+            "/dev/shm": f"ro,{tmpfs_opts},size=4096",
+            "/dev/mqueue": f"ro,{tmpfs_opts},size=4096",
         },
         "ulimits": [
             Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
@@ -251,45 +253,92 @@ def container_spec(
         "detach": True,
         "auto_remove": False,
         "privileged": False,
-        "ipc_mode": "private",
+        # No shared-memory or message-queue filesystem: /dev/shm and /dev/mqueue would be writable places
+        # outside /tmp and HOME (gVisor provides its own /dev/shm, so both are overmounted read-only).
+        "ipc_mode": "none",
     }
 
 
-class PidsProbe:
-    """Reads the host-side pids cgroup of a running container, so a fork bomb is named, not guessed.
+def _cgroup_dir(pid: int, controller: str, marker: str) -> Path | None:
+    """The host-side cgroup directory of `controller` for a process, found via /proc/<pid>/cgroup.
 
-    The path comes from /proc/<pid>/cgroup of the container's init process, which works for cgroup v1 and v2
-    and for both cgroup drivers; where it cannot be found (rootless engines, remote engines) it reports None.
+    Works for cgroup v1 and v2 and for both cgroup drivers; None where it cannot be found (rootless or
+    remote engines), and callers then simply learn nothing.
     """
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        for candidate in (
+            Path("/sys/fs/cgroup") / controller / rel.lstrip("/")
+            if controller in controllers.split(",")
+            else None,
+            Path("/sys/fs/cgroup") / rel.lstrip("/") if controllers == "" else None,
+        ):
+            if candidate is not None and (candidate / marker).exists():
+                return candidate
+    return None
+
+
+def _read_counter(path: Path | None, key: str) -> int:
+    """A `key value` counter from a cgroup file such as pids.events or memory.events (0 when unknown)."""
+    if path is None:
+        return 0
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+class PidsProbe:
+    """Reads the host-side pids cgroup of a running container, so a fork bomb is named, not guessed."""
 
     def __init__(self, pid: int) -> None:
-        self.path: Path | None = None
+        found = _cgroup_dir(pid, "pids", "pids.events")
+        self.path: Path | None = found / "pids.events" if found else None
         self.hits = 0
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        except OSError:
-            return
-        for line in lines:
-            _, controllers, rel = line.split(":", 2)
-            for candidate in (
-                Path("/sys/fs/cgroup/pids") / rel.lstrip("/") if "pids" in controllers.split(",") else None,
-                Path("/sys/fs/cgroup") / rel.lstrip("/") if controllers == "" else None,
-            ):
-                if candidate is not None and (candidate / "pids.events").exists():
-                    self.path = candidate / "pids.events"
-                    return
 
     def poll(self) -> int:
         """How often the pids limit refused a new process or thread so far (0 when unknown)."""
-        if self.path is not None:
-            try:
-                for line in self.path.read_text().splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "max" and value.strip().isdigit():
-                        self.hits = max(self.hits, int(value))
-            except OSError:
-                pass
+        self.hits = max(self.hits, _read_counter(self.path, "max"))
         return self.hits
+
+
+class MemoryProbe:
+    """Reads the host-side memory cgroup, so an OOM kill is told from any other SIGKILL under every runtime.
+
+    gVisor does not set the engine's OOMKilled flag; the cgroup's own counters do not depend on it.
+    """
+
+    def __init__(self, pid: int) -> None:
+        v2 = _cgroup_dir(pid, "memory", "memory.events")
+        v1 = None if v2 else _cgroup_dir(pid, "memory", "memory.oom_control")
+        self.events = v2 / "memory.events" if v2 else (v1 / "memory.oom_control" if v1 else None)
+        self.failcnt = v1 / "memory.failcnt" if v1 else None
+        self.oom_kills = 0
+        self.limit_hits = 0
+
+    def poll(self) -> int:
+        """OOM kills so far; also tracks how often usage hit the limit (0 when unknown)."""
+        self.oom_kills = max(self.oom_kills, _read_counter(self.events, "oom_kill"))
+        if self.failcnt is not None:
+            try:
+                self.limit_hits = max(self.limit_hits, int(self.failcnt.read_text().strip() or 0))
+            except (OSError, ValueError):
+                pass
+        else:
+            self.limit_hits = max(self.limit_hits, _read_counter(self.events, "max"))
+        return self.oom_kills
+
+    @property
+    def hit_the_limit(self) -> bool:
+        return self.oom_kills > 0 or self.limit_hits > 0
 
 
 def _process_start_time(pid: int) -> str | None:
@@ -370,6 +419,7 @@ def sweep_containers(client: docker.DockerClient) -> list[str]:
 __all__ = [
     "ContainerLimits",
     "EngineFacts",
+    "MemoryProbe",
     "PidsProbe",
     "classify_engine_exception",
     "connect",

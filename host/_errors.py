@@ -34,6 +34,8 @@ class AuditReason(enum.StrEnum):
     PIDS_EXHAUSTED = "pids_exhausted"
     SANDBOX_CRASHED = "sandbox_crashed"
     HOST_LOOP_ERROR = "host_loop_error"
+    SOCKET_LOST = "socket_lost"
+    HOST_LOST = "host_lost"
 
 
 AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -17,6 +18,7 @@ from host._engine import SOCKET_NAME, owner_alive
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
 _OWNER_SUFFIX = ".owner"
+_RUN_SUFFIX = ".run"
 _PREFIX = "run-"
 
 
@@ -68,9 +70,18 @@ class RunDir:
         """Beside the directory, not in it: the container sees the directory and must not learn host pids."""
         return self.path.with_name(self.path.name + _OWNER_SUFFIX)
 
+    @property
+    def run_file(self) -> Path:
+        """Beside the directory: what run this is, so a host that restarts after a crash can audit it."""
+        return self.path.with_name(self.path.name + _RUN_SUFFIX)
+
+    def record_run(self, info: Mapping[str, object]) -> None:
+        self.run_file.write_text(json.dumps(dict(info)))
+
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
         self.owner_file.unlink(missing_ok=True)
+        self.run_file.unlink(missing_ok=True)
 
 
 def make_run_dir(run_id: str, owner: str, env: Mapping[str, str] | None = None) -> RunDir:
@@ -90,12 +101,31 @@ def _young(path: Path, seconds: float = 60.0) -> bool:
         return False
 
 
+def orphaned_runs(env: Mapping[str, str] | None = None) -> list[dict[str, object]]:
+    """Runs that were in progress when their host died: read before the sweep removes their records."""
+    runs: list[dict[str, object]] = []
+    for record in run_root(env).glob(f"{_PREFIX}*{_RUN_SUFFIX}"):
+        rundir = RunDir(record.with_name(record.name.removesuffix(_RUN_SUFFIX)))
+        try:
+            owner = rundir.owner_file.read_text().strip()
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if not owner_alive(owner) and isinstance(info, dict):
+            runs.append(info)
+    return runs
+
+
 def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
     """Remove run directories whose owning host process is gone; nothing else under the root is touched."""
     removed: list[str] = []
     root = run_root(env)
     for entry in root.iterdir():
         if not entry.name.startswith(_PREFIX):
+            continue
+        if entry.name.endswith(_RUN_SUFFIX) and entry.is_file():
+            if not RunDir(entry.with_name(entry.name.removesuffix(_RUN_SUFFIX))).path.exists():
+                entry.unlink(missing_ok=True)
             continue
         if entry.name.endswith(_OWNER_SUFFIX) and entry.is_file():
             rundir = RunDir(entry.with_name(entry.name.removesuffix(_OWNER_SUFFIX)))
@@ -114,8 +144,9 @@ def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
         with contextlib.suppress(OSError):
             shutil.rmtree(entry)
             rundir.owner_file.unlink(missing_ok=True)
+            rundir.run_file.unlink(missing_ok=True)
             removed.append(entry.name)
     return removed
 
 
-__all__ = ["RunDir", "make_run_dir", "run_root", "sweep_run_dirs"]
+__all__ = ["RunDir", "make_run_dir", "orphaned_runs", "run_root", "sweep_run_dirs"]

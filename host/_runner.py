@@ -39,7 +39,7 @@ from host._manifest import ToolpackManifest
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
 from host._policy import Route, RunPolicy
 from host._pool import PoolSettings, WarmPools
-from host._rundir import make_run_dir, sweep_run_dirs
+from host._rundir import make_run_dir, orphaned_runs, sweep_run_dirs
 from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain, pool_key
 from host._session import RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
@@ -110,6 +110,23 @@ class _Run:
                 self.on_stage(stage)
 
 
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _record(run: _Run) -> dict[str, object]:
+    """What a restarted host needs to audit this run if this host dies first."""
+    return {
+        "run_id": run.run_id,
+        "slug": run.slug,
+        "trust": run.trust,
+        "source": run.source,
+        "sandbox": run.sandbox,
+        "runtime": run.runtime,
+        "image": run.image,
+    }
+
+
 def _trust(entry: LockEntry) -> str:
     """The entry's trust level as routing compares it: trimmed, lower case, "" when missing."""
     return (entry.trust_level or "").strip().lower()
@@ -170,7 +187,29 @@ class SandboxHost:
         return facts
 
     def startup_sweep(self) -> list[str]:
-        """Remove what a crashed host left behind (our exact labels and run directories only)."""
+        """Remove what a crashed host left behind (our exact labels and run directories only).
+
+        Runs that were in progress when their host died get their one audit record now (`host_lost`).
+        """
+        for info in orphaned_runs(self.env):
+            record = run_record(
+                slug=str(info.get("slug", "")),
+                trust=_str_or_none(info.get("trust")),
+                run_id=str(info.get("run_id", "")),
+                action="deny",
+                source=str(info.get("source", "agent_sandbox")),
+                reason=AuditReason.HOST_LOST.value,
+                sandbox=bool(info.get("sandbox")),
+                runtime=_str_or_none(info.get("runtime")),
+                image=_str_or_none(info.get("image")),
+                duration_ms=0,
+                timed_out=False,
+                llm=None,
+                tool_calls=0,
+                tool_refusals=0,
+            )
+            if not self.audit.append(record):
+                self.audit_failures += 1
         removed = sweep_run_dirs(self.env)
         with contextlib.suppress(EngineError):
             removed += sweep_containers(self.client())
@@ -415,9 +454,17 @@ class SandboxHost:
                 )
                 run.stages.update({f"sandbox_{k}": v for k, v in box.stages.items()})
                 run.mark("started")
+            box.rundir.record_run(_record(run))
             if on_start is not None:
                 on_start(run.run_id)
-            how = self._watch(box.session, deadline, lambda: box.exited, poll=box.pids_hits)
+            rundir = box.rundir.path
+            how = self._watch(
+                box.session,
+                deadline,
+                lambda: box.exited,
+                poll=box.pids_hits,
+                lost=lambda: not rundir.exists(),
+            )
             run.mark("agent_done")
             if self._reaper is None:  # a one-shot run can afford to wait for the last log lines
                 box.settle_logs(_LOG_SETTLE_SECONDS)
@@ -460,10 +507,12 @@ class SandboxHost:
         deadline: float,
         exited: Callable[[], bool],
         poll: Callable[[], object] | None = None,
+        lost: Callable[[], bool] | None = None,
     ) -> str:
         """Wait for the result, the sandbox's exit, cancellation, the wall-clock deadline or the idle limit.
 
-        `poll` (the pids probe: one small file read) runs every 50 ms while the run lasts.
+        `poll` (the cgroup probes: small file reads) and `lost` (is the run's socket directory still
+        there?) run every 50 ms while the run lasts.
         """
         idle_limit = self.config.agent_sandbox.idle_timeout_seconds
         while True:
@@ -476,6 +525,8 @@ class SandboxHost:
                 return "cancelled"
             if exited():
                 return "exited"
+            if lost is not None and lost():
+                return "lost"
             now = time.monotonic()
             if now >= deadline:
                 return "deadline"
@@ -525,6 +576,13 @@ class SandboxHost:
                     success=True, result=json.loads(outcome.value_json), mode_used=mode, logs=sink.text()
                 )
             return fail(outcome.failure_code, outcome.failure_message or outcome.failure_code, "")
+        if how == "lost":
+            return fail(
+                AuditReason.SOCKET_LOST,
+                "the run's socket directory disappeared from the host; the run was stopped",
+                "something removed entries under the host's run directory (a tmp cleaner?); "
+                "keep it away from /run/agentnode-sandbox",
+            )
         if how == "cancelled":
             return fail(AuditReason.CANCELLED, "the run was cancelled; its sandbox was killed", "")
         if how in ("deadline", "idle"):
@@ -548,7 +606,7 @@ class SandboxHost:
                 timed_out=True,
             )
         status = -1 if exit_status is None else int(exit_status)
-        if oom() or (status == 137 and run.runtime == "runsc" and not pids_hits):
+        if oom():
             return fail(
                 AuditReason.OOM_KILLED,
                 "the agent exceeded its memory limit and was killed",
@@ -580,6 +638,7 @@ class SandboxHost:
         gate, llm = self._gate_and_llm(run, deadline)
         session = RunSession(task=task, tools=gate, llm=llm)
         rundir = make_run_dir(run.run_id, self.owner, self.env)
+        rundir.record_run(_record(run))
         server = build_run_server(session, str(rundir.socket_path))
         proc: subprocess.Popen[bytes] | None = None
         drainer: threading.Thread | None = None
@@ -622,7 +681,13 @@ class SandboxHost:
 
             threading.Thread(target=watch_exit, daemon=True).start()
             self._active[run.run_id] = session
-            how = self._watch(session, deadline, lambda: bool(exit_info))
+            how = self._watch(
+                session,
+                deadline,
+                lambda: bool(exit_info),
+                poll=lambda: None,
+                lost=lambda: not rundir.path.exists(),
+            )
             run.mark("agent_done")
             if how == "reported":  # the wrapper exits right after reporting: keep its last log lines
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -18,6 +18,7 @@ from host._engine import (
     SANDBOX_GID,
     SANDBOX_UID,
     ContainerLimits,
+    MemoryProbe,
     PidsProbe,
     classify_engine_exception,
     container_spec,
@@ -102,6 +103,7 @@ class Sandbox:
     sink: CappedSink = field(default_factory=CappedSink)
     exit_info: dict[str, Any] = field(default_factory=dict)
     probes: list[PidsProbe] = field(default_factory=list)
+    memory: list[MemoryProbe] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
     _destroyed: bool = False
     _drainer: threading.Thread | None = None
@@ -191,7 +193,9 @@ class Sandbox:
     def _watch_exit(self) -> None:
         cid = self.container_id
         with contextlib.suppress(Exception):
-            self.probes.append(PidsProbe(int(self.client.api.inspect_container(cid)["State"]["Pid"])))
+            pid = int(self.client.api.inspect_container(cid)["State"]["Pid"])
+            self.memory.append(MemoryProbe(pid))
+            self.probes.append(PidsProbe(pid))
         with contextlib.suppress(Exception):
             self.exit_info.update(self.client.api.wait(cid))
         self.exit_info.setdefault("StatusCode", -1)
@@ -219,9 +223,16 @@ class Sandbox:
             self._drainer.join(timeout)
 
     def pids_hits(self) -> int:
+        for m in self.memory:
+            m.poll()
         return max((p.poll() for p in self.probes), default=0)
 
     def oom_killed(self) -> bool:
+        """The engine says so, or (where it cannot tell, as under gVisor) the memory cgroup does."""
+        if any(m.oom_kills for m in self.memory):
+            return True
+        if self.exit_info.get("StatusCode") == 137 and any(m.hit_the_limit for m in self.memory):
+            return True
         with contextlib.suppress(Exception):
             return bool(self.client.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
         return False

@@ -158,7 +158,7 @@ def test_spec_isolation_flags() -> None:
     assert s["security_opt"] == ["no-new-privileges"]
     assert s["user"] == "65532:65532"
     assert s["init"] is True
-    assert s["privileged"] is False and s["ipc_mode"] == "private"
+    assert s["privileged"] is False and s["ipc_mode"] == "none"
     assert s["runtime"] == "runc" and spec(runtime="runsc")["runtime"] == "runsc"
     assert s["image"] == "sha256:" + "a" * 64 and s["name"] == "agentnode-run-run123"
     assert s["stdin_open"] is False and s["tty"] is False and s["auto_remove"] is False
@@ -185,7 +185,9 @@ def test_spec_limits_follow_container_limits() -> None:
 
 def test_spec_tmpfs_are_small_and_not_executable() -> None:
     tmpfs = spec()["tmpfs"]
-    assert set(tmpfs) == {"/tmp", HOME_IN_CONTAINER}
+    assert set(tmpfs) == {"/tmp", HOME_IN_CONTAINER, "/dev/shm", "/dev/mqueue"}
+    for target in ("/dev/shm", "/dev/mqueue"):  # overmounted read-only: no writable place but /tmp and HOME
+        assert tmpfs[target].split(",")[0] == "ro"
     for target, size in (("/tmp", 64 * MiB), (HOME_IN_CONTAINER, 16 * MiB)):
         opts = tmpfs[target].split(",")
         assert {"noexec", "nosuid", "nodev"} <= set(opts)
