@@ -220,8 +220,8 @@ def container_spec(
             HOME_IN_CONTAINER: (
                 f"{tmpfs_opts},size={limits.home_bytes},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0700"
             ),
-            "/dev/shm": f"ro,{tmpfs_opts},size=4096",
-            "/dev/mqueue": f"ro,{tmpfs_opts},size=4096",
+            "/dev/shm": "ro,noexec,nosuid,nodev,size=4096",
+            "/dev/mqueue": "ro,noexec,nosuid,nodev,size=4096",
         },
         "ulimits": [
             Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),

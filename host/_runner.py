@@ -450,11 +450,18 @@ class SandboxHost:
                 session = RunSession(task=task(), tools=gate, llm=llm)
                 self._active[run.run_id] = session
                 box = Sandbox.launch(
-                    self.client(), spec, run_id=run.run_id, owner=self.owner, env=self.env, session=session
+                    self.client(),
+                    spec,
+                    run_id=run.run_id,
+                    owner=self.owner,
+                    env=self.env,
+                    session=session,
+                    run_info=_record(run),
                 )
                 run.stages.update({f"sandbox_{k}": v for k, v in box.stages.items()})
                 run.mark("started")
-            box.rundir.record_run(_record(run))
+            if run.warm:
+                box.rundir.record_run(_record(run))
             if on_start is not None:
                 on_start(run.run_id)
             rundir = box.rundir.path

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,7 @@ class Sandbox:
         owner: str,
         env: Any,
         session: RunSession | None = None,
+        run_info: Mapping[str, object] | None = None,
     ) -> Sandbox:
         """Create the run dir and socket server, then create and start the container.
 
@@ -131,6 +132,8 @@ class Sandbox:
         warm = session is None
         session = session or RunSession()
         rundir = make_run_dir(run_id, owner, env)
+        if run_info is not None:  # before anything starts, so a host crash from here on is audited
+            rundir.record_run(run_info)
         try:
             server = build_run_server(session, str(rundir.socket_path))
         except Exception:
