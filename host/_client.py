@@ -48,6 +48,22 @@ class RunnerClient:
         )
         self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._connect_timeout = connect_timeout
+        self._ready = False
+
+    def _ensure_ready(self) -> None:
+        """Fail fast (with the fix) when nothing serves the socket, instead of waiting forever."""
+        if self._ready:
+            return
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=self._connect_timeout)
+        except grpc.FutureTimeoutError:
+            raise EngineError(
+                f"nothing answers on {self.socket_path}",
+                reason=AuditReason.ENGINE_UNAVAILABLE,
+                hint="start the host: agentnode-sandbox serve (the admin socket is owner-only)",
+                check="serve",
+            ) from None
+        self._ready = True
 
     def __enter__(self) -> RunnerClient:
         return self
@@ -90,6 +106,7 @@ class RunnerClient:
     ) -> RunResult:
         """Run an installed agent on the host and wait for its result."""
         request = runner_pb2.SubmitRunRequest(**self._request_fields(slug, goal, kwargs, runtime))
+        self._ensure_ready()
         try:
             response = self._stub.SubmitRun(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as err:
@@ -106,6 +123,7 @@ class RunnerClient:
     ) -> Iterator[str | RunResult]:
         """Run an agent, yielding `started:<run id>` and stage names, then the final RunResult."""
         request = runner_pb2.StreamRunRequest(**self._request_fields(slug, goal, kwargs, runtime))
+        self._ensure_ready()
         try:
             for event in self._stub.StreamRun(request, wait_for_ready=True):
                 which = event.WhichOneof("event")
@@ -120,6 +138,7 @@ class RunnerClient:
 
     def cancel(self, run_id: str) -> bool:
         """Cancel a run in progress; False when no such run is running."""
+        self._ensure_ready()
         try:
             response = self._stub.CancelRun(runner_pb2.CancelRunRequest(run_id=run_id), timeout=10)
         except grpc.RpcError as err:

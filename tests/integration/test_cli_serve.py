@@ -1,0 +1,66 @@
+"""`serve` and `run --via` as installed commands: a warm host, a run through its socket, a clean SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.integration.conftest import HostState
+from tests.unit.test_cli import BIN, check_schema, cli, json_out
+
+pytestmark = pytest.mark.docker
+
+
+def test_serve_then_run_via_its_socket(
+    host_state: HostState, make_agent: Callable[..., Path], docker_client: docker.DockerClient
+) -> None:
+    host_state.install(
+        make_agent(
+            "via-agent",
+            """
+        def run(context, **kwargs):
+            return {"goal": context.goal}
+    """,
+        )
+    )
+    host_state.write_config({"pool": {"size": 1}})
+    sock = host_state.root / "admin.sock"
+    serve = subprocess.Popen(
+        [str(BIN), "serve", "--socket", str(sock), "--warm", "via-agent", "--json", "--drain-seconds", "5"],
+        env=host_state.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert serve.stdout is not None
+        ready = json.loads(serve.stdout.readline())
+        assert ready == {"socket": str(sock), "warm": ["via-agent"]}
+        assert sock.stat().st_mode & 0o777 == 0o600
+        proc = cli(
+            host_state.env, "run", "via-agent", "--goal", "through the socket", "--via", sock, "--json"
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json_out(proc)
+        check_schema("run", out)
+        assert out["success"] is True and out["result"] == {"goal": "through the socket"}
+        missing = cli(host_state.env, "run", "not-installed", "--via", sock, "--json")
+        assert missing.returncode == 1 and json_out(missing)["error_code"] == "not_installed"
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=120)
+    assert serve.returncode == 0, err
+    assert not sock.exists()
+    # the warm member it kept and the sandbox that served the run are all gone
+    owned = docker_client.api.containers(all=True, filters={"label": "io.agentnode.sandbox.slug=via-agent"})
+    assert owned == [] and [r["reason"] for r in host_state.audit()] == ["agent_completed", "not_installed"]
+
+
+def test_run_via_a_socket_nobody_serves(host_state: HostState) -> None:
+    proc = cli(host_state.env, "run", "anything", "--via", host_state.root / "nobody.sock", "--json")
+    assert proc.returncode == 1
+    out = json_out(proc)
+    assert out["success"] is False and "serve" in (out["hint"] or "")
