@@ -382,10 +382,18 @@ class SandboxHost:
     def _gate_and_llm(self, run: _Run, deadline: float) -> tuple[ToolGate, LlmSession]:
         assert run.policy is not None
         run.llm = self.broker.session(run.policy.llm)
+        packs: dict[str, InstalledToolpack | None] = {}
+
+        def lookup(slug: str) -> InstalledToolpack | None:
+            # One lockfile read per tool pack per run: a run sees one consistent set of installed packs.
+            if slug not in packs:
+                packs[slug] = self._lookup_toolpack(slug)
+            return packs[slug]
+
         run.gate = ToolGate(
             allowed_packages=run.policy.allowed_packages,
             max_tool_calls=run.policy.max_tool_calls,
-            lookup=self._lookup_toolpack,
+            lookup=lookup,
             runner=self.tool_runner,
             deadline=deadline,
         )
