@@ -1,0 +1,1 @@
+"""Benchmarks that state where agentnode-sandbox stands as ratios to floors measured in the same run."""

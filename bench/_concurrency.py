@@ -1,0 +1,191 @@
+"""N simultaneous runs through one host, in a fresh process so its memory growth is this level's alone.
+
+The parent calls `concurrency(...)`; it runs `python -m bench._concurrency` with the job on stdin and reads
+one JSON line back. The same process then starts N bare docker runs at once: docker's own throughput on
+this machine, the floor for ours.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench._report import REPO, summary
+from bench._state import BENCH_LABEL
+from host._engine import LABEL_OWNER
+from host._runner import RunResult, SandboxHost
+
+_MB = 1024 * 1024
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cgroup_memory(cid: str) -> int | None:
+    """A container's memory as `docker stats` counts it (usage minus inactive file cache); None if the
+    cgroup is not found. Under gVisor this includes the sandbox's own memory file."""
+    for usage, stat, inactive in (
+        (f"/sys/fs/cgroup/memory/docker/{cid}/memory.usage_in_bytes", "memory.stat", "total_inactive_file"),
+        (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.current", "memory.stat", "inactive_file"),
+        (f"/sys/fs/cgroup/docker/{cid}/memory.current", "memory.stat", "inactive_file"),
+    ):
+        path = Path(usage)
+        try:
+            used = int(path.read_text())
+            stats = dict(line.split() for line in (path.parent / stat).read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        return used - int(stats.get(inactive, 0))
+    return None
+
+
+def _shim_rss(ids: set[str]) -> int:
+    """Resident memory of the containerd shims serving these containers (each names its container id)."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"containerd-shim" not in argv[0] or not ids.intersection(a.decode() for a in argv):
+                continue
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        total += next((int(ln.split()[1]) * 1024 for ln in status.splitlines() if ln.startswith("VmRSS:")), 0)
+    return total
+
+
+class _Sampler:
+    """Samples the host's RSS and active-run count; at each new peak of active runs, the engine side too."""
+
+    def __init__(self, host: SandboxHost) -> None:
+        self.host = host
+        self.max_rss = 0
+        self.peak_active = 0
+        self.containers_seen = 0
+        self.container_mb: float | None = None
+        self.shim_mb: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-sampler")
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            self.max_rss = max(self.max_rss, _rss())
+            active = len(self.host.active_runs())
+            if active and active >= self.peak_active:
+                self.peak_active = active
+                self._engine_side()
+
+    def _engine_side(self) -> None:
+        listed = self.host.client().api.containers(filters={"label": f"{LABEL_OWNER}={self.host.owner}"})
+        ids = {c["Id"] for c in listed}
+        if not ids or len(ids) < self.containers_seen:
+            return
+        self.containers_seen = len(ids)
+        self.shim_mb = round(_shim_rss(ids) / len(ids) / _MB, 2)
+        # A sandbox just started may have no memory cgroup yet (gVisor makes it as it boots).
+        known = [m for m in (_cgroup_memory(cid) for cid in ids) if m is not None]
+        if known:
+            self.container_mb = round(sum(known) / len(known) / _MB, 2)
+
+
+def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> dict[str, Any]:
+    """Submit `n` runs at once; throughput, failures, leftovers and memory per active run at the peak.
+
+    Host memory per run is the peak RSS over `base_rss` (taken once, after a warm-up run) per active run.
+    """
+    with _Sampler(host) as sampler, ThreadPoolExecutor(max_workers=n) as pool:
+        t = time.perf_counter()
+        results: list[RunResult] = list(pool.map(lambda _i: host.run(slug, runtime=runtime), range(n)))
+        wall = time.perf_counter() - t
+    leftovers = host.client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={host.owner}"})
+    failed = [r for r in results if not r.success]
+    return {
+        "n": n,
+        "wall_s": round(wall, 3),
+        "throughput": round(n / wall, 2),
+        "failures": len(failed),
+        # host-written texts (codes and exception type names), never agent output
+        "failure_reasons": sorted({f"{r.error_code}: {r.error}" for r in failed}),
+        "leftovers": len(leftovers),
+        "peak_active": sampler.peak_active,
+        "host_mb_per_run": round((sampler.max_rss - base_rss) / _MB / max(1, sampler.peak_active), 2),
+        "host_rss_mb": [round(base_rss / _MB, 1), round(sampler.max_rss / _MB, 1)],
+        "container_mb_per_run": sampler.container_mb,
+        "shim_mb_per_run": sampler.shim_mb,
+        "run_ms": summary([r.duration_ms for r in results]),
+    }
+
+
+def floor_batch(client: Any, image: str, runtime: str, n: int, tag: str) -> dict[str, Any]:
+    """`n` bare `docker run --rm python3 -c 'import grpc'` at once through the SDK: docker's throughput."""
+
+    def one(_i: int) -> bool:
+        container = client.containers.create(
+            image, ["/usr/bin/python3", "-c", "import grpc"], entrypoint=[], network_mode="none",
+            runtime=runtime, labels={BENCH_LABEL: tag},
+        )
+        try:
+            container.start()
+            return int(container.wait(timeout=600).get("StatusCode", -1)) == 0
+        finally:
+            container.remove(force=True)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        t = time.perf_counter()
+        ok = list(pool.map(one, range(n)))
+        wall = time.perf_counter() - t
+    return {"wall_s": round(wall, 3), "throughput": round(n / wall, 2), "failures": ok.count(False)}
+
+
+def concurrency(job: dict[str, Any]) -> dict[str, Any]:
+    """Run one level in a child process: `reps` batches of runs, then the docker floor at the same N.
+
+    `job`: env, slug, runtime, n, reps, image, tag. The worst repetition is the one reported.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench._concurrency"], input=json.dumps(job), capture_output=True, text=True,
+        cwd=REPO, timeout=3600, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"concurrency child failed: {proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    reps: list[dict[str, Any]] = out["repetitions"]
+    worst = min(reps, key=lambda r: (-r["failures"], -r["leftovers"], r["throughput"]))
+    return {**worst, "host_mb_per_run": max(r["host_mb_per_run"] for r in reps), **out}
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    host = SandboxHost(env=job["env"])
+    try:
+        host.run(job["slug"], runtime=job["runtime"])  # imports, clients and caches belong to the baseline
+        gc.collect()
+        base = _rss()
+        reps = [batch(host, job["slug"], job["runtime"], job["n"], base) for _ in range(job["reps"])]
+        floor = floor_batch(host.client(), job["image"], job["runtime"], job["n"], job["tag"])
+    finally:
+        host.close()
+    sys.stdout.write(json.dumps({"repetitions": reps, "floor": floor}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""An isolated, disposable host for the benchmarks: own config dir, bench packs, a local fake provider."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from bench._report import REPO
+from host._config import load_config
+from host._engine import LABEL_SLUG, owner_token
+from host._packs import install_pack, uninstall_pack
+
+BENCH_LABEL = "io.agentnode.bench"
+"""Every container the benchmark itself creates (floors, echo, stdio) carries this label with its run tag."""
+
+FAKE_KEY = "bench-fake-provider-key"
+"""The local fake provider takes any key; this one is not a secret."""
+
+TRIVIAL = """
+    import os
+    import time
+
+
+    def _age():
+        # Seconds since this process started, from /proc (10 ms resolution): splits boot from exec.
+        try:
+            with open("/proc/self/stat") as fh:
+                start = int(fh.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/uptime") as fh:
+                up = float(fh.read().split()[0])
+            return up - start / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+    def run(context, **kwargs):
+        return {"entered": time.time(), "age": _age()}
+"""
+
+TOOL_CALLER = """
+    import time
+
+    from sandbox_wrapper._proto.agentnode.sandbox.v1 import tools_pb2
+
+
+    def run(context, slug="", n=100, warmup=5, **kwargs):
+        # Interleaved: context.run_tool as agents call it, and the bare generated stub on the same channel
+        # (the difference is the AgentContext's own work).
+        request = tools_pb2.RunToolRequest(package_slug=slug, tool_name="noop", arguments_json="{}")
+        ms, stub_ms = [], []
+        for i in range(warmup + n):
+            t = time.perf_counter()
+            result = context.run_tool(slug, "noop")
+            mid = time.perf_counter()
+            context._tools.RunTool(request)
+            end = time.perf_counter()
+            if not result.success:
+                raise RuntimeError(result.error)
+            if i >= warmup:
+                ms.append((mid - t) * 1000)
+                stub_ms.append((end - mid) * 1000)
+        return {"ms": ms, "stub_ms": stub_ms}
+"""
+
+LLM_CALLER = """
+    import time
+
+    MESSAGES = [{"role": "user", "content": "ping"}]
+
+
+    def run(context, n=20, warmup=3, **kwargs):
+        for _ in range(warmup):
+            context.call_llm(MESSAGES)
+        calls, firsts = [], []
+        for _ in range(n):
+            t = time.perf_counter()
+            context.call_llm(MESSAGES)
+            calls.append((time.perf_counter() - t) * 1000)
+        for _ in range(n):
+            t = time.perf_counter()
+            chunks = context.stream_llm(MESSAGES)
+            next(chunks)
+            firsts.append((time.perf_counter() - t) * 1000)
+            for _ in chunks:
+                pass
+        return {"call_ms": calls, "first_chunk_ms": firsts}
+"""
+
+NOOP_TOOL = '''
+    def noop(**kwargs):
+        """Does nothing: the round trip is what is measured."""
+        return {}
+'''
+
+
+class FakeProvider:
+    """tests/support/fake_llm in its own process, so its work never shares the host's GIL."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.fake_llm"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("FAKE_LLM_URL="):
+            self.close()
+            raise RuntimeError("the fake provider did not start")
+        self.base_url = line.split("=", 1)[1] + "/v1"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class BenchState:
+    """A throwaway host: config pinned to the image, three agent packs and a no-op toolpack installed.
+
+    Slugs carry a per-run tag, so pack volumes never collide with another benchmark or test running at
+    the same time, and cleanup removes exactly what this run created.
+    """
+
+    def __init__(self, client: docker.DockerClient, image: str) -> None:
+        self.client = client
+        self.image = image
+        self.tag = uuid.uuid4().hex[:8]
+        self.owner = owner_token()
+        self.root = Path(tempfile.mkdtemp(prefix="agentnode-bench-"))
+        self.dir = self.root / "agentnode"
+        self.dir.mkdir()
+        self.provider = FakeProvider()
+        self.env: dict[str, str] = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.root),
+            "AGENTNODE_CONFIG": str(self.dir),
+            "AGENTNODE_AGENT_SANDBOX": "1",
+            "OPENAI_API_KEY": FAKE_KEY,
+            "OPENAI_BASE_URL": self.provider.base_url,
+        }
+        self.trivial = f"bench-trivial-{self.tag}"
+        self.tools = f"bench-tools-{self.tag}"
+        self.tool_caller = f"bench-toolcaller-{self.tag}"
+        self.llm_caller = f"bench-llmcaller-{self.tag}"
+        self.installed: list[str] = []
+        self.volume = ""
+        self.configure("runc")
+        self._install(self.tools, NOOP_TOOL, "toolpack", "bench_tools", trust="trusted",
+                      extra='entrypoint: bench_tools\ncapabilities:\n  tools:\n'
+                            '    - name: noop\n      entrypoint: "bench_tools:noop"\n')
+        self.volume = self._install(self.trivial, TRIVIAL, "agent", "agent")
+        self._install(self.tool_caller, TOOL_CALLER, "agent", "agent",
+                      agent=f"  tool_access: {{allowed_packages: [{self.tools}]}}\n")
+        self._install(self.llm_caller, LLM_CALLER, "agent", "agent",
+                      agent="  llm_access: {enabled: true, max_calls: 100000}\n")
+
+    def configure(self, runtime: str, pool: dict[str, Any] | None = None) -> None:
+        """Rewrite the host config: the pin, the runtime, generous budgets and (for `serve`) the pool."""
+        section: dict[str, Any] = {
+            "image": self.image,
+            "runtime": runtime,
+            "idle_timeout_seconds": 600,
+            "llm": {"max_calls": 100000},
+        }
+        if pool is not None:
+            section["pool"] = pool
+        (self.dir / "config.json").write_text(json.dumps({"agent_sandbox": section}))
+
+    def _install(self, slug: str, source: str, kind: str, module: str, *, trust: str = "unverified",
+                 agent: str = "", extra: str = "") -> str:
+        pack = self.root / "packs" / slug
+        pack.mkdir(parents=True)
+        (pack / f"{module}.py").write_text(textwrap.dedent(source))
+        manifest = f'package_id: {slug}\nversion: "1.0.0"\npackage_type: {kind}\n' + extra
+        if kind == "agent":
+            manifest += (f'agent:\n  entrypoint: "{module}:run"\n  goal: bench\n'
+                         "  limits: {max_runtime_seconds: 600, max_tool_calls: 100000}\n" + agent)
+        (pack / "agentnode.yaml").write_text(manifest)
+        cfg = load_config(self.env)
+        entry = install_pack(pack, trust=trust, paths=cfg.paths, client=self.client, image=self.image)
+        self.installed.append(slug)
+        return entry.sandbox_volume or ""
+
+    def leftovers(self) -> list[str]:
+        """Containers of this run's agents (whichever process launched them) or carrying its bench tag."""
+        labels = [f"{LABEL_SLUG}={slug}" for slug in self.installed] + [f"{BENCH_LABEL}={self.tag}"]
+        listed = (self.client.api.containers(all=True, filters={"label": label}) for label in labels)
+        return sorted({c["Id"] for found in listed for c in found})
+
+    def close(self) -> None:
+        """Remove what this run created: its containers (if any survived), pack volumes, config dir."""
+        for cid in self.leftovers():
+            with contextlib.suppress(docker.errors.APIError):
+                self.client.api.remove_container(cid, force=True)
+        cfg = load_config(self.env)
+        for slug in reversed(self.installed):
+            with contextlib.suppress(Exception):
+                uninstall_pack(slug, paths=cfg.paths, client=self.client)
+        self.provider.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+__all__ = ["BENCH_LABEL", "FAKE_KEY", "BenchState", "FakeProvider"]
