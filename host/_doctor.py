@@ -19,6 +19,7 @@ from host._config import HostConfig, load_config, sandbox_enabled
 from host._engine import (
     LABEL_OWNER,
     LABEL_RUN,
+    LABEL_WARM,
     classify_engine_exception,
     connect,
     engine_facts,
@@ -135,8 +136,10 @@ def leftover_check(client: docker.DockerClient) -> Check:
     except Exception as exc:  # noqa: BLE001 (every engine failure is classified)
         return _failed("leftover_containers", classify_engine_exception(exc))
     dead = sum(1 for c in found if not owner_alive((c.get("Labels") or {}).get(LABEL_OWNER, "")))
+    warm = sum(1 for c in found if (c.get("Labels") or {}).get(LABEL_WARM) == "1")
+    pools = f"; {warm} warm pool member(s) (waiting, or serving their one run)" if warm else ""
     if not dead:
-        return Check("leftover_containers", True, "no run containers of dead host processes")
+        return Check("leftover_containers", True, f"no run containers of dead host processes{pools}")
     return Check(
         "leftover_containers", True, f"{dead} run container(s) of host processes that are gone", LEFTOVER_FIX
     )

@@ -34,6 +34,7 @@ LABEL_OWNER = "io.agentnode.sandbox.owner"
 LABEL_SLUG = "io.agentnode.sandbox.slug"
 LABEL_PROTOCOL = "io.agentnode.sandbox.protocol"
 LABEL_ARTIFACT = "io.agentnode.sandbox.artifact-hash"
+LABEL_WARM = "io.agentnode.sandbox.warm"
 
 RUNTIMES = ("runc", "runsc")
 

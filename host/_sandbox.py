@@ -15,6 +15,7 @@ import docker.errors
 import grpc
 
 from host._engine import (
+    LABEL_WARM,
     SANDBOX_GID,
     SANDBOX_UID,
     ContainerLimits,
@@ -167,6 +168,7 @@ class Sandbox:
             )
             if warm:
                 kwargs["environment"]["AGENTNODE_FETCH_TIMEOUT"] = "0"
+                kwargs["labels"][LABEL_WARM] = "1"  # counted by doctor; swept like any run container
             try:
                 container = client.containers.create(**kwargs)
                 box.container_id = container.id

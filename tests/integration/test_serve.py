@@ -16,6 +16,7 @@ import docker
 import pytest
 
 from host._client import RunnerClient
+from host._doctor import leftover_check
 from host._engine import LABEL_OWNER, LABEL_RUN
 from host._serve import serve
 from tests.integration.conftest import REPO, HostState
@@ -107,6 +108,7 @@ def test_warm_runs_never_share_state(
     s = served(["stateful"], pool_size=2)
     _wait_for(lambda: len(_ours(docker_client, "stateful")) >= 2)
     time.sleep(2)  # let both members reach FetchTask
+    assert "2 warm pool member(s)" in leftover_check(docker_client).detail  # doctor counts them
     results = [s.client.submit("stateful") for _ in range(4)]
     assert all(r.success for r in results), [(r.error_code, r.error) for r in results]
     assert sum(r.warm for r in results) >= 2
