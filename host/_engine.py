@@ -37,6 +37,7 @@ LABEL_ARTIFACT = "io.agentnode.sandbox.artifact-hash"
 LABEL_WARM = "io.agentnode.sandbox.warm"
 
 RUNTIMES = ("runc", "runsc")
+ENGINE_POOL_SIZE = 128
 
 _FIX_ENGINE = (
     "start the engine (as root on Debian: scripts/provision-engine), or point DOCKER_HOST at a "
@@ -74,7 +75,10 @@ def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docke
     clients: list[docker.DockerClient] = []
 
     def client_for(version: str) -> docker.DockerClient:
-        opened = docker.DockerClient.from_env(environment=environment, version=version, timeout=timeout)
+        # A pool as large as the concurrency we serve: the default (10) overflows under parallel runs.
+        opened = docker.DockerClient.from_env(
+            environment=environment, version=version, timeout=timeout, max_pool_size=ENGINE_POOL_SIZE
+        )
         clients.append(opened)
         return opened
 
