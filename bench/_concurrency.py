@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import docker
+
 from bench._report import REPO, summary
 from bench._state import BENCH_LABEL
 from host._engine import LABEL_OWNER
@@ -135,25 +137,40 @@ def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> 
     }
 
 
-def floor_batch(client: Any, image: str, runtime: str, n: int, tag: str) -> dict[str, Any]:
-    """`n` bare `docker run --rm python3 -c 'import grpc'` at once through the SDK: docker's throughput."""
+def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str) -> dict[str, Any]:
+    """`n` bare `docker run --rm python3 -c 'import grpc'` at once through the SDK: docker's throughput.
+
+    Its own client, with a connection pool as large as the batch: with the SDK's default (10 per URL),
+    n concurrent creates on one URL overflow the pool, and the SDK then races with its own pool eviction
+    (AttributeError from urllib3's _put_conn), which is not what this measures.
+    """
+    client = docker.DockerClient.from_env(environment=env, max_pool_size=2 * n, timeout=600)
+    errors: list[str] = []
 
     def one(_i: int) -> bool:
-        container = client.containers.create(
-            image, ["/usr/bin/python3", "-c", "import grpc"], entrypoint=[], network_mode="none",
-            runtime=runtime, labels={BENCH_LABEL: tag},
-        )
         try:
-            container.start()
-            return int(container.wait(timeout=600).get("StatusCode", -1)) == 0
-        finally:
-            container.remove(force=True)
+            container = client.containers.create(
+                image, ["/usr/bin/python3", "-c", "import grpc"], entrypoint=[], network_mode="none",
+                runtime=runtime, labels={BENCH_LABEL: tag},
+            )
+            try:
+                container.start()
+                return int(container.wait(timeout=600).get("StatusCode", -1)) == 0
+            finally:
+                container.remove(force=True)
+        except Exception as exc:  # noqa: BLE001 (a failed floor run is counted, not fatal)
+            errors.append(type(exc).__name__)
+            return False
 
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        t = time.perf_counter()
-        ok = list(pool.map(one, range(n)))
-        wall = time.perf_counter() - t
-    return {"wall_s": round(wall, 3), "throughput": round(n / wall, 2), "failures": ok.count(False)}
+    try:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            t = time.perf_counter()
+            ok = list(pool.map(one, range(n)))
+            wall = time.perf_counter() - t
+    finally:
+        client.close()
+    return {"wall_s": round(wall, 3), "throughput": round(n / wall, 2), "failures": ok.count(False),
+            "errors": sorted(set(errors))}
 
 
 def concurrency(job: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +198,7 @@ def main() -> None:
         gc.collect()
         base = _rss()
         reps = [batch(host, job["slug"], job["runtime"], job["n"], base) for _ in range(job["reps"])]
-        floor = floor_batch(host.client(), job["image"], job["runtime"], job["n"], job["tag"])
+        floor = floor_batch(job["env"], job["image"], job["runtime"], job["n"], job["tag"])
     finally:
         host.close()
     sys.stdout.write(json.dumps({"repetitions": reps, "floor": floor}) + "\n")

@@ -217,6 +217,9 @@ def render(results: Mapping[str, Any]) -> str:
     if max([m["load_at_start"][0], m["load_at_end"][0], *loads.values()]) > BUSY_LOAD:
         out += ["", f"**The machine was busy (1-minute load above {BUSY_LOAD}): absolute numbers are "
                     "noisy.**"]
+    if results.get("errors"):
+        out += ["", "**Sections that failed (their numbers are missing below):**", "",
+                *(f"- {e}" for e in results["errors"])]
     out += _section("Targets", "Each target of the issues, per runtime.",
                     ("target", "runtime", "measured", "goal", "status"),
                     [(t["target"], t["runtime"], t["measured"], t["goal"], f"**{t['status']}**")

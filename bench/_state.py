@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -207,16 +206,26 @@ class BenchState:
         return sorted({c["Id"] for found in listed for c in found})
 
     def close(self) -> None:
-        """Remove what this run created: its containers (if any survived), pack volumes, config dir."""
+        """Remove what this run created: its containers (if any survived), pack volumes, config dir.
+
+        Best effort: an engine too busy to answer must not hide the results; what stays is named.
+        """
+        left: list[str] = []
         for cid in self.leftovers():
-            with contextlib.suppress(docker.errors.APIError):
+            try:
                 self.client.api.remove_container(cid, force=True)
+            except Exception:  # noqa: BLE001 (named below; the next run's sweep is the backstop)
+                left.append(cid[:12])
         cfg = load_config(self.env)
         for slug in reversed(self.installed):
-            with contextlib.suppress(Exception):
+            try:
                 uninstall_pack(slug, paths=cfg.paths, client=self.client)
+            except Exception:  # noqa: BLE001 (named below)
+                left.append(f"pack {slug}")
         self.provider.close()
         shutil.rmtree(self.root, ignore_errors=True)
+        if left:
+            print(f"[bench] could not remove: {', '.join(left)}", file=sys.stderr)
 
 
 __all__ = ["BENCH_LABEL", "FAKE_KEY", "BenchState", "FakeProvider"]

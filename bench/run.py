@@ -11,7 +11,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +57,18 @@ def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[st
     client = connect()
     results: dict[str, Any] = {"mode": mode, "command": command, "plan": plan.__dict__,
                                "cold": {}, "calls": {}, "broker": {}, "concurrency": {}, "warm": {},
-                               "load_by_section": {}}
+                               "load_by_section": {}, "errors": []}
     loads: dict[str, float] = results["load_by_section"]
+
+    def measure(title: str, store: dict[str, Any], key: str, work: Callable[[], Any]) -> None:
+        """One section; a failure is recorded and reported, and the other sections still run."""
+        _log(title, loads)
+        try:
+            store[key] = work()
+        except Exception as exc:  # noqa: BLE001 (one failed section must not discard the others)
+            results["errors"].append(f"{title}: {type(exc).__name__}: {str(exc)[:300]}")
+            _log(f"{title} failed: {type(exc).__name__}", loads)
+
     try:
         results["machine"] = machine_facts(client)
         _log("pinned image (built only if its inputs changed)", loads)
@@ -65,22 +77,22 @@ def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[st
         state = BenchState(client, image)
         try:
             for rt in runtimes:
-                _log(f"{rt}: cold start vs docker floor ({plan.cold} runs each)", loads)
-                results["cold"][rt] = cold = _measure.cold(state, rt, plan.cold)
-                _log(f"{rt}: per-call transports ({plan.calls} calls each)", loads)
-                results["calls"][rt] = _measure.calls(state, rt, plan.calls, plan.calls_warmup)
-                _log(f"{rt}: broker ({plan.broker} calls each)", loads)
-                results["broker"][rt] = _measure.broker(state, rt, plan.broker, plan.broker_warmup)
-                results["concurrency"][rt] = {}
+                measure(f"{rt}: cold start vs docker floor ({plan.cold} runs each)", results["cold"], rt,
+                        partial(_measure.cold, state, rt, plan.cold))
+                measure(f"{rt}: per-call transports ({plan.calls} calls each)", results["calls"], rt,
+                        partial(_measure.calls, state, rt, plan.calls, plan.calls_warmup))
+                measure(f"{rt}: broker ({plan.broker} calls each)", results["broker"], rt,
+                        partial(_measure.broker, state, rt, plan.broker, plan.broker_warmup))
+                levels = results["concurrency"].setdefault(rt, {})
                 for n in plan.levels:
-                    _log(f"{rt}: {n} concurrent runs x{plan.level_reps}", loads)
-                    results["concurrency"][rt][str(n)] = concurrency({
-                        "env": state.env, "slug": state.trivial, "runtime": rt, "n": n,
-                        "reps": plan.level_reps, "image": image, "tag": state.tag})
-                _log(f"{rt}: warm pool ({plan.warm} runs)", loads)
-                results["warm"][rt] = _measure.warm(state, rt, reps=plan.warm, pool_size=plan.pool,
-                                                    settle=plan.settle,
-                                                    cold_to_result=cold["stages_ms"]["to_result"])
+                    job = {"env": state.env, "slug": state.trivial, "runtime": rt, "n": n,
+                           "reps": plan.level_reps, "image": image, "tag": state.tag}
+                    measure(f"{rt}: {n} concurrent runs x{plan.level_reps}", levels, str(n),
+                            partial(concurrency, job))
+                cold = results["cold"].get(rt, {}).get("stages_ms", {}).get("to_result", {"n": 0})
+                measure(f"{rt}: warm pool ({plan.warm} runs)", results["warm"], rt,
+                        partial(_measure.warm, state, rt, reps=plan.warm, pool_size=plan.pool,
+                                settle=plan.settle, cold_to_result=cold))
             results["leftovers"] = len(state.leftovers())
         finally:
             state.close()

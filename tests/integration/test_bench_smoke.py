@@ -23,7 +23,7 @@ def test_smoke_writes_every_section(
     text = (tmp_path / "smoke.md").read_text()
     for title in SECTIONS:
         assert f"\n## {title}\n" in text
-    assert data["mode"] == "smoke" and data["leftovers"] == 0
+    assert data["mode"] == "smoke" and data["errors"] == [] and data["leftovers"] == 0
     for key in ("date", "git_revision", "cpu_model", "cores", "memory_gib", "kernel", "docker_server",
                 "docker_runtimes", "load_at_start", "load_at_end", "image"):
         assert data["machine"][key] not in (None, "", [])
