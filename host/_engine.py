@@ -242,6 +242,10 @@ def container_spec(
             "PYTHONUNBUFFERED": "1",
             "AGENTNODE_SOCKET": f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}",
             "AGENTNODE_IMPORT_ROOT": import_root,
+            # The host alone bounds a run's time (deadline, idle limit, cancellation), so the wrapper waits
+            # for its task as long as the host keeps it: a fixed wrapper-side deadline turns a busy host
+            # (many sandboxes starting on few cores) into a spurious exited_before_result.
+            "AGENTNODE_FETCH_TIMEOUT": "0",
         },
         "mounts": [
             Mount(

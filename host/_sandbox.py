@@ -125,8 +125,9 @@ class Sandbox:
         """Create the run dir and socket server, then create and start the container.
 
         A cold run passes a session that already holds its task, so the wrapper's first FetchTask is
-        answered at once however slow the engine is. Without one the sandbox is a warm member: its wrapper
-        waits in FetchTask (no deadline) until `session.assign`. Anything that fails is torn down before
+        answered as soon as the host gets to it. Without one the sandbox is a warm member: its wrapper
+        waits in FetchTask until `session.assign`. Either way the wrapper's wait has no deadline of its own
+        (the host's deadline and idle limit bound it). Anything that fails is torn down before
         the error (START_FAILED or a classified engine error) rises.
         """
         t0 = time.monotonic()
@@ -167,7 +168,6 @@ class Sandbox:
                 limits=spec.limits,
             )
             if warm:
-                kwargs["environment"]["AGENTNODE_FETCH_TIMEOUT"] = "0"
                 kwargs["labels"][LABEL_WARM] = "1"  # counted by doctor; swept like any run container
             try:
                 container = client.containers.create(**kwargs)

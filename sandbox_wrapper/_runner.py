@@ -49,7 +49,8 @@ def main() -> int:
         try:
             # wait_for_ready rides out a host that is still coming up, bounded by the timeout; unlike
             # channel_ready_future it leaves no connectivity poller behind to slow channel.close().
-            # A warm pool member (AGENTNODE_FETCH_TIMEOUT=0) waits for its task as long as the host keeps it.
+            # The host sets AGENTNODE_FETCH_TIMEOUT=0 (wait as long as it keeps the container: its
+            # deadline and idle limit bound the run); the 5 s default serves a wrapper started by hand.
             wait = float(os.environ.get("AGENTNODE_FETCH_TIMEOUT", FETCH_TIMEOUT_SECONDS)) or None
             task = session.FetchTask(request, timeout=wait, wait_for_ready=True)
         except grpc.RpcError as err:

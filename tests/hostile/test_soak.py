@@ -59,7 +59,8 @@ def _record(
 ) -> None:
     """Record (and so assert) the soak properties after `results`."""
     after = _settled(baseline)
-    failed = [(r.error_code, r.error) for r in results if not r.success]
+    # The run's captured output (capped) names what the wrapper saw, e.g. why FetchTask failed.
+    failed = [(r.error_code, r.error, r.logs[-300:]) for r in results if not r.success]
     ledger.soak(
         f"soak.{label}.all_runs_succeeded",
         expected=f"{len(results)} of {len(results)} runs succeed",

@@ -47,6 +47,7 @@ from host._errors import AuditReason, EngineError
 MiB = 1024 * 1024
 WRAPPER_ENV = {
     "HOME",
+    "AGENTNODE_FETCH_TIMEOUT",
     "PATH",
     "LANG",
     "PYTHONPATH",
@@ -207,6 +208,7 @@ def test_spec_environment_is_only_the_wrappers(monkeypatch: pytest.MonkeyPatch) 
     assert env["HOME"] == HOME_IN_CONTAINER and env["PATH"] == "/usr/bin:/bin"
     assert env["AGENTNODE_SOCKET"] == "/run/agentnode/sandbox.sock"
     assert env["AGENTNODE_IMPORT_ROOT"] == "/pack/src"
+    assert env["AGENTNODE_FETCH_TIMEOUT"] == "0"  # the host, not the wrapper, bounds the wait for a task
     assert canary not in repr(s) and "docker.sock" not in repr(s)
     for key, value in os.environ.items():
         if key not in WRAPPER_ENV and len(value) > 6:
