@@ -634,7 +634,8 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                     client_ms.append(elapsed)
                     server_ms.append(result.stages["done"])
                     s = result.stages
-                    for key, value in (("claim", s["claimed"]), ("agent", s["agent_done"] - s["claimed"]),
+                    for key, value in (("claim", s["claimed"]), ("handover", s["fetched"] - s["claimed"]),
+                                       ("agent", s["agent_done"] - s["fetched"]),
                                        ("finish", s["done"] - s["agent_done"])):
                         stages.setdefault(key, []).append(value)
     finally:

@@ -279,11 +279,12 @@ def render(results: Mapping[str, Any]) -> str:
     out += ["", "Failures:", "", *reasons] if reasons else []
     out += _section("Warm", _WARM,
                     ("runtime", "warm, server", "warm, client", "cold to result", "speed-up",
-                     "warm / submitted", "claim", "claimed -> agent done", "agent done -> result",
+                     "warm / submitted", "claim", "claimed -> task fetched", "fetched -> agent done",
+                     "agent done -> result",
                      "audit append alone"),
                     [(rt, _mp(w["server_ms"]), _mp(w["client_ms"]), _mp(w["cold_to_result_ms"]),
                       f"{_fmt(w['speedup'])}x", f"{w['warm_runs']} / {w['submitted']}",
-                      *(_fmt(med(w["stages_ms"].get(k))) for k in ("claim", "agent", "finish")),
+                      *(_fmt(med(w["stages_ms"].get(k))) for k in ("claim", "handover", "agent", "finish")),
                       _mp(w["audit_append_ms"]))
                      for rt, w in results.get("warm", {}).items()])
     out += _section("", "Is the pool filler in the way? Warm runs on an in-process host with serve's "

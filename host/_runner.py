@@ -481,6 +481,8 @@ class SandboxHost:
                 lost=lambda: not rundir.exists(),
             )
             run.mark("agent_done")
+            if box.session.fetched_at is not None:
+                run.stages["fetched"] = round((box.session.fetched_at - run.started) * 1000, 2)
             if self._reaper is None:  # a one-shot run can afford to wait for the last log lines
                 box.settle_logs(_LOG_SETTLE_SECONDS)
             status = box.exit_info.get("StatusCode") if box.exited else None

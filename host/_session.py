@@ -108,6 +108,8 @@ class RunSession:
     llm: LlmSession | None = None
     clock: Callable[[], float] = time.monotonic
     fetched: bool = False
+    fetched_at: float | None = None
+    """When FetchTask handed the task over (`clock`): splits a warm run's wait from the agent's own time."""
     cancelled: bool = False
     outcome: RunOutcome | None = None
     last_activity: float = field(default_factory=time.monotonic)
@@ -185,7 +187,7 @@ class RunSession:
         with self._lock:
             self._check_open()
             assert self.task is not None
-            self.fetched = True
+            self.fetched, self.fetched_at = True, self.clock()
             return self.task
 
     def report(self, outcome: RunOutcome) -> None:

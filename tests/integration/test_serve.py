@@ -115,6 +115,14 @@ def test_warm_runs_never_share_state(
     assert len({r.run_id for r in results}) == 4
     for r in results:
         assert r.result["seen"] == []  # nothing any earlier run wrote is visible
+        # each run's stages are recorded, in the order they happen, on the warm and the cold path
+        # (a cold wrapper may fetch before the engine's start call has returned: no order between those)
+        path = ["routed", "claimed"] if r.warm else ["routed", "verified"]
+        orders = [[*path, "fetched", "agent_done", "done"]]
+        orders += [] if r.warm else [[*path, "started", "agent_done", "done"]]
+        for order in orders:
+            assert set(order) <= set(r.stages), (r.warm, r.stages)
+            assert [r.stages[k] for k in order] == sorted(r.stages[k] for k in order), (r.warm, r.stages)
     # every used member is destroyed: none of these run ids has a container any more
     for r in results:
         _wait_for(lambda r=r: not _labelled(docker_client, f"{LABEL_RUN}={r.run_id}"))

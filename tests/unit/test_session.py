@@ -436,9 +436,12 @@ def test_a_warm_fetch_waits_for_its_task(env: Env) -> None:
     time.sleep(0.5)
     assert not waiting.done() and run.session.inflight == 1  # the wrapper is connected and waiting
     assert_refused(refused(run.fetch), "TASK_ALREADY_FETCHED")
+    assert run.session.fetched_at is None
+    assigned_at = time.monotonic()
     run.session.assign(*run.pending)
     task = waiting.result(timeout=10)
     assert task.run_id == "run-abc" and task.goal == "count words" and run.session.fetched
+    assert run.session.fetched_at is not None and run.session.fetched_at >= assigned_at  # handed over after
     assert run.run_tool("word-tools", "append", {"path": str(marker)}).success
     with pytest.raises(RuntimeError):
         run.session.assign(*run.pending)  # a session takes one task
