@@ -144,6 +144,7 @@ def test_boundary_seen_from_inside(
         "PYTHONUNBUFFERED",
         "AGENTNODE_SOCKET",
         "AGENTNODE_IMPORT_ROOT",
+        "AGENTNODE_FETCH_TIMEOUT",
         "HOSTNAME",
     }
 
