@@ -47,6 +47,28 @@ FULL = Plan(cold=20, calls=300, calls_warmup=30, broker=50, broker_warmup=5, lev
             level_reps=2, warm=30, pool=4, settle=0.3)
 
 
+QUIET_SAMPLES, QUIET_MAX_S = 6, 180.0
+
+
+def _busy() -> int:
+    """Processes runnable or in uninterruptible sleep right now (not the lagging load average)."""
+    fields = dict(line.split(maxsplit=1) for line in Path("/proc/stat").read_text().splitlines()
+                  if line.startswith("procs_"))
+    return int(fields.get("procs_running", "0")) + int(fields.get("procs_blocked", "0"))
+
+
+def _quiesce(waits: dict[str, float], title: str, quiet: bool) -> None:
+    """Wait until the machine has calmed down after the previous section (teardowns of up to 64 sandboxes
+    keep it busy for a while), so one section's aftermath is not charged to the next; bounded, recorded."""
+    if not quiet:
+        return
+    t, calm, cores = time.monotonic(), 0, os.cpu_count() or 1
+    while calm < QUIET_SAMPLES and time.monotonic() - t < QUIET_MAX_S:
+        calm = calm + 1 if _busy() <= cores else 0
+        time.sleep(0.5)
+    waits[title.split(" (", maxsplit=1)[0]] = round(time.monotonic() - t, 1)
+
+
 def _log(message: str, loads: dict[str, float]) -> None:
     """Progress on stderr, and the 1-minute load average as each section starts (for the report)."""
     loads[message.split(" (", maxsplit=1)[0]] = round(os.getloadavg()[0], 2)
@@ -57,11 +79,12 @@ def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[st
     client = connect()
     results: dict[str, Any] = {"mode": mode, "command": command, "plan": plan.__dict__,
                                "cold": {}, "calls": {}, "broker": {}, "concurrency": {}, "warm": {},
-                               "load_by_section": {}, "errors": []}
+                               "load_by_section": {}, "quiesce_s": {}, "errors": []}
     loads: dict[str, float] = results["load_by_section"]
 
     def measure(title: str, store: dict[str, Any], key: str, work: Callable[[], Any]) -> None:
-        """One section; a failure is recorded and reported, and the other sections still run."""
+        """One section, on a calm machine; a failure is recorded, the other sections still run."""
+        _quiesce(results["quiesce_s"], title, plan is FULL)
         _log(title, loads)
         try:
             store[key] = work()
@@ -83,16 +106,16 @@ def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[st
                         partial(_measure.calls, state, rt, plan.calls, plan.calls_warmup))
                 measure(f"{rt}: broker ({plan.broker} calls each)", results["broker"], rt,
                         partial(_measure.broker, state, rt, plan.broker, plan.broker_warmup))
+                cold = results["cold"].get(rt, {}).get("stages_ms", {}).get("to_result", {"n": 0})
+                measure(f"{rt}: warm pool ({plan.warm} runs)", results["warm"], rt,
+                        partial(_measure.warm, state, rt, reps=plan.warm, pool_size=plan.pool,
+                                settle=plan.settle, cold_to_result=cold))
                 levels = results["concurrency"].setdefault(rt, {})
                 for n in plan.levels:
                     job = {"env": state.env, "slug": state.trivial, "runtime": rt, "n": n,
                            "reps": plan.level_reps, "image": image, "tag": state.tag}
                     measure(f"{rt}: {n} concurrent runs x{plan.level_reps}", levels, str(n),
                             partial(concurrency, job))
-                cold = results["cold"].get(rt, {}).get("stages_ms", {}).get("to_result", {"n": 0})
-                measure(f"{rt}: warm pool ({plan.warm} runs)", results["warm"], rt,
-                        partial(_measure.warm, state, rt, reps=plan.warm, pool_size=plan.pool,
-                                settle=plan.settle, cold_to_result=cold))
             results["leftovers"] = len(state.leftovers())
         finally:
             state.close()
