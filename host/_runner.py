@@ -477,7 +477,7 @@ class SandboxHost:
                 box.session,
                 deadline,
                 lambda: box.exited,
-                poll=box.pids_hits,
+                poll=box.poll,
                 lost=lambda: not rundir.exists(),
             )
             run.mark("agent_done")
@@ -551,7 +551,8 @@ class SandboxHost:
             if idle is not None and now >= idle + idle_limit:
                 return "idle"
             idle_deadline = idle + idle_limit if idle is not None else now + idle_limit
-            wake_at = min(deadline, idle_deadline, now + 0.05 if poll is not None else deadline)
+            tick = now + 0.05 if poll is not None or lost is not None else deadline
+            wake_at = min(deadline, idle_deadline, tick)
             session.reported.wait(timeout=max(0.0, wake_at - now))
             session.reported.clear()
 
@@ -702,7 +703,6 @@ class SandboxHost:
                 session,
                 deadline,
                 lambda: bool(exit_info),
-                poll=lambda: None,
                 lost=lambda: not rundir.path.exists(),
             )
             run.mark("agent_done")

@@ -227,13 +227,21 @@ class Sandbox:
         if self._drainer is not None:
             self._drainer.join(timeout)
 
+    def poll(self) -> None:
+        """Read the host-side cgroup counters (pids and memory): small file reads, every 50 ms of a run."""
+        for memory in self.memory:
+            memory.poll()
+        for pids in self.probes:
+            pids.poll()
+
     def pids_hits(self) -> int:
-        for m in self.memory:
-            m.poll()
-        return max((p.poll() for p in self.probes), default=0)
+        """How often the pids limit refused a process or thread, as of now."""
+        self.poll()
+        return max((p.hits for p in self.probes), default=0)
 
     def oom_killed(self) -> bool:
         """The engine says so, or (where it cannot tell, as under gVisor) the memory cgroup does."""
+        self.poll()
         if any(m.oom_kills for m in self.memory):
             return True
         if self.exit_info.get("StatusCode") == 137 and any(m.hit_the_limit for m in self.memory):

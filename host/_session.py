@@ -107,7 +107,6 @@ class RunSession:
     tools: ToolGate | None = None
     llm: LlmSession | None = None
     clock: Callable[[], float] = time.monotonic
-    fetched: bool = False
     fetched_at: float | None = None
     """When FetchTask handed the task over (`clock`): splits a warm run's wait from the agent's own time."""
     cancelled: bool = False
@@ -138,6 +137,10 @@ class RunSession:
             self.cancelled = True
         self.assigned.set()
         self.reported.set()
+
+    @property
+    def fetched(self) -> bool:
+        return self.fetched_at is not None
 
     def touch(self) -> None:
         self.last_activity = self.clock()
@@ -187,7 +190,7 @@ class RunSession:
         with self._lock:
             self._check_open()
             assert self.task is not None
-            self.fetched, self.fetched_at = True, self.clock()
+            self.fetched_at = self.clock()
             return self.task
 
     def report(self, outcome: RunOutcome) -> None:
