@@ -172,7 +172,6 @@ def test_reinstalling_identical_content_reuses_the_volume(
     assert first.sandbox_volume is not None
     volumes.append(first.sandbox_volume)
     client = host_state.client
-    created_at = client.volumes.get(first.sandbox_volume).attrs["CreatedAt"]
     # Leave a sentinel in the volume: a recreated volume would not have it.
     holder = client.api.create_container(
         host_state.image,
@@ -192,6 +191,9 @@ def test_reinstalling_identical_content_reuses_the_volume(
         assert client.api.put_archive(holder["Id"], "/pack", buf.getvalue())
     finally:
         client.api.remove_container(holder["Id"], force=True)
+    # Read after the sentinel went in: Docker's local driver reports the data directory's change time as
+    # CreatedAt, so our own write moves it (the old order failed whenever the write crossed a second).
+    created_at = client.volumes.get(first.sandbox_volume).attrs["CreatedAt"]
 
     again = host_state.install(pack)
     assert again.sandbox_volume == first.sandbox_volume
