@@ -11,6 +11,8 @@ import json
 import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +43,18 @@ _LLM_INT_KEYS = (
 )
 _LLM_KEYS = ("enabled", *_LLM_INT_KEYS[:3], "allowed_models", *_LLM_INT_KEYS[3:], "model")
 _CHAIN_KEYS = frozenset({"ts", "seq", "prev"})
+RUN_EVENT = "agent_run"
+"""The one record that ends a run (its outcome, counters and caps)."""
+START_EVENT = "agent_run_start"
+"""Written before any agent code runs, so a run without an end is visible."""
+END_GRACE_SECONDS = 600
+"""How long past a run's own runtime bound its end record may take (teardown, a loaded host) before
+`verify_audit` calls it missing."""
+APPEND_ATTEMPTS = 3
+"""A failed append is retried (a transient EMFILE/ENOSPC/EINTR) before the caller is told."""
 _BLOCK = 64 * 1024
+_HEAD_BYTES = 512
+"""The head file is one padded block rewritten in place (its JSON is ~200 bytes)."""
 
 
 def run_record(
@@ -77,7 +90,7 @@ def run_record(
     if source not in _SOURCES:
         raise ValueError(f"audit source {source!r} is not one of {sorted(_SOURCES)}")
     return {
-        "event": "agent_run",
+        "event": RUN_EVENT,
         "slug": slug,
         "action": action,
         "source": source,
@@ -92,6 +105,36 @@ def run_record(
         "llm": None if llm is None else _sanitize_llm(llm),
         "tool_calls": int(tool_calls),
         "tool_refusals": int(tool_refusals),
+    }
+
+
+def start_record(
+    *,
+    slug: str,
+    trust: str | None,
+    run_id: str,
+    source: str,
+    sandbox: bool,
+    runtime: str | None,
+    max_runtime_seconds: int,
+) -> dict[str, Any]:
+    """The `agent_run_start` record written before any agent code runs.
+
+    With it a run whose end record never arrives (host killed, append lost) is visible to `verify_audit`:
+    a start older than its own runtime bound plus `END_GRACE_SECONDS` with no matching `agent_run` is a
+    problem. A restarted host closes such runs with `host_lost`.
+    """
+    if source not in _SOURCES:
+        raise ValueError(f"audit source {source!r} is not one of {sorted(_SOURCES)}")
+    return {
+        "event": START_EVENT,
+        "slug": slug,
+        "source": source,
+        "trust": trust,
+        "request_id": run_id,
+        "sandbox": bool(sandbox),
+        "runtime": runtime,
+        "max_runtime_seconds": int(max_runtime_seconds),
     }
 
 
@@ -125,6 +168,8 @@ class VerifyReport:
     ok: bool
     records: int
     problems: list[str] = dataclasses.field(default_factory=list)
+    open_runs: list[str] = dataclasses.field(default_factory=list)
+    """Runs started within their runtime bound (plus grace) and not ended yet: in progress, not a problem."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +192,10 @@ class AuditLog:
     cannot show. Before an append would take the live file past `max_bytes` it becomes `<path>.1` (older
     files shift up, those beyond `keep` are dropped) and the chain continues in a new file. Writers
     serialize on an flock of `<path>.lock`, so threads and processes may append concurrently.
+
+    The lock, log and head descriptors are opened once and held: a host whose descriptor table is
+    exhausted by a hostile run can still write its audit (only a rotation needs a new one). A failed
+    append is retried `APPEND_ATTEMPTS` times before `append` reports it.
     The chain is unkeyed: it makes edits evident, it does not stop someone who rewrites the log,
     recomputes every hash and rewrites the head file.
     """
@@ -157,20 +206,57 @@ class AuditLog:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
+        self._mutex = threading.Lock()
+        self._lock_fd = -1
+        self._log_fd = -1
+        self._head_fd = -1
 
-    def append(self, record: Mapping[str, Any]) -> bool:
-        """Append one record; never raises. False (and one content-free warning) when it was not written."""
-        try:
-            with _locked(self.path, exclusive=True):
-                self._append_locked(record)
-        except (OSError, TypeError, ValueError) as exc:
-            cause = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else type(exc).__name__
-            logger.warning("audit record not written to %s: %s", self.path, cause)
-            return False
-        return True
+    def open(self) -> None:
+        """Open (and from then on hold) the descriptors appends need; appends call it themselves."""
+        with self._mutex:
+            self._ensure_open()
 
-    def tail(self, n: int, *, slug: str | None = None) -> list[dict[str, Any]]:
-        """The last `n` records (only `slug`'s when given), oldest first, reading rotated files as needed.
+    def close(self) -> None:
+        """Release the held descriptors (a later append opens them again)."""
+        with self._mutex:
+            for name in ("_lock_fd", "_log_fd", "_head_fd"):
+                fd = getattr(self, name)
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                setattr(self, name, -1)
+
+    def append(self, record: Mapping[str, Any], *, sync: bool = True) -> bool:
+        """Append one record; never raises. False (and one content-free warning) when it was not written.
+
+        `sync=False` skips the fsyncs: the record still survives the host process dying, not the machine.
+        """
+        cause = ""
+        for attempt in range(APPEND_ATTEMPTS):
+            if attempt:
+                time.sleep(0.05 * 4**attempt)
+            try:
+                with self._mutex:
+                    self._ensure_open()
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+                    try:
+                        self._append_locked(record, sync)
+                    finally:
+                        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                return True
+            except (TypeError, ValueError) as exc:  # a record that cannot be serialized: retrying won't help
+                cause = type(exc).__name__
+                break
+            except OSError as exc:
+                cause = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+                self._drop_log_fd()
+        logger.warning("audit record not written to %s: %s", self.path, cause)
+        return False
+
+    def tail(
+        self, n: int, *, slug: str | None = None, events: frozenset[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The last `n` records (only `slug`'s / those `events` when given), oldest first, across rotations.
 
         Lines that are not JSON objects are skipped; use `verify_audit` to find them.
         """
@@ -181,16 +267,51 @@ class AuditLog:
             for path in reversed(_chain_files(self.path)):
                 for line in _lines_reversed(path):
                     rec = _parse(line)
-                    if rec is not None and (slug is None or rec.get("slug") == slug):
-                        found.append(rec)
-                        if len(found) == n:
-                            return found[::-1]
+                    if rec is None or (slug is not None and rec.get("slug") != slug):
+                        continue
+                    if events is not None and rec.get("event") not in events:
+                        continue
+                    found.append(rec)
+                    if len(found) == n:
+                        return found[::-1]
         return found[::-1]
 
-    def _append_locked(self, record: Mapping[str, Any]) -> None:
-        head_path = _head_path(self.path)
-        head = _read_head(head_path)
-        seq, prev = _tip(self.path, head)
+    # -- held descriptors ----------------------------------------------------------------------------
+
+    def _ensure_open(self) -> None:
+        if self._lock_fd < 0:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock_fd = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if self._head_fd < 0:
+            self._head_fd = os.open(_head_path(self.path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if self._log_fd < 0:
+            self._log_fd = _open_log(self.path)
+
+    def _drop_log_fd(self) -> None:
+        with self._mutex:
+            if self._log_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self._log_fd)
+                self._log_fd = -1
+
+    def _current_log_fd(self) -> int:
+        """The held log descriptor, reopened when another writer rotated the file away under it."""
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(self._log_fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(self._log_fd)
+            self._log_fd = -1
+            self._log_fd = _open_log(self.path)
+        return self._log_fd
+
+    # -- under the lock ------------------------------------------------------------------------------
+
+    def _append_locked(self, record: Mapping[str, Any], sync: bool) -> None:
+        head = _head_from_bytes(_pread_all(self._head_fd))
+        fd = self._current_log_fd()
+        seq, prev = _tip(self.path, head, fd)
         entry = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "seq": seq + 1,
@@ -199,30 +320,26 @@ class AuditLog:
         }
         line = json.dumps(entry, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
         dropped = False
-        fd = _open_log(self.path)
-        try:
-            size = os.fstat(fd).st_size
-            if size and size + len(line) + 1 > self.max_bytes:
-                os.close(fd)
-                fd = -1
-                dropped = self._rotate()
-                fd = _open_log(self.path)
-            start = os.fstat(fd).st_size
-            # A torn last line (crash mid-write elsewhere) must not swallow this record.
-            data = (b"\n" if start and os.pread(fd, 1, start - 1) != b"\n" else b"") + line + b"\n"
-            if os.write(fd, data) != len(data):
-                os.ftruncate(fd, start)
-                raise OSError(errno.EIO, "short write")
+        size = os.fstat(fd).st_size
+        if size and size + len(line) + 1 > self.max_bytes:
+            dropped = self._rotate()
+            fd = self._current_log_fd()
+        start = os.fstat(fd).st_size
+        # A torn last line (crash mid-write elsewhere) must not swallow this record.
+        data = (b"\n" if start and os.pread(fd, 1, start - 1) != b"\n" else b"") + line + b"\n"
+        if os.write(fd, data) != len(data):
+            os.ftruncate(fd, start)
+            raise OSError(errno.EIO, "short write")
+        if sync:
             os.fsync(fd)
-        finally:
-            if fd >= 0:
-                os.close(fd)
         first: tuple[int | None, str | None]
         if head is not None and head.first_seq is not None and not dropped:
             first = (head.first_seq, head.first_prev)
+        elif seq == 0 and prev == GENESIS:  # the first record ever is the first retained one
+            first = (1, GENESIS)
         else:
             first = _first_record(self.path)
-        _write_head(head_path, _Head(seq + 1, _sha(line), *first))
+        _write_head(self._head_fd, _Head(seq + 1, _sha(line), *first), sync=sync)
 
     def _rotate(self) -> bool:
         """Shift `<path>.k` to `.k+1`, the live file to `.1`; True when the oldest file was dropped."""
@@ -239,15 +356,18 @@ class AuditLog:
         return dropped
 
 
-def verify_audit(path: Path) -> VerifyReport:
+def verify_audit(path: Path, *, now: datetime | None = None) -> VerifyReport:
     """Check the whole chain (rotated files oldest first, then `path`) and the head file.
 
     Detects edited, inserted, reordered and removed lines: each line must be a JSON object whose `prev`
     is the hash of the line before it and whose `seq` follows the previous one; the first and last
-    records must match `<path>.head`, which is how truncation of the tail (or start) is detected.
+    records must match `<path>.head`, which is how truncation of the tail (or start) is detected. A run
+    whose `agent_run_start` has no `agent_run` after its runtime bound plus grace is a problem too (a lost
+    end record); younger ones are listed in `open_runs`.
     """
     problems: list[str] = []
     records = 0
+    started: dict[str, tuple[str, dict[str, Any]]] = {}
     with _locked(path, exclusive=False):
         head_path = _head_path(path)
         head = _read_head(head_path)
@@ -267,6 +387,7 @@ def verify_audit(path: Path) -> VerifyReport:
                         expect = None if expect is None else expect + 1
                     else:
                         problems.extend(_check(where, rec, prev_hash, expect, head))
+                        _pair(rec, where, started)
                         seq = rec.get("seq")
                         expect = seq + 1 if _is_int(seq) else (None if expect is None else expect + 1)
                     prev_hash = _sha(line)
@@ -282,7 +403,39 @@ def verify_audit(path: Path) -> VerifyReport:
             )
         elif prev_hash != head.hash:
             problems.append(f"{path.name}: last record does not match {head_path.name} (edited or replaced)")
-    return VerifyReport(ok=not problems, records=records, problems=problems)
+    open_runs: list[str] = []
+    for run_id, (where, rec) in started.items():
+        if _overdue(rec, now if now is not None else datetime.now(UTC)):
+            problems.append(
+                f"{where}: run {run_id[:12]} ({rec.get('slug')}) started at {rec.get('ts')} and has no end "
+                "record (its host died or the record was lost; a restarted host records host_lost)"
+            )
+        else:
+            open_runs.append(run_id)
+    return VerifyReport(ok=not problems, records=records, problems=problems, open_runs=open_runs)
+
+
+def _pair(rec: dict[str, Any], where: str, started: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Match start records with the end record of the same run id."""
+    run_id = rec.get("request_id")
+    if not isinstance(run_id, str):
+        return
+    if rec.get("event") == START_EVENT:
+        started[run_id] = (where, rec)
+    elif rec.get("event") == RUN_EVENT:
+        started.pop(run_id, None)
+
+
+def _overdue(rec: dict[str, Any], now: datetime) -> bool:
+    """A start is overdue once its runtime bound plus END_GRACE_SECONDS has passed (or it cannot be read)."""
+    bound = rec.get("max_runtime_seconds")
+    try:
+        ts = datetime.fromisoformat(str(rec.get("ts")).replace("Z", "+00:00"))
+    except ValueError:
+        return True
+    if not _is_int(bound):
+        return True
+    return (now - ts).total_seconds() > bound + END_GRACE_SECONDS
 
 
 def _check(
@@ -310,7 +463,7 @@ def _check(
 @contextlib.contextmanager
 def _locked(path: Path, *, exclusive: bool) -> Iterator[None]:
     """Hold flock on `<path>.lock`; readers go unlocked when no writer ever created the lock file."""
-    lock_path = path.with_name(path.name + ".lock")
+    lock_path = _lock_path(path)
     if exclusive:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -327,14 +480,18 @@ def _locked(path: Path, *, exclusive: bool) -> Iterator[None]:
         os.close(fd)
 
 
-def _tip(path: Path, head: _Head | None) -> tuple[int, str]:
-    """(seq, hash) the next record chains to.
+def _tip(path: Path, head: _Head | None, fd: int) -> tuple[int, str]:
+    """(seq, hash) the next record chains to; `fd` is the live log, read without opening it again.
 
     The last line normally agrees with the head. If the head is exactly one record behind (a crash
     between writing the line and the head) the line wins; on any other disagreement the head wins, so
     records removed from the end stay visible as a chain break at the next append.
     """
-    last = next((line for p in reversed(_chain_files(path)) for line in _lines_reversed(p)), None)
+    last = _last_line(fd)
+    if last is None and head is not None:  # an empty live file (just rotated): the head is the tip
+        return head.seq, head.hash
+    if last is None and _numbered(path, 1).exists():  # no head either: go on from the newest rotated file
+        last = next((line for p in reversed(_chain_files(path)[:-1]) for line in _lines_reversed(p)), None)
     if last is None:
         line_tip = (0, GENESIS)
         rec = None
@@ -347,6 +504,25 @@ def _tip(path: Path, head: _Head | None) -> tuple[int, str]:
     if rec is not None and rec.get("seq") == head.seq + 1 and rec.get("prev") == head.hash:
         return line_tip
     return head.seq, head.hash
+
+
+def _last_line(fd: int) -> bytes | None:
+    """The last non-empty line of an open file (without its newline), reading blocks from the end."""
+    pos = os.fstat(fd).st_size
+    rest = b""
+    while pos > 0:
+        step = min(_BLOCK, pos)
+        pos -= step
+        chunk = os.pread(fd, step, pos) + rest
+        stripped = chunk.rstrip(b"\n") if not rest else chunk
+        if not rest and not stripped:
+            rest = b""
+            continue
+        cut = stripped.rfind(b"\n")
+        if cut >= 0:
+            return stripped[cut + 1 :]
+        rest = stripped
+    return rest or None
 
 
 def _first_record(path: Path) -> tuple[int | None, str | None]:
@@ -363,23 +539,33 @@ def _first_record(path: Path) -> tuple[int | None, str | None]:
 
 def _read_head(head_path: Path) -> _Head | None:
     try:
-        data = json.loads(head_path.read_bytes())
+        return _head_from_bytes(head_path.read_bytes())
+    except OSError:
+        return None
+
+
+def _head_from_bytes(raw: bytes) -> _Head | None:
+    try:
+        data = json.loads(raw)
         head = _Head(data["seq"], data["hash"], data.get("first_seq"), data.get("first_prev"))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     return head if _is_int(head.seq) and isinstance(head.hash, str) else None
 
 
-def _write_head(head_path: Path, head: _Head) -> None:
-    """Atomically replace the head file (write a temp file, fsync, rename)."""
-    tmp = head_path.with_name(head_path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(dataclasses.asdict(head), separators=(",", ":")).encode())
+def _pread_all(fd: int) -> bytes:
+    return os.pread(fd, _HEAD_BYTES, 0)
+
+
+def _write_head(fd: int, head: _Head, *, sync: bool) -> None:
+    """Rewrite the held head file in place: one fixed-size block, padded, so no write leaves a tail behind."""
+    data = json.dumps(dataclasses.asdict(head), separators=(",", ":")).encode().ljust(_HEAD_BYTES)
+    if os.pwrite(fd, data, 0) != len(data):
+        raise OSError(errno.EIO, "short write")
+    if os.fstat(fd).st_size != _HEAD_BYTES:
+        os.ftruncate(fd, _HEAD_BYTES)
+    if sync:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(head_path)
 
 
 def _lines_reversed(path: Path) -> Iterator[bytes]:
@@ -424,7 +610,11 @@ def _rotated(path: Path) -> dict[int, Path]:
 
 
 def _open_log(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
 
 
 def _numbered(path: Path, k: int) -> Path:
@@ -451,4 +641,14 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-__all__ = ["GENESIS", "AuditLog", "VerifyReport", "run_record", "verify_audit"]
+__all__ = [
+    "END_GRACE_SECONDS",
+    "GENESIS",
+    "RUN_EVENT",
+    "START_EVENT",
+    "AuditLog",
+    "VerifyReport",
+    "run_record",
+    "start_record",
+    "verify_audit",
+]

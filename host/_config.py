@@ -19,6 +19,10 @@ FLAG_ENV = "AGENTNODE_AGENT_SANDBOX"
 RUNTIMES = ("runc", "runsc")
 HOST_TRUST_POLICIES = ("default", "curated_only", "none")
 PROVIDERS = ("openai", "anthropic", "openai_compatible")
+WIRE_UINT32_MAX = 2**32 - 1
+"""Limits cross to the sandbox as uint32 (session.proto): a larger number would not survive the wire."""
+DEFAULT_MAX_RUNTIME_SECONDS = 3600
+"""The runtime ceiling when the operator sets none (the pack format's own maximum): no run is unbounded."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class LimitsCeiling:
     """`agent_sandbox.limits`: host ceilings on the manifest's limits."""
 
     max_tool_calls: int | None = None
-    max_runtime_seconds: int | None = None
+    max_runtime_seconds: int = DEFAULT_MAX_RUNTIME_SECONDS
     max_iterations: int | None = None
 
 
@@ -229,6 +233,8 @@ class _Validator:
     def positive_int(self, value: Any, key: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise self.fail(key, "expected a positive integer", value)
+        if value > WIRE_UINT32_MAX:
+            raise self.fail(key, f"expected a positive integer up to {WIRE_UINT32_MAX}", value)
         return value
 
     def non_negative_int(self, value: Any, key: str) -> int:
@@ -299,7 +305,8 @@ class _Validator:
         data = self.section(value, key, ("max_tool_calls", "max_runtime_seconds", "max_iterations"))
         return LimitsCeiling(
             max_tool_calls=self.optional(data, f"{key}.max_tool_calls", self.positive_int),
-            max_runtime_seconds=self.optional(data, f"{key}.max_runtime_seconds", self.positive_int),
+            max_runtime_seconds=self.optional(data, f"{key}.max_runtime_seconds", self.positive_int)
+            or DEFAULT_MAX_RUNTIME_SECONDS,
             max_iterations=self.optional(data, f"{key}.max_iterations", self.positive_int),
         )
 

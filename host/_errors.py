@@ -36,6 +36,8 @@ class AuditReason(enum.StrEnum):
     HOST_LOOP_ERROR = "host_loop_error"
     SOCKET_LOST = "socket_lost"
     HOST_LOST = "host_lost"
+    HOST_AT_CAPACITY = "host_at_capacity"
+    AUDIT_FAILED = "audit_failed"
 
 
 AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)

@@ -34,7 +34,12 @@ class WarmPools:
 
     A claimed member leaves the pool for good: the caller runs it once and destroys it. Members that
     exited, outlived the idle TTL, or belong to a pool nobody asked for are destroyed by the filler.
+    Every `CURRENT_CHECK_SECONDS` the filler asks `is_current(spec)` (is that pack version still the
+    installed one?); a pool whose pack was uninstalled or replaced stops refilling, its members are
+    destroyed and `retired(spec)` lets the owner drop what only that pool used (its pack volume).
     """
+
+    CURRENT_CHECK_SECONDS = 1.0
 
     def __init__(
         self,
@@ -42,9 +47,14 @@ class WarmPools:
         settings: PoolSettings,
         *,
         destroy: Callable[[Sandbox], None] | None = None,
+        is_current: Callable[[SandboxSpec], bool] | None = None,
+        retired: Callable[[SandboxSpec], None] | None = None,
     ) -> None:
         self._launch = launch
         self._destroy = destroy or (lambda box: box.destroy())
+        self._is_current = is_current
+        self._retired = retired
+        self._checked_at = 0.0
         self.settings = settings
         self._members: dict[PoolKey, list[Sandbox]] = {}
         self._specs: dict[PoolKey, SandboxSpec] = {}
@@ -52,6 +62,7 @@ class WarmPools:
         self._cond = threading.Condition()
         self._closed = False
         self.launch_failures = 0
+        self.retired_pools = 0
         self._filler = threading.Thread(target=self._fill_loop, daemon=True, name="agentnode-pool-filler")
         self._filler.start()
 
@@ -127,9 +138,44 @@ class WarmPools:
                 return doomed, spec
         return doomed, None
 
+    def _retire_stale(self) -> None:
+        """Drop pools whose pack version is no longer the installed one (outside the lock: it reads files)."""
+        now = time.monotonic()
+        if self._is_current is None or now - self._checked_at < self.CURRENT_CHECK_SECONDS:
+            return
+        self._checked_at = now
+        with self._cond:
+            specs = list(self._specs.values())
+        stale: list[SandboxSpec] = []
+        for spec in specs:
+            try:
+                current = self._is_current(spec)
+            except Exception as exc:  # noqa: BLE001 (unknown is not stale: keep the pool, check again)
+                logger.warning("warm pool check failed: %s", type(exc).__name__)
+                current = True
+            if not current:
+                stale.append(spec)
+        if not stale:
+            return
+        doomed: list[Sandbox] = []
+        with self._cond:
+            for spec in stale:
+                self._specs.pop(spec.pool_key, None)
+                doomed.extend(self._members.pop(spec.pool_key, []))
+            self._cond.notify_all()
+        for box in doomed:
+            with contextlib.suppress(Exception):
+                self._destroy(box)
+        for spec in stale:
+            self.retired_pools += 1
+            if self._retired is not None:
+                with contextlib.suppress(Exception):
+                    self._retired(spec)
+
     def _fill_loop(self) -> None:
         backoff = 0.0
         while True:
+            self._retire_stale()
             with self._cond:
                 if self._closed:
                     return

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import resource
 import stat
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from host._audit import GENESIS, AuditLog, run_record, verify_audit
+from host._audit import END_GRACE_SECONDS, GENESIS, AuditLog, run_record, start_record, verify_audit
 from host._errors import AuditReason
 
 REPO = Path(__file__).resolve().parents[2]
@@ -376,3 +379,125 @@ def test_tail_returns_last_records_oldest_first_across_rotations(tmp_path: Path)
 
 def test_tail_of_a_missing_log_is_empty(tmp_path: Path) -> None:
     assert AuditLog(tmp_path / "none" / "audit.jsonl").tail(5) == []
+
+
+# --- start records, held descriptors, retries (issue 12) ----------------------------------------------------
+
+
+def start(run_id: str = "run-1", max_runtime_seconds: int = 60) -> dict[str, Any]:
+    return start_record(
+        slug="demo-agent",
+        trust="unverified",
+        run_id=run_id,
+        source="agent_sandbox",
+        sandbox=True,
+        runtime="runc",
+        max_runtime_seconds=max_runtime_seconds,
+    )
+
+
+def test_start_record_carries_only_typed_fields() -> None:
+    assert start() == {
+        "event": "agent_run_start",
+        "slug": "demo-agent",
+        "source": "agent_sandbox",
+        "trust": "unverified",
+        "request_id": "run-1",
+        "sandbox": True,
+        "runtime": "runc",
+        "max_runtime_seconds": 60,
+    }
+    with pytest.raises(ValueError):
+        start_record(
+            slug="x", trust=None, run_id="r", source="elsewhere", sandbox=True, runtime=None,
+            max_runtime_seconds=1,
+        )  # fmt: skip
+
+
+def test_a_start_without_an_end_is_open_then_a_problem_once_overdue(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    assert log.append(start("ended"), sync=False)
+    assert log.append(record(run_id="ended"))
+    assert log.append(start("lost", max_runtime_seconds=60), sync=False)
+    fresh = verify_audit(path)
+    assert fresh.ok and fresh.open_runs == ["lost"], fresh.problems
+    later = datetime.now(UTC) + timedelta(seconds=60 + END_GRACE_SECONDS + 5)
+    stale = verify_audit(path, now=later)
+    assert not stale.ok and stale.open_runs == []
+    assert len(stale.problems) == 1
+    assert "run lost" in stale.problems[0] and "no end record" in stale.problems[0]
+    assert log.append(record(run_id="lost", reason=AuditReason.HOST_LOST))  # what a restarted host writes
+    assert verify_audit(path, now=later).ok
+
+
+def test_a_start_with_an_unreadable_bound_is_overdue(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    AuditLog(path).append({**start("odd"), "max_runtime_seconds": "soon"})
+    assert not verify_audit(path).ok
+
+
+def test_appends_need_no_new_descriptor_once_open(tmp_path: Path) -> None:
+    """With its descriptors held, the log is written even when the process's table is full."""
+    code = f"""
+import os, resource, sys
+sys.path.insert(0, {str(REPO)!r})
+from host._audit import AuditLog, verify_audit
+from pathlib import Path
+path = Path({str(tmp_path / "audit.jsonl")!r})
+log = AuditLog(path)
+log.open()
+hog = []
+try:
+    while True:
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+ok = [log.append({{"event": "agent_run", "n": n}}) for n in range(20)]
+for fd in hog:
+    os.close(fd)
+print(all(ok), verify_audit(path).ok)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_a_transient_failure_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    real_write = os.write
+    failures = {"left": 2}
+
+    def flaky(fd: int, data: bytes) -> int:
+        if failures["left"] and data.endswith(b"\n") and b'"seq"' in data:
+            failures["left"] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", flaky)
+    assert log.append(record())
+    assert failures["left"] == 0
+    monkeypatch.setattr(os, "write", real_write)
+    report = verify_audit(path)
+    assert report.ok and report.records == 1, report.problems
+
+
+def test_another_writer_rotating_the_file_is_followed(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    one, two = AuditLog(path, max_bytes=600), AuditLog(path, max_bytes=600)
+    for n in range(12):
+        assert (one if n % 3 else two).append(record(run_id=f"r{n}"))
+    assert verify_audit(path).ok
+    assert [r["request_id"] for r in one.tail(12)][-3:] == ["r9", "r10", "r11"]
+
+
+def test_tail_can_select_events(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.append(start("a"), sync=False)
+    log.append(record(run_id="a"))
+    assert [r["event"] for r in log.tail(5)] == ["agent_run_start", "agent_run"]
+    assert [r["event"] for r in log.tail(5, events=frozenset({"agent_run"}))] == ["agent_run"]

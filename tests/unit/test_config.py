@@ -260,3 +260,26 @@ def test_set_image_pin_rejects_empty_ref(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="non-empty"):
         set_image_pin(config_paths({"AGENTNODE_CONFIG": str(tmp_path)}), "")
     assert not (tmp_path / "config.json").exists()
+
+
+def test_runtime_has_a_default_host_ceiling(tmp_path: Path) -> None:
+    """No run is unbounded: without a configured ceiling the pack format's own maximum applies."""
+    assert load_config(_write(tmp_path, {})).agent_sandbox.limits.max_runtime_seconds == 3600
+    raised = _write(tmp_path, {"agent_sandbox": {"limits": {"max_runtime_seconds": 7200}}})
+    assert load_config(raised).agent_sandbox.limits.max_runtime_seconds == 7200
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["limits.max_runtime_seconds", "limits.max_tool_calls", "llm.max_calls", "llm.max_input_chars",
+     "idle_timeout_seconds"],
+)  # fmt: skip
+def test_integers_that_cross_the_wire_must_fit_uint32(tmp_path: Path, key: str) -> None:
+    section, _, name = key.rpartition(".")
+    value: dict[str, Any] = {name: 2**32}
+    data = {"agent_sandbox": {section: value} if section else value}
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, data))
+    assert f"agent_sandbox.{key}: expected a positive integer up to 4294967295" in err.value.message
+    value[name] = 2**32 - 1
+    load_config(_write(tmp_path, data))

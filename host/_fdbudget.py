@@ -1,0 +1,115 @@
+"""The host's file-descriptor budget: runs are admitted only while a reserve stays free for the host itself.
+
+A run's socket can hold at most a bounded number of connections (the per-run server refuses the rest
+before the HTTP/2 handshake), so each run costs at most `per_run` descriptors. Admission keeps
+`reserve` descriptors free for what every run depends on (the admin socket, the audit log, tool workers,
+the engine's connection pool): one run exhausting its own bound hurts only itself, and a host full of
+runs refuses the next one cleanly instead of failing the runs it already has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import threading
+from collections.abc import Callable, Iterator
+
+from host._errors import AuditReason, SandboxError
+
+RESERVED_FDS = 256
+"""Descriptors kept free for the host itself whatever its runs do."""
+PER_RUN_OVERHEAD_FDS = 24
+"""A run's own descriptors besides its socket's connections: listener, gRPC pollers, the engine's log
+stream and attach, pipes of a host-path wrapper, the run directory."""
+NOFILE_TARGET = 1 << 16
+"""How high the host raises its own soft open-file limit at start (never above the hard limit)."""
+
+
+def raise_nofile_limit(target: int = NOFILE_TARGET) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards `target` (bounded by the hard limit); the new soft."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    return int(soft) if soft != resource.RLIM_INFINITY else target
+
+
+def open_fds() -> int:
+    """How many descriptors this process holds now."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+class FdBudget:
+    """Admits a run while the worst case still leaves the reserve free.
+
+    The worst case is every admitted run using its full share on top of what the host held when the
+    budget was made (`baseline`); the descriptors open right now are checked too, so a leak elsewhere
+    in the host shows up as refusals rather than as an exhausted table.
+    """
+
+    def __init__(
+        self,
+        *,
+        per_run: int,
+        reserve: int = RESERVED_FDS,
+        limit: int | None = None,
+        count: Callable[[], int] = open_fds,
+    ) -> None:
+        self.per_run = per_run
+        self.reserve = reserve
+        self.limit = raise_nofile_limit() if limit is None else limit
+        self._count = count
+        self.baseline = count()
+        self._lock = threading.Lock()
+        self._held = 0
+        self.refused = 0
+
+    @property
+    def capacity(self) -> int:
+        """How many runs fit when the host holds nothing else (for messages and doctor)."""
+        return max(0, (self.limit - self.reserve) // self.per_run)
+
+    def check(self) -> None:
+        """Raise SandboxError(host_at_capacity) unless one more run would fit now."""
+        with self._lock:
+            self._check_locked()
+
+    def _check_locked(self) -> None:
+        in_use = max(self._count(), self.baseline + self._held * self.per_run)
+        if in_use + self.per_run > self.limit - self.reserve:
+            self.refused += 1
+            raise SandboxError(
+                f"the host is at its descriptor capacity ({self._held} runs, {in_use} of "
+                f"{self.limit} descriptors in use, {self.reserve} kept in reserve)",
+                reason=AuditReason.HOST_AT_CAPACITY,
+                hint="retry when runs have finished, or raise the host's open-file limit "
+                "(ulimit -n, or LimitNOFILE= for a systemd service)",
+            )
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Admit one run for the duration of the block, or raise SandboxError(host_at_capacity)."""
+        with self._lock:
+            self._check_locked()
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held -= 1
+
+
+__all__ = [
+    "NOFILE_TARGET",
+    "PER_RUN_OVERHEAD_FDS",
+    "RESERVED_FDS",
+    "FdBudget",
+    "open_fds",
+    "raise_nofile_limit",
+]
