@@ -1,20 +1,27 @@
 """The `agentnode-sandbox` command: one scriptable entry point with a stable exit-code and --json contract.
 
-docs/cli.md is the contract: every command, option, exit code and --json schema.
+docs/cli.md is the contract: every command, option, exit code and --json schema. Human output is for a
+terminal and carries text agents and packs wrote, so it all leaves through `_say` (host/_terminal.py
+escapes controls, bidi and other invisible characters); --json output is strict JSON (never NaN/Infinity).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import logging
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from host._errors import AuditReason, EngineError, PackError, SandboxError
+from host._json import JsonRejected, check_finite, dumps_strict, loads_strict
+from host._terminal import safe_block, safe_line, safe_token
+
+if TYPE_CHECKING:
+    from host._runner import RunResult
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -37,15 +44,38 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def _say(text: str = "", *, err: bool = False) -> None:
+    """Write one block of human output (stdout, or stderr with `err`). Every human line goes through here.
+
+    Why a last escape of the whole block when fields are escaped where they are interpolated: a field an
+    interpolation forgot still cannot drive the terminal (it could at most start a line of its own).
+    """
+    (sys.stderr if err else sys.stdout).write(safe_block(text) + "\n")
+
+
 def _print_error(message: str, hint: str | None) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    """The contract's `error:` / `hint:` lines; each is one line even when it quotes an agent's text."""
+    _say(f"error: {safe_line(message)}", err=True)
     if hint:
-        print(f"hint: {hint}", file=sys.stderr)
+        _say(f"hint: {safe_line(hint)}", err=True)
+
+
+def _json_line(payload: Any) -> str:
+    """Strict JSON (ESC and friends come out as \\u001b); a value JSON cannot carry is a clean error."""
+    try:
+        return dumps_strict(payload, sort_keys=True, default=str)
+    except (JsonRejected, RecursionError) as exc:
+        problem = str(exc) if isinstance(exc, JsonRejected) else "it nests too deeply"
+        raise SandboxError(
+            f"the output cannot be printed as JSON ({problem})",
+            reason=AuditReason.HOST_LOOP_ERROR,
+            hint="re-run with --debug for the traceback",
+        ) from None
 
 
 def _emit(args: argparse.Namespace, payload: Any, human: Callable[[], None]) -> None:
     if args.json:
-        sys.stdout.write(json.dumps(payload, sort_keys=True, default=str) + "\n")
+        sys.stdout.write(_json_line(payload) + "\n")
     else:
         human()
 
@@ -56,7 +86,7 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None]:
         return lambda _line: None
 
     def show(line: str) -> None:
-        sys.stderr.write(f"  {line}\n")
+        _say(f"  {safe_line(line)}", err=True)
         sys.stderr.flush()
 
     return show
@@ -76,12 +106,36 @@ def _parse_args_kv(pairs: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.isidentifier():
             raise _UsageError(f"--arg expects KEY=JSON with KEY a Python identifier, got {pair!r}")
         try:
-            out[key] = json.loads(raw)
-        except ValueError:
+            out[key] = loads_strict(raw)
+        except JsonRejected as exc:
             raise _UsageError(
-                f"--arg {key}: the value is not JSON (quote strings: {key}='\"text\"')"
+                f"--arg {key}: the value is not strict JSON: {exc} (quote strings: {key}='\"text\"')"
             ) from None
     return out
+
+
+RESULT_DEPTH = 512
+"""Deeper results are refused before json.dumps would hit the interpreter's recursion limit."""
+
+
+def _printable(result: RunResult) -> RunResult:
+    """A result that JSON cannot carry (a non-finite number that got past the host) ends as a failed run.
+
+    Why here too: `run` must never print NaN/Infinity, whichever host (this one, or `serve` via --via)
+    produced the result.
+    """
+    try:
+        check_finite(result.result, max_depth=RESULT_DEPTH)
+    except JsonRejected as exc:
+        return dataclasses.replace(
+            result,
+            success=False,
+            result=None,
+            error=f"the agent's result cannot be shown as JSON: {exc}",
+            error_code="result_not_serializable",
+            hint="return only JSON values (finite numbers, strings, lists, objects, true/false/null)",
+        )
+    return result
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -102,21 +156,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             host.close()
         audit_failures = host.audit_failures
+    result = _printable(result)
     payload = result.to_json()
     if audit_failures:
         payload["audit_error"] = "the audit record could not be written"
 
     def human() -> None:
         if result.success:
-            print(json.dumps(result.result, indent=2))
-            print(
-                f"ok: {args.slug} ({result.mode_used}, run {result.run_id[:12]}, {result.duration_ms} ms)",
-                file=sys.stderr,
+            _say(dumps_strict(result.result, indent=2))  # ensure_ascii: every control is a \\u escape
+            _say(
+                f"ok: {safe_token(args.slug)} ({safe_token(result.mode_used)}, "
+                f"run {safe_token(result.run_id[:12])}, {int(result.duration_ms)} ms)",
+                err=True,
             )
         else:
-            _print_error(f"{result.error} [{result.error_code}]", result.hint)
+            _print_error(f"{safe_line(result.error)} [{safe_token(result.error_code)}]", result.hint)
         if audit_failures:
-            print("warning: the audit record could not be written", file=sys.stderr)
+            _say("warning: the audit record could not be written", err=True)
 
     _emit(args, payload, human)
     return EXIT_OK if result.success else EXIT_FAILED
@@ -130,10 +186,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def ready(path: str) -> None:
         if args.json:
-            sys.stdout.write(json.dumps({"socket": path, "warm": args.warm}) + "\n")
+            sys.stdout.write(_json_line({"socket": path, "warm": args.warm}) + "\n")
             sys.stdout.flush()
-        warm = ", ".join(args.warm) or "none"
-        print(f"serving on {path} (warm: {warm}); stop with SIGTERM", file=sys.stderr)
+        warm = ", ".join(safe_token(slug) for slug in args.warm) or "none"
+        _say(f"serving on {safe_line(path)} (warm: {warm}); stop with SIGTERM", err=True)
 
     serve(socket_path, warm=args.warm, ready=ready, drain_seconds=args.drain_seconds)
     return EXIT_OK
@@ -176,9 +232,10 @@ def cmd_install(args: argparse.Namespace) -> int:
     _emit(
         args,
         _pack_payload(entry),
-        lambda: print(
-            f"installed {entry.slug} {entry.version} ({entry.package_type}, trust {entry.trust_level})"
-            + (f" into volume {entry.sandbox_volume}" if entry.sandbox_volume else "")
+        lambda: _say(
+            f"installed {safe_token(entry.slug)} {safe_token(entry.version)} "
+            f"({safe_token(entry.package_type)}, trust {safe_token(entry.trust_level)})"
+            + (f" into volume {safe_token(entry.sandbox_volume)}" if entry.sandbox_volume else "")
         ),
     )
     return EXIT_OK
@@ -198,12 +255,13 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     payload = {**_pack_payload(entry), "volume_left_behind": leftover}
 
     def human() -> None:
-        print(f"uninstalled {entry.slug} {entry.version}")
+        _say(f"uninstalled {safe_token(entry.slug)} {safe_token(entry.version)}")
         if leftover:
-            print(
-                f"warning: the engine is not reachable, so volume {leftover} was kept "
-                f"(remove it later: docker volume rm {leftover})",
-                file=sys.stderr,
+            volume = safe_token(leftover)
+            _say(
+                f"warning: the engine is not reachable, so volume {volume} was kept "
+                f"(remove it later: docker volume rm {volume})",
+                err=True,
             )
 
     _emit(args, payload, human)
@@ -229,9 +287,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     def human() -> None:
         if not rows:
-            print(f"no packs installed ({PROG} install PATH)")
+            _say(f"no packs installed ({PROG} install PATH)")
         for r in rows:
-            print(f"{r['slug']:<32} {r['version']:<12} {r['package_type']:<9} {r['trust_level']}")
+            slug, version, kind, trust = (
+                safe_token(r[k]) for k in ("slug", "version", "package_type", "trust_level")
+            )
+            _say(f"{slug:<32} {version:<12} {kind:<9} {trust}")
 
     _emit(args, rows, human)
     return EXIT_OK
@@ -248,12 +309,12 @@ def cmd_init(args: argparse.Namespace) -> int:
         )
     parent = Path(args.dir) if args.dir else Path.cwd()
     target, files = scaffold(args.name, kind=args.type, parent=parent)
-    print(f"created {args.type} pack {args.name} in {target}:")
+    _say(f"created {args.type} pack {args.name} in {safe_line(target)}:")
     for f in files:
-        print(f"  {f.relative_to(target)}")
-    print("next:")
+        _say(f"  {safe_line(f.relative_to(target))}")
+    _say("next:")
     for step in next_steps(args.name, args.type, target):
-        print(f"  {step}")
+        _say(f"  {safe_line(step)}")
     return EXIT_OK
 
 
@@ -316,9 +377,9 @@ def cmd_image(args: argparse.Namespace) -> int:
             _emit(
                 args,
                 payload,
-                lambda: print(
-                    f"{'built' if res.built else 'up to date'}: {res.tag} {res.image_id} "
-                    f"(pinned in {cfg.paths.config_file})"
+                lambda: _say(
+                    f"{'built' if res.built else 'up to date'}: {safe_token(res.tag)} "
+                    f"{safe_token(res.image_id)} (pinned in {safe_line(cfg.paths.config_file)})"
                 ),
             )
             return EXIT_OK
@@ -330,7 +391,11 @@ def cmd_image(args: argparse.Namespace) -> int:
             set_image_pin(cfg.paths, pin)
             where = str(cfg.paths.config_file)
             pulled = {"ref": args.ref, "image_id": image.id, "pin": pin, "pinned_in": where}
-            _emit(args, pulled, lambda: print(f"pulled {args.ref}: pinned {pin} in {where}"))
+            _emit(
+                args,
+                pulled,
+                lambda: _say(f"pulled {safe_line(args.ref)}: pinned {safe_line(pin)} in {safe_line(where)}"),
+            )
             return EXIT_OK
         st = image_status(client, cfg.agent_sandbox.image, repo_root=REPO_ROOT)
         problem: EngineError | None = None
@@ -348,10 +413,10 @@ def cmd_image(args: argparse.Namespace) -> int:
         }
 
         def human() -> None:
-            print(
-                f"pin: {cfg.agent_sandbox.image or '(none)'}\n"
+            _say(
+                f"pin: {safe_line(cfg.agent_sandbox.image or '(none)')}\n"
                 f"present: {st.present}  matches pin: {st.matches_pin}  "
-                f"protocol: {st.protocol}  up to date: {st.up_to_date}"
+                f"protocol: {safe_line(st.protocol)}  up to date: {st.up_to_date}"
             )
             if problem is not None:
                 _print_error(problem.message, problem.hint)
@@ -372,35 +437,41 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     def human() -> None:
         for c in report.checks:
-            print(f"  {'ok' if c.ok else 'FAIL':<5} {c.check:<20} {c.detail}")
+            _say(f"  {'ok' if c.ok else 'FAIL':<5} {safe_token(c.check):<20} {safe_line(c.detail)}")
             if c.fix:
-                print(f"  {'':<5} {'':<20} fix: {c.fix}")
+                _say(f"  {'':<5} {'':<20} fix: {safe_line(c.fix)}")
         failed = sum(1 for c in report.checks if not c.ok)
-        print("ready" if report.ready else f"not ready: {failed} check(s) failed")
+        _say("ready" if report.ready else f"not ready: {failed} check(s) failed")
 
     _emit(args, report.to_json(), human)
     return EXIT_OK if report.ready else EXIT_FAILED
 
 
 def _human_explain(p: Mapping[str, Any]) -> None:
+    """Every value is escaped where it is interpolated: package names, models and messages come from packs."""
     req, llm = p["requested"], p["llm"]
 
     def line(label: str, value: Any) -> None:
-        print(f"  {label + ':':<21} {value}")
+        _say(f"  {label + ':':<21} {value}")
 
     def capped(key: str) -> str:
-        lowered = f" (the host ceiling lowered it from {req[key]})" if key in p["clamped"] else ""
-        return f"{p[key]}{lowered}"
+        lowered = f" (the host ceiling lowered it from {safe_line(req[key])})" if key in p["clamped"] else ""
+        return f"{safe_line(p[key])}{lowered}"
 
-    print(f"{p['slug']} {p['version']} (trust {p['trust']})")
-    line("route", f"{p['route']}: {p['route_message']}")
+    def names(items: Sequence[Any]) -> str:
+        return ", ".join(safe_token(item) for item in items)
+
+    _say(f"{safe_token(p['slug'])} {safe_token(p['version'])} (trust {safe_token(p['trust'])})")
+    line("route", f"{safe_token(p['route'])}: {safe_line(p['route_message'])}")
     if p["hint"]:
-        line("hint", p["hint"])
+        line("hint", safe_line(p["hint"]))
     if p["runtime"]:
-        line("sandbox", f"runtime {p['runtime']}, image {p['image'] or '(not pinned)'}")
-    line("tools", ", ".join(p["allowed_packages"]) or "(none)")
+        image = safe_line(p["image"] or "(not pinned)")
+        line("sandbox", f"runtime {safe_token(p['runtime'])}, image {image}")
+    line("tools", names(p["allowed_packages"]) or "(none)")
     line("max_tool_calls", capped("max_tool_calls"))
-    line("max_runtime_seconds", f"{capped('max_runtime_seconds')} (idle limit {p['idle_timeout_seconds']})")
+    idle = safe_line(p["idle_timeout_seconds"])
+    line("max_runtime_seconds", f"{capped('max_runtime_seconds')} (idle limit {idle})")
     line("max_iterations", capped("max_iterations"))
     if not llm["enabled"]:
         line("llm", "not granted (llm_access.enabled is not true, or the host disabled it)")
@@ -408,13 +479,13 @@ def _human_explain(p: Mapping[str, Any]) -> None:
         if p["route"] == "host":
             line("llm", "host path: llm_access caps do not apply (sanity bounds below)")
         for key in ("max_calls", "max_input_chars", "max_output_chars"):
-            lowered = f" (lowered from {req['llm'][key]})" if key in llm["clamped"] else ""
-            line(f"llm {key}", f"{llm[key]}{lowered}")
+            lowered = f" (lowered from {safe_line(req['llm'][key])})" if key in llm["clamped"] else ""
+            line(f"llm {key}", f"{safe_line(llm[key])}{lowered}")
         models = llm["allowed_models"]
-        line("llm models", "any host model" if models is None else ", ".join(models) or "none")
-    provider = f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip()
+        line("llm models", "any host model" if models is None else names(models) or "none")
+    provider = safe_line(f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip())
     line("llm provider", f"{provider} ({'configured' if llm['configured'] else 'not configured'})")
-    line("clamped by the host", ", ".join(p["clamped"]) or "nothing")
+    line("clamped by the host", names(p["clamped"]) or "nothing")
 
 
 def cmd_policy(args: argparse.Namespace) -> int:
@@ -426,33 +497,42 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from host._audit import AuditLog, verify_audit
+    from host._audit import RUN_EVENT, AuditLog, verify_audit
     from host._config import load_config
 
     path = load_config().paths.audit_file
     if args.audit_cmd == "verify":
         rep = verify_audit(path)
-        payload = {"ok": rep.ok, "records": rep.records, "problems": rep.problems, "path": str(path)}
+        payload = {
+            "ok": rep.ok,
+            "records": rep.records,
+            "problems": rep.problems,
+            "open_runs": rep.open_runs,
+            "path": str(path),
+        }
 
         def human() -> None:
-            print(f"{'ok' if rep.ok else 'FAILED'}: {rep.records} records in {path}")
+            _say(f"{'ok' if rep.ok else 'FAILED'}: {rep.records} records in {safe_line(path)}")
             for p in rep.problems:
-                print(f"  {p}")
+                _say(f"  {safe_line(p)}")
+            if rep.open_runs:
+                _say(f"  {len(rep.open_runs)} run(s) in progress (started, not ended yet)")
 
         _emit(args, payload, human)
         return EXIT_OK if rep.ok else EXIT_FAILED
     if args.last <= 0:
         raise _UsageError(f"--last must be a positive number, got {args.last}")
-    records = AuditLog(path).tail(args.last, slug=args.slug)
+    records = AuditLog(path).tail(args.last, slug=args.slug, events=frozenset({RUN_EVENT}))
 
     def human_list() -> None:
         if not records:
-            print(f"no audit records in {path}")
+            _say(f"no audit records in {safe_line(path)}")
         for r in records:
-            print(
-                f"{r.get('ts')} {r.get('slug')} {r.get('action')} {r.get('reason')} "
-                f"run={str(r.get('request_id'))[:12]} {r.get('duration_ms')}ms"
+            ts, slug, action, reason, duration = (
+                safe_token(r.get(k)) for k in ("ts", "slug", "action", "reason", "duration_ms")
             )
+            run = safe_token(str(r.get("request_id"))[:12])
+            _say(f"{ts} {slug} {action} {reason} run={run} {duration}ms")
 
     _emit(args, records, human_list)
     return EXIT_OK
@@ -540,11 +620,32 @@ def _error_payload(args: argparse.Namespace, error: str, code: str, hint: str) -
     return {"success": False, "error": error, "error_code": code, "hint": hint or None}
 
 
+class _SafeFormatter(logging.Formatter):
+    """Log lines reach the operator's terminal too, and a logged value may be agent- or pack-written."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_block(super().format(record))
+
+
+def _show_traceback() -> None:
+    """--debug: the traceback, escaped (exception messages quote pack- and agent-written text)."""
+    _say(traceback.format_exc().rstrip("\n"), err=True)
+
+
+def _tolerant_streams() -> None:
+    """A character the terminal's encoding lacks is shown as an escape, never a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_streams()
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     try:
         return int(args.func(args))
     except _UsageError as exc:
@@ -552,9 +653,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except SandboxError as exc:
         if args.debug:
-            traceback.print_exc()
+            _show_traceback()
         if args.json:
-            print(json.dumps(_error_payload(args, exc.message, exc.reason.value, exc.hint), sort_keys=True))
+            _say(dumps_strict(_error_payload(args, exc.message, exc.reason.value, exc.hint), sort_keys=True))
         _print_error(exc.message, exc.hint)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -562,12 +663,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 (the contract: one error line, no traceback without --debug)
         if args.debug:
-            traceback.print_exc()
+            _show_traceback()
         message = f"unexpected {type(exc).__name__}"
         hint = "re-run with --debug for the traceback"
         if args.json:
             payload = _error_payload(args, message, AuditReason.HOST_LOOP_ERROR.value, hint)
-            print(json.dumps(payload, sort_keys=True))
+            _say(dumps_strict(payload, sort_keys=True))
         _print_error(message, hint)
         return EXIT_FAILED
     finally:

@@ -740,3 +740,305 @@ def test_tracebacks_only_with_debug(env: dict[str, str]) -> None:
     out = json_out(cli(env, "list", "--json"))
     check_schema("error", out)
     assert out["success"] is False and out["hint"]
+
+
+# -- terminal injection (issue 12, finding 7) and strict JSON out (finding 8) --------------------------
+
+HOSTILE = "\x1b[2K\x1b[1A\x1b]0;pwned\x07\rok: fake (agent_sandbox)\x9b31m\u202etxt.exe\u2066\n\x00"
+"""Erase the line, cursor up, retitle the window, overwrite with a fake ok:, 8-bit CSI, bidi, a newline."""
+RAW = ("\x1b", "\x07", "\r", "\x9b", "\u202e", "\u2066", "\x00")
+
+
+def assert_terminal_safe(text: str, *, cr: bool = True) -> None:
+    """No raw control, C1 or bidi character, and the hostile text is visible as escapes.
+
+    `cr=False`: the text went through the wrapper's one-line summary of an exception, which already turned
+    the CR (whitespace) into a space.
+    """
+    for ch in RAW:
+        assert ch not in text, (ch, text)
+    assert "\\x1b]0;pwned\\x07" in text and "\\u202e" in text and "\\x9b" in text
+    assert ("\\rok: fake" if cr else "ok: fake") in text
+
+
+@pytest.fixture
+def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """main() in this process, with a private state directory and no engine; returns the state dir."""
+    for key, value in cli_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    return Path(cli_env(tmp_path)["AGENTNODE_CONFIG"])
+
+
+def fake_run(monkeypatch: pytest.MonkeyPatch, result: Any) -> None:
+    """Every SandboxHost the CLI creates returns `result` (a RunResult) from run()."""
+
+    class FakeHost:
+        audit_failures = 0
+
+        def startup_sweep(self) -> None:
+            pass
+
+        def run(self, slug: str, **kwargs: Any) -> Any:
+            return result
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr("host._runner.SandboxHost", FakeHost)
+
+
+def _run_result(**fields: Any) -> Any:
+    from host._runner import RunResult
+
+    base: dict[str, Any] = {"mode_used": "agent_sandbox", "run_id": "a" * 32, "duration_ms": 5}
+    base["logs"] = HOSTILE
+    return RunResult(**{**base, **fields})
+
+
+def strict_json(text: str) -> Any:
+    """Parse JSON as a strict reader would: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_failed_runs_error_and_hint_reach_the_terminal_escaped_on_two_lines(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+
+    fake_run(monkeypatch, _run_result(success=False, error=HOSTILE, error_code="agent_exception",
+                                      hint="try " + HOSTILE))  # fmt: skip
+    assert main(["run", "probe"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_terminal_safe(err)
+    lines = err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: \\x1b[2K") and lines[1].startswith("hint: try ")
+    assert lines[0].endswith("\\n\\x00 [agent_exception]")
+
+
+def test_a_failed_runs_json_keeps_the_text_exact_and_escaped_by_json(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+
+    fake_run(monkeypatch, _run_result(success=False, error=HOSTILE, error_code="agent_exception"))
+    assert main(["run", "probe", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out and "\\u001b" in out  # JSON's own escaping
+    payload = strict_json(out)
+    check_schema("run", payload)
+    assert payload["error"] == HOSTILE and payload["logs"] == HOSTILE
+    assert err == ""  # with --json, the run object is the whole report
+
+
+def test_a_successful_run_prints_its_result_as_ascii_json(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+
+    result = {"text": HOSTILE, "name": "日本 é"}
+    fake_run(monkeypatch, _run_result(success=True, result=result, mode_used="agent\x1b[8m"))
+    assert main(["run", "probe"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == result and out.isascii() and "\x1b" not in out
+    assert err.startswith("ok: probe (") and '"agent\\x1b[8m"' in err and "\x1b" not in err
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_result_is_a_failed_run_never_invalid_json(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: float
+) -> None:
+    from host._cli import main
+
+    fake_run(monkeypatch, _run_result(success=True, result={"n": [1, value]}, logs=""))
+    assert main(["run", "probe", "--json"]) == 1
+    out, _ = capsys.readouterr()
+    payload = strict_json(out)
+    check_schema("run", payload)
+    assert payload["success"] is False and payload["result"] is None
+    assert payload["error_code"] == "result_not_serializable" and payload["run_id"] == "a" * 32
+    assert main(["run", "probe"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: the agent's result cannot be shown as JSON")
+
+
+def test_any_other_value_json_cannot_carry_is_a_clean_error_object(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+
+    class Explained:
+        def to_json(self) -> dict[str, Any]:
+            return {"slug": "x", "max_tool_calls": float("nan")}
+
+    monkeypatch.setattr("host._explain.explain_policy", lambda slug: Explained())
+    assert main(["policy", "explain", "x", "--json"]) == 1
+    out, err = capsys.readouterr()
+    payload = strict_json(out)
+    check_schema("error", payload)
+    assert payload["error_code"] == "host_loop_error" and "cannot be printed as JSON" in payload["error"]
+    assert err.startswith("error: the output cannot be printed as JSON")
+
+
+@pytest.mark.parametrize("raw", ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", "[1, 1e400]"])
+def test_arg_values_must_be_strict_json(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raw: str
+) -> None:
+    from host._cli import main
+
+    fake_run(monkeypatch, _run_result(success=True, result=None))  # never reached
+    assert main(["run", "probe", "--arg", f"n={raw}", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --arg n: the value is not strict JSON")
+
+
+def _entry(**fields: Any) -> Any:
+    from host._packs import LockEntry
+
+    base: dict[str, Any] = {
+        "slug": "spoof", "version": "1.0.0", "package_type": "agent", "trust_level": "unverified",
+        "artifact_hash": "f" * 64, "import_subdir": "", "sandbox_volume": None, "host_path": None,
+        "manifest": {}, "installed_at": "2025-01-01T00:00:00Z",
+    }  # fmt: skip
+    return LockEntry(**{**base, **fields})
+
+
+SPOOF_VERSION = "1.0.0 (agent, trust curated)\r\x1b[2K"
+"""A version that, printed raw, makes an unverified pack read as curated."""
+
+
+def test_install_shows_a_hostile_version_quoted_and_escaped(
+    in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+
+    monkeypatch.setattr("host._packs.install_pack", lambda *a, **k: _entry(version=SPOOF_VERSION))
+    assert main(["install", str(tmp_path)]) == 0
+    out, _ = capsys.readouterr()
+    assert out == 'installed spoof "1.0.0 (agent, trust curated)\\r\\x1b[2K" (agent, trust unverified)\n'
+
+
+def test_list_uninstall_and_audit_show_lockfile_and_audit_text_escaped(
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+
+    lockfile = Lockfile(load_config().paths.lockfile)
+    lockfile.put(_entry(version=SPOOF_VERSION, trust_level="unverified\x1b[8m"))
+    assert main(["list"]) == 0
+    out, _ = capsys.readouterr()
+    assert "\x1b" not in out and "\r" not in out and len(out.splitlines()) == 1
+    assert '"1.0.0 (agent, trust curated)\\r\\x1b[2K"' in out and '"unverified\\x1b[8m"' in out
+
+    audit = load_config().paths.audit_file
+    audit.parent.mkdir(parents=True, exist_ok=True)
+    record = {"event": "agent_run", "ts": "t", "slug": HOSTILE, "action": "deny", "reason": "x\u202e",
+              "request_id": "\x9b" * 20, "duration_ms": 1}  # fmt: skip
+    audit.write_text(json.dumps(record) + "\n")
+    assert main(["audit"]) == 0
+    out, _ = capsys.readouterr()
+    assert len(out.splitlines()) == 1
+    assert_terminal_safe(out)
+
+    assert main(["uninstall", "spoof"]) == 0
+    out, err = capsys.readouterr()
+    assert out == 'uninstalled spoof "1.0.0 (agent, trust curated)\\r\\x1b[2K"\n' and "\x1b" not in err
+
+
+def test_doctor_and_policy_explain_rows_are_escaped(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+    from host._doctor import Check, DoctorReport
+
+    report = DoctorReport("x", (Check("installed", False, "x " + HOSTILE, "fix: " + HOSTILE),))
+    monkeypatch.setattr("host._doctor.run_doctor", lambda slug: report)
+    assert main(["doctor", "x"]) == 1
+    out, _ = capsys.readouterr()
+    assert len(out.splitlines()) == 3  # the row, its fix, the verdict
+    assert_terminal_safe(out)
+
+    requested_llm = {"enabled": True, "max_calls": 9, "max_input_chars": None, "max_output_chars": None,
+                     "allowed_models": ["m" + HOSTILE]}  # fmt: skip
+    explained = {
+        "slug": "x", "version": SPOOF_VERSION, "trust": "unverified", "route": "sandbox",
+        "route_reason": None, "route_message": HOSTILE, "hint": HOSTILE, "runtime": "runc",
+        "image": "sha256:" + "a" * 64,
+        "allowed_packages": ["tools" + HOSTILE], "max_tool_calls": 3, "max_runtime_seconds": 20,
+        "max_iterations": 10, "idle_timeout_seconds": 30, "clamped": ["max_tool_calls", "llm.max_calls"],
+        "llm": {"enabled": True, "max_calls": 2, "max_input_chars": 10, "max_output_chars": 10,
+                "allowed_models": ["m" + HOSTILE], "clamped": ["max_calls"], "provider": "openai",
+                "model": "gpt" + HOSTILE, "configured": True},
+        "requested": {"allowed_packages": ["tools" + HOSTILE], "max_tool_calls": 40,
+                      "max_runtime_seconds": 20, "max_iterations": 10, "llm": requested_llm},
+    }  # fmt: skip
+
+    class Explained:
+        def to_json(self) -> dict[str, Any]:
+            return explained
+
+    monkeypatch.setattr("host._explain.explain_policy", lambda slug: Explained())
+    assert main(["policy", "explain", "x"]) == 0
+    out, _ = capsys.readouterr()
+    assert_terminal_safe(out)
+    assert out.splitlines()[0] == 'x "1.0.0 (agent, trust curated)\\r\\x1b[2K" (trust unverified)'
+    assert all(line.startswith("  ") for line in out.splitlines()[1:])  # no line of the agent's own
+
+
+def test_errors_that_quote_pack_text_stay_on_their_two_lines(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from host._cli import main
+    from host._errors import PackError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PackError(f"{HOSTILE}: symlinks are not allowed in a pack", hint=HOSTILE)
+
+    monkeypatch.setattr("host._packs.install_pack", refuse)
+    assert main(["install", str(in_process.parent)]) == 1
+    _, err = capsys.readouterr()
+    assert len(err.splitlines()) == 2
+    assert_terminal_safe(err)
+
+    def crash(slug: str) -> Any:
+        raise RuntimeError(HOSTILE)
+
+    monkeypatch.setattr("host._doctor.run_doctor", crash)
+    assert main(["doctor", "--debug"]) == 1
+    _, err = capsys.readouterr()
+    assert "Traceback" in err and "RuntimeError: \\x1b[2K" in err
+    assert_terminal_safe(err)
+
+
+def test_log_lines_are_escaped_too() -> None:
+    import logging
+
+    from host._cli import _SafeFormatter
+
+    record = logging.LogRecord("host.x", logging.WARNING, __file__, 1, "seen: %s", (HOSTILE,), None)
+    line = _SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert line.startswith("WARNING host.x: seen: ")
+    assert_terminal_safe(line)
+
+
+def test_a_host_path_agents_exception_text_is_escaped(env: dict[str, str], tmp_path: Path) -> None:
+    source = (
+        "def run(context, mode='raise', **kwargs):\n"
+        f"    if mode == 'inf':\n        return {{'n': float('inf')}}\n"
+        f"    raise ValueError({HOSTILE!r})\n"
+    )
+    pack = write_agent(tmp_path / "src", "painter", source=source)
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    human = cli(env, "run", "painter")
+    assert human.returncode == 1 and human.stdout == ""
+    assert_terminal_safe(human.stderr, cr=False)
+    assert len(human.stderr.splitlines()) == 1  # one error line (an agent failure has no hint)
+    proc = cli(env, "run", "painter", "--arg", 'mode="inf"', "--json")
+    assert proc.returncode == 1
+    out = strict_json(proc.stdout)
+    check_schema("run", out)
+    assert out["success"] is False and out["error_code"] == "result_not_serializable"
