@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
@@ -41,6 +41,14 @@ _PROVIDERS: dict[str, tuple[str, str, str | None, str]] = {
 }
 _KEYLESS = "not-needed"  # the SDK insists on a key; local openai_compatible servers ignore it
 _ROLES = frozenset({"system", "user", "assistant"})
+MAX_MESSAGES = 256
+"""Messages one call may carry; more is LLM_INPUT_TOO_LARGE, refused before any message is looked at."""
+MESSAGE_OVERHEAD_CHARS = 4
+"""What each message adds to the input size besides its role and content: the structure around it (the
+"\\n\\n" that joins system messages for Anthropic is 2 of these). Empty messages are not free, so many
+of them can never add up to a large request under a small cap."""
+FRAMING_BYTES_PER_MESSAGE = 16
+"""Upper bound on one message's encoding overhead (field tags, length prefixes) in a request."""
 _CHARS_PER_TOKEN = 3  # conservative: real text averages ~4 chars/token, so the char cap is what bites
 _MAX_TOKENS_CEILING = 16384
 _FINISH_REASONS = {
@@ -220,7 +228,8 @@ class _AnthropicAdapter:
         self._rate_limited = anthropic.RateLimitError
 
     def _request(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        # Empty system messages add nothing but separators, so they are dropped, not joined.
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
         request: dict[str, Any] = {
             "model": self._model,
             "max_tokens": max_tokens,
@@ -316,8 +325,9 @@ class LlmSession:
     """One run's LLM budget; thread-safe. Checks run before any spend, and a call slot is reserved before
     the provider is called, so concurrent calls can never exceed `max_calls`.
 
-    Order: granted → well-formed → input size → provider configured → model allowed → call slot. Only the
-    last consumes a call: a request refused earlier cost nothing and is not charged.
+    Order: granted → message count → well-formed → input size → provider configured → model allowed →
+    call slot. Only the last consumes a call: a request refused earlier cost nothing and is not charged.
+    The RPC layer runs `screen` first, on a request it has not even decoded yet.
     """
 
     def __init__(self, broker: LlmBroker, policy: LlmPolicy) -> None:
@@ -337,9 +347,34 @@ class LlmSession:
             "model": None,
         }
 
-    def call(self, messages: Sequence[Mapping[str, str]]) -> Completion:
-        """One completion; raises LlmRefusal."""
-        adapter, wire, max_tokens = self._admit(messages)
+    @property
+    def max_request_bytes(self) -> int:
+        """The most bytes an admissible input can take encoded: UTF-8 needs at most 4 bytes a character,
+        and each of at most MAX_MESSAGES messages at most FRAMING_BYTES_PER_MESSAGE of framing."""
+        if not self._policy.enabled:
+            return 0
+        return 4 * self._policy.max_input_chars + FRAMING_BYTES_PER_MESSAGE * MAX_MESSAGES + 256
+
+    def screen(self, *, request_bytes: int | None = None, message_count: int | None = None) -> None:
+        """The checks that need no message at all, so a request that cannot pass costs nothing to refuse.
+
+        Granted, a call left, an encoded size that could fit the input cap (`max_request_bytes`), at most
+        MAX_MESSAGES messages. A refusal counts exactly as it would in `call`; passing counts nothing.
+        """
+        if not self._policy.enabled:
+            self._refuse_request("LLM_NOT_GRANTED", "refused_disabled")
+        if self.calls_remaining == 0:
+            self._refuse_request("LLM_CALL_LIMIT", "refused_limit")
+        too_many_bytes = request_bytes is not None and request_bytes > self.max_request_bytes
+        if too_many_bytes or (message_count is not None and message_count > MAX_MESSAGES):
+            self._refuse_request("LLM_INPUT_TOO_LARGE", "refused_input")
+
+    def call(
+        self, messages: Sequence[Mapping[str, str]], *, on_admit: Callable[[], None] | None = None
+    ) -> Completion:
+        """One completion; raises LlmRefusal. `on_admit` runs once every check passed and a call was
+        reserved, before the provider is called (the RPC layer counts the run as active from there)."""
+        adapter, wire, max_tokens = self._admit(messages, on_admit)
         try:
             completion = adapter.complete(wire, max_tokens)
         except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
@@ -351,14 +386,16 @@ class LlmSession:
             return completion
         raise LlmRefusal(reason)  # outside the handler: the provider exception is not chained
 
-    def stream(self, messages: Sequence[Mapping[str, str]]) -> Iterator[str | Completion]:
+    def stream(
+        self, messages: Sequence[Mapping[str, str]], *, on_admit: Callable[[], None] | None = None
+    ) -> Iterator[str | Completion]:
         """Text chunks as they arrive, then one Completion with content "" (the text was already sent).
 
         At the output cap it yields text up to exactly `max_output_chars`, closes the provider stream and
         raises LlmRefusal("LLM_OUTPUT_TOO_LARGE"). Closing this generator closes the provider stream. As a
-        generator, it checks and sends nothing until the first `next()`.
+        generator, it checks and sends nothing until the first `next()`; `on_admit` is as for `call`.
         """
-        adapter, wire, max_tokens = self._admit(messages)
+        adapter, wire, max_tokens = self._admit(messages, on_admit)
         sent = 0
         with contextlib.closing(adapter.stream(wire, max_tokens)) as chunks:
             while True:
@@ -395,13 +432,17 @@ class LlmSession:
         with self._lock:
             return max(0, self._policy.max_calls - int(self._usage["calls"]))
 
-    def _admit(self, messages: Sequence[Mapping[str, str]]) -> tuple[_Adapter, list[dict[str, str]], int]:
+    def _admit(
+        self, messages: Sequence[Mapping[str, str]], on_admit: Callable[[], None] | None
+    ) -> tuple[_Adapter, list[dict[str, str]], int]:
         """Run every check, reserve a call slot and return what the provider call needs."""
         self._count("requests")
         if not self._policy.enabled:
             self._refuse("LLM_NOT_GRANTED", "refused_disabled")
+        if isinstance(messages, Sequence) and len(messages) > MAX_MESSAGES:
+            self._refuse("LLM_INPUT_TOO_LARGE", "refused_input")  # before looking at a single message
         wire = _validated(messages)
-        if sum(len(m["content"]) for m in wire) > self._policy.max_input_chars:
+        if input_chars(wire) > self._policy.max_input_chars:
             self._refuse("LLM_INPUT_TOO_LARGE", "refused_input")
         binding = self._broker._binding
         if binding is None:
@@ -425,6 +466,8 @@ class LlmSession:
                 self._usage["refused_limit"] += 1
                 raise LlmRefusal("LLM_CALL_LIMIT")
             self._usage["calls"] += 1
+        if on_admit is not None:
+            on_admit()
         max_tokens = max(1, math.ceil(self._policy.max_output_chars / _CHARS_PER_TOKEN))
         return adapter, wire, min(_MAX_TOKENS_CEILING, max_tokens)
 
@@ -436,11 +479,28 @@ class LlmSession:
         self._count(counter)
         raise LlmRefusal(reason)
 
+    def _refuse_request(self, reason: str, counter: str) -> NoReturn:
+        """A refusal from `screen`: the request is counted here because it never reaches `_admit`."""
+        with self._lock:
+            self._usage["requests"] += 1
+            self._usage[counter] += 1
+        raise LlmRefusal(reason)
+
     def _provider_failed(self, reason: str, exc: Exception) -> str:
         """Count and log a provider failure by exception type only: its text may hold the key or prompt."""
         self._count("provider_errors")
         logger.warning("LLM provider call failed (%s): %s", reason, type(exc).__name__)
         return reason
+
+
+def input_chars(messages: Sequence[Mapping[str, str]]) -> int:
+    """The input size a call is capped on: every role, every content and MESSAGE_OVERHEAD_CHARS per message.
+
+    It bounds what either adapter sends: OpenAI gets each role and content as they are; Anthropic gets the
+    non-system messages as they are plus the non-empty system contents joined by "\\n\\n", which is
+    shorter than their roles, contents and overheads together.
+    """
+    return sum(len(m["role"]) + len(m["content"]) + MESSAGE_OVERHEAD_CHARS for m in messages)
 
 
 def _validated(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
@@ -459,4 +519,13 @@ def _validated(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
     return wire
 
 
-__all__ = ["Completion", "LlmBroker", "LlmRefusal", "LlmSession"]
+__all__ = [
+    "FRAMING_BYTES_PER_MESSAGE",
+    "MAX_MESSAGES",
+    "MESSAGE_OVERHEAD_CHARS",
+    "Completion",
+    "LlmBroker",
+    "LlmRefusal",
+    "LlmSession",
+    "input_chars",
+]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import grpc
 
 from host._errors import AuditReason, EngineError
+from host._json import JsonRejected, dumps_strict, loads_strict
 from host._runner import RunResult
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 
@@ -17,10 +17,24 @@ _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def result_from(report: runner_pb2.RunReport) -> RunResult:
-    """The host-side RunResult of a wire report."""
+    """The host-side RunResult of a wire report; a result that is not strict JSON is a failed run."""
+    result: Any = None
+    if report.success and report.result_json:
+        try:
+            result = loads_strict(report.result_json)
+        except JsonRejected:
+            return RunResult(
+                success=False,
+                error="the run's result is not strict JSON (a non-finite number?)",
+                error_code="result_not_serializable",
+                mode_used=report.mode_used,
+                run_id=report.run_id,
+                duration_ms=report.duration_ms,
+                logs=report.logs,
+            )
     return RunResult(
         success=report.success,
-        result=json.loads(report.result_json) if report.success and report.result_json else None,
+        result=result,
         error=report.error,
         error_code=report.error_code,
         mode_used=report.mode_used,
@@ -88,7 +102,7 @@ class RunnerClient:
     ) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "slug": slug,
-            "kwargs_json": json.dumps(dict(kwargs or {}), allow_nan=False),
+            "kwargs_json": dumps_strict(dict(kwargs or {})),
             "runtime": runtime or "",
         }
         if goal is not None:

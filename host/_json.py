@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from itertools import accumulate
 from typing import Any
 
 DEFAULT_MAX_DEPTH = 64
@@ -25,27 +27,45 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# A JSON string (escapes included), so brackets inside strings never count as nesting.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Outside strings, valid JSON holds only brackets, separators, numbers, literals and whitespace: delete all
+# but the brackets (fast, in C) and fold both kinds into one, since nesting is nesting.
+_BRACKETS_ONLY = str.maketrans(
+    {"{": "[", "}": "]", **dict.fromkeys(" \t\n\r,:0123456789+-.eE" + "truefalsenull" + "NaNInfinity")}
+)
+_NOT_BRACKET = re.compile(r"[^\[\]]+")
+_DELTA = {"[": 1, "]": -1}
+_QUICK_PASSES = 8
+_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
+_HUGE_MARKS = ("e000", "E000", "e+000", "E+000", "0" * 309)
+
+
+def _may_overflow(text: str) -> bool:
+    """Whether the text holds something that could be a float too large to be finite: an exponent of
+    three or more digits, or 309 digits in a row. A few substring searches in C; strings may trigger it
+    too, which only costs the exact (slower) parse."""
+    folded = text.translate(_DIGITS_AS_ZERO)
+    return any(mark in folded for mark in _HUGE_MARKS)
+
+
 def _depth_ok(text: str, max_depth: int) -> bool:
-    """A linear scan of bracket nesting outside strings, so a 100,000-deep array costs no recursion."""
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > max_depth:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
+    """Whether brackets outside strings nest at most `max_depth` deep, without recursion or a Python loop
+    per character: strings and everything but brackets are cut in C, then up to a few passes strip the
+    innermost pairs (each pass takes exactly one level off; shallow JSON, the common case, ends here).
+    What is still nested after them is measured exactly in one running sum over the remaining brackets.
+
+    Text that is not JSON may pass here; it fails in json.loads, which then names it as invalid JSON.
+    """
+    brackets = _STRING.sub("", text).translate(_BRACKETS_ONLY)
+    passes = 0
+    while passes < min(max_depth, _QUICK_PASSES):
+        stripped = brackets.replace("[]", "")  # one scan, so pairs it exposes wait for the next pass
+        if not stripped or stripped == brackets:
+            return True
+        brackets, passes = stripped, passes + 1
+    deepest = max(accumulate(map(_DELTA.__getitem__, _NOT_BRACKET.sub("", brackets))), default=0)
+    return deepest + passes <= max_depth
 
 
 def loads_strict(
@@ -53,8 +73,7 @@ def loads_strict(
 ) -> Any:
     """Parse JSON from an untrusted party: size first (before any work), then depth, then finite numbers."""
     if max_bytes is not None:
-        size = len(text) if isinstance(text, bytes) else len(text)
-        if size > max_bytes or (
+        if len(text) > max_bytes or (
             isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) > max_bytes
         ):
             raise JsonRejected(f"the JSON text exceeds {max_bytes} bytes")
@@ -65,8 +84,12 @@ def loads_strict(
             raise JsonRejected("the JSON text is not UTF-8") from None
     if not _depth_ok(text, max_depth):
         raise JsonRejected(f"the JSON text nests deeper than {max_depth}")
+    # Only a number with a huge exponent or 309+ digits can overflow to infinity; text without one is
+    # parsed by json's C code alone, and checking every float in Python is kept for text that has one.
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        if _may_overflow(text):
+            return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_reject_constant)
     except JsonRejected:
         raise
     except (ValueError, RecursionError):

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
-from host._audit import AuditLog, run_record
+from host._audit import AuditLog, run_record, start_record
 from host._broker import LlmBroker, LlmSession
 from host._config import HostConfig, load_config
 from host._engine import (
@@ -34,6 +35,7 @@ from host._engine import (
 )
 from host._errors import AuditReason, EngineError, SandboxError
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
+from host._fdbudget import PER_RUN_OVERHEAD_FDS, FdBudget
 from host._image import verify_pinned_image
 from host._manifest import ToolpackManifest
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
@@ -41,7 +43,7 @@ from host._policy import Route, RunPolicy
 from host._pool import PoolSettings, WarmPools
 from host._rundir import make_run_dir, orphaned_runs, sweep_run_dirs
 from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain, pool_key
-from host._session import RunSession, RunTask, build_run_server
+from host._session import MAX_CONNECTIONS_PER_RUN, RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
 
 logger = logging.getLogger("agentnode.sandbox.runner")
@@ -157,11 +159,20 @@ class SandboxHost:
         self.tool_runner = tool_runner or ToolRunner()
         self.limits = limits or ContainerLimits()
         self.audit = AuditLog(self.config.paths.audit_file)
+        with contextlib.suppress(OSError):  # held from now on; an append retries the open if this failed
+            self.audit.open()
+        self.fds = FdBudget(per_run=MAX_CONNECTIONS_PER_RUN + PER_RUN_OVERHEAD_FDS)
         self.lockfile = Lockfile(self.config.paths.lockfile)
         self.owner = owner_token()
         self.audit_failures = 0
         self.teardown_failures = 0
-        self.pools = WarmPools(self._launch_member, pool) if pool is not None and pool.size > 0 else None
+        self.pools = (
+            WarmPools(self._launch_member, pool, is_current=self._pool_current, retired=self._pool_retired)
+            if pool is not None and pool.size > 0
+            else None
+        )
+        self._retired_volumes: set[str] = set()
+        self._volumes_lock = threading.Lock()
         self._active: dict[str, RunSession] = {}
         self._reaper = (
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentnode-teardown")
@@ -234,7 +245,10 @@ class SandboxHost:
             self.pools.close()
         if self._reaper is not None:
             self._reaper.shutdown(wait=True)
+        with contextlib.suppress(Exception):
+            self._drop_retired_volumes()
         self.tool_runner.close()
+        self.audit.close()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
@@ -302,8 +316,48 @@ class SandboxHost:
         result.stages = run.stages
         if not self._audit(run, result, reason):
             self.audit_failures += 1
+            result = self._withheld(result, reason)
         run.mark("done")
         return result
+
+    def _withheld(self, result: RunResult, reason: AuditReason) -> RunResult:
+        """A run whose end record could not be written fails loudly: its result is not handed out."""
+        return RunResult(
+            success=False,
+            error=f"the audit record of this run could not be written (it ended as {reason.value}), so "
+            "its result is withheld",
+            error_code=AuditReason.AUDIT_FAILED.value,
+            hint=f"free disk space or fix the permissions of {self.audit.path}, then check: "
+            "agentnode-sandbox audit verify",
+            mode_used=result.mode_used,
+            run_id=result.run_id,
+            timed_out=result.timed_out,
+            duration_ms=result.duration_ms,
+            logs=result.logs,
+            warm=result.warm,
+            stages=result.stages,
+        )
+
+    def _audit_start(self, run: _Run) -> None:
+        """Record the run's start before any agent code runs; no start record, no run."""
+        assert run.policy is not None
+        record = start_record(
+            slug=run.slug,
+            trust=run.trust,
+            run_id=run.run_id,
+            source=run.source,
+            sandbox=run.sandbox,
+            runtime=run.runtime,
+            max_runtime_seconds=run.policy.max_runtime_seconds,
+        )
+        # Not fsynced: it must survive this process dying (the page cache does), the end record is synced.
+        if not self.audit.append(record, sync=False):
+            raise SandboxError(
+                "the audit log cannot be written, so the run was not started",
+                reason=AuditReason.AUDIT_FAILED,
+                hint=f"free disk space or fix the permissions of {self.audit.path}, then check: "
+                "agentnode-sandbox audit verify",
+            )
 
     def _audit(self, run: _Run, result: RunResult, reason: AuditReason) -> bool:
         llm: dict[str, Any] | None = None
@@ -373,11 +427,12 @@ class SandboxHost:
                 system_prompt=manifest.system_prompt,
             )
 
-        if sandboxed:
-            return self._run_sandboxed(run, entry, task, runtime or cfg.runtime, on_start)
-        if on_start is not None:
-            on_start(run.run_id)
-        return self._run_on_host(run, entry, task())
+        with self.fds.hold():  # before anything is built: a full host refuses cleanly
+            if sandboxed:
+                return self._run_sandboxed(run, entry, task, runtime or cfg.runtime, on_start)
+            if on_start is not None:
+                on_start(run.run_id)
+            return self._run_on_host(run, entry, task())
 
     def _gate_and_llm(self, run: _Run, deadline: float) -> tuple[ToolGate, LlmSession]:
         assert run.policy is not None
@@ -416,7 +471,45 @@ class SandboxHost:
             limits=self.limits,
         )
 
+    def _pool_current(self, spec: SandboxSpec) -> bool:
+        """Is this pool's pack version still the installed one (same artifact, same volume)?"""
+        entry = self.lockfile.get(spec.slug)
+        return (
+            entry is not None
+            and entry.package_type == "agent"
+            and entry.artifact_hash == spec.artifact_hash
+            and entry.sandbox_volume == spec.volume
+        )
+
+    def _pool_retired(self, spec: SandboxSpec) -> None:
+        """An uninstalled or replaced pack's pool is gone: drop its volume too, unless a run still uses it."""
+        with self._volumes_lock:
+            self._retired_volumes.add(spec.volume)
+        self._drop_retired_volumes()
+
+    def _drop_retired_volumes(self) -> None:
+        """Remove retired pack volumes no lockfile entry names; one still in use is retried after a run."""
+        if not self._retired_volumes:
+            return
+        with self._volumes_lock:
+            self._drop_retired_volumes_locked()
+
+    def _drop_retired_volumes_locked(self) -> None:
+        used = {e.sandbox_volume for e in self.lockfile.entries().values()}
+        for name in list(self._retired_volumes):
+            if name in used:
+                self._retired_volumes.discard(name)
+                continue
+            try:
+                self.client().volumes.get(name).remove()
+            except docker.errors.NotFound:
+                pass
+            except (OSError, docker.errors.DockerException):
+                continue  # in use by a run still going: its teardown retries
+            self._retired_volumes.discard(name)
+
     def _launch_member(self, spec: SandboxSpec) -> Sandbox:
+        self.fds.check()  # a refill must not eat into the reserve either
         return Sandbox.launch(self.client(), spec, run_id=uuid.uuid4().hex, owner=self.owner, env=self.env)
 
     def prewarm(self, slug: str, runtime: str | None = None) -> None:
@@ -446,6 +539,7 @@ class SandboxHost:
                 run.run_id = box.run_id
                 run.warm = True
                 run.mark("claimed")
+                self._audit_start(run)
                 self._active[run.run_id] = box.session
                 box.session.assign(task(), *self._gate_and_llm(run, deadline))
             else:
@@ -456,6 +550,7 @@ class SandboxHost:
                 # The task goes in before the container starts: its first FetchTask never waits on us.
                 gate, llm = self._gate_and_llm(run, deadline)
                 session = RunSession(task=task(), tools=gate, llm=llm)
+                self._audit_start(run)
                 self._active[run.run_id] = session
                 box = Sandbox.launch(
                     self.client(),
@@ -505,6 +600,7 @@ class SandboxHost:
         if self._reaper is None:
             box.destroy()
             run.mark("teardown")
+            self._drop_retired_volumes()
             return
 
         def destroy() -> None:
@@ -512,6 +608,7 @@ class SandboxHost:
             time.sleep(0.02)
             try:
                 box.destroy()
+                self._drop_retired_volumes()
             except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
                 self.teardown_failures += 1
                 logger.warning("teardown of %s failed: %s", box.name, type(exc).__name__)
@@ -655,6 +752,7 @@ class SandboxHost:
         deadline = run.started + run.policy.max_runtime_seconds
         gate, llm = self._gate_and_llm(run, deadline)
         session = RunSession(task=task, tools=gate, llm=llm)
+        self._audit_start(run)
         rundir = make_run_dir(run.run_id, self.owner, self.env)
         rundir.record_run(_record(run))
         server = build_run_server(session, str(rundir.socket_path))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -15,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from host._json import JsonRejected, dumps_strict, loads_strict
 from host._pool import PoolSettings
 from host._runner import RunResult, SandboxHost
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
@@ -31,12 +31,19 @@ def default_admin_socket(config_dir: Path) -> Path:
 
 
 def report_from(result: RunResult) -> runner_pb2.RunReport:
-    """The wire form of a run's result."""
+    """The wire form of a run's result; a value that is not strict JSON (NaN, ±inf) is never sent as one."""
+    success, result_json, error, error_code = result.success, "", result.error, result.error_code
+    if success:
+        try:
+            result_json = dumps_strict(result.result)
+        except (JsonRejected, TypeError):
+            success, error = False, "the run's result is not strict JSON (finite numbers only)"
+            error_code = "result_not_serializable"
     return runner_pb2.RunReport(
-        success=result.success,
-        result_json=json.dumps(result.result) if result.success else "",
-        error=result.error,
-        error_code=result.error_code,
+        success=success,
+        result_json=result_json,
+        error=error,
+        error_code=error_code,
         mode_used=result.mode_used,
         run_id=result.run_id,
         timed_out=result.timed_out,
@@ -49,14 +56,18 @@ def report_from(result: RunResult) -> runner_pb2.RunReport:
 
 
 def _kwargs(raw: str, context: grpc.ServicerContext) -> dict[str, Any]:
+    """The run's kwargs: a strict JSON object (finite numbers, bounded depth), or the call is refused."""
     if not raw:
         return {}
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = loads_strict(raw, max_bytes=_MAX_MESSAGE_BYTES)
+    except JsonRejected:
         value = None
     if not isinstance(value, dict):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST: kwargs_json must be a JSON object")
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_REQUEST: kwargs_json must be a strict JSON object (finite numbers only)",
+        )
     return value  # type: ignore[no-any-return]
 
 

@@ -2,39 +2,62 @@
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from host._broker import Completion, LlmSession
+from host._broker import MAX_MESSAGES, Completion, LlmSession
 from host._errors import CallRefusal
+from host._json import JsonRejected, dumps_strict, loads_strict
 from host._policy import RunPolicy
-from host._tools import ToolGate
+from host._tools import ToolGate, ToolRefusal
 from sandbox_wrapper import PROTOCOL_VERSION
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
-    llm_pb2,
-    llm_pb2_grpc,
-    session_pb2,
-    session_pb2_grpc,
-    tools_pb2,
-    tools_pb2_grpc,
-)
+from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
 
 logger = logging.getLogger("agentnode.sandbox.session")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-"""gRPC message cap, both directions: larger than any legal payload, small enough to bound host memory."""
+"""gRPC message cap, both directions: larger than any legal payload, small enough to bound host memory.
+Each method has a tighter cap of its own, checked before the request is decoded."""
 
 MAX_RESULT_BYTES = 1024 * 1024
 """Largest JSON result a run may report."""
+
+FETCH_REQUEST_MAX_BYTES = 64
+"""A FetchTask request is one small integer."""
+REPORT_ENVELOPE_BYTES = 16 * 1024
+"""What a ReportResult request may carry besides the result's own bytes (framing, a failure message)."""
+
+MAX_CONNECTIONS_PER_RUN = 8
+"""Connections one run's socket holds at once. gRPC core accepts and closes any beyond this before the
+HTTP/2 handshake, so a run costs the host at most this many descriptors for its socket, whatever its agent
+does. The wrapper uses one; an agent with generated stubs opens its own."""
+MAX_STREAMS_PER_CONNECTION = 512
+"""Open HTTP/2 streams per connection (gRPC core's own default is unbounded): bounds the per-connection
+stream state an agent can make the host keep. It is a memory bound, not the concurrency limit: a client
+at this limit that opens a new stream as an old one ends can be refused (RST_STREAM, seen as UNAVAILABLE),
+so it sits far above MAX_CONCURRENT_RPCS_PER_RUN, which is what sheds load."""
+MAX_CONCURRENT_RPCS_PER_RUN = 64
+"""Calls one run's server holds at once, queued or served; beyond it gRPC sheds calls with a bare
+RESOURCE_EXHAUSTED. Bounds the requests (each at most MAX_MESSAGE_BYTES) a run can make the host hold."""
+RUN_SERVER_THREADS = 8
+"""Threads that serve one run's calls."""
+HANDSHAKE_TIMEOUT_MS = 5000
+"""A connection that has not completed its HTTP/2 handshake by then is closed, freeing its slot."""
+
+REFUSAL_BURST = 32
+"""Refused tool and LLM requests a run may make back to back before it is throttled."""
+REFUSAL_REFILL_PER_SECOND = 4.0
+"""How fast a throttled run earns back refusals."""
+REFUSAL_BYTES_PER_TOKEN = 64 * 1024
+"""A refusal costs one token, plus one for every this many bytes of request the host decoded for it, so
+a flood of big refused requests is throttled by what it costs, not by how many there are."""
 
 REASON_METADATA_KEY = "agentnode-reason"
 
@@ -59,7 +82,28 @@ _STATUS: dict[str, grpc.StatusCode] = {
     "LLM_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "RUN_DEADLINE": grpc.StatusCode.DEADLINE_EXCEEDED,
     "HOST_ERROR": grpc.StatusCode.INTERNAL,
+    "TOO_MANY_REFUSALS": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+# Refusals that report the run's state, its spent budget or the provider, not a bad request: answered
+# before any decoding (or after a call slot was spent), they never drain the refusal budget. Every other
+# reason does, including any added later.
+_UNMETERED = frozenset(
+    {
+        "TASK_ALREADY_FETCHED",
+        "TASK_NOT_FETCHED",
+        "RUN_FINISHED",
+        "RUN_DEADLINE",
+        "TOOL_CALL_LIMIT",
+        "LLM_CALL_LIMIT",
+        "LLM_OUTPUT_TOO_LARGE",
+        "LLM_RATE_LIMITED",
+        "LLM_TIMEOUT",
+        "LLM_UNAVAILABLE",
+        "HOST_ERROR",
+        "TOO_MANY_REFUSALS",
+    }
+)
 
 _FINISH = {
     "stop": llm_pb2.FINISH_REASON_STOP,
@@ -95,12 +139,54 @@ class RunOutcome:
         return self.value_json is not None
 
 
+class RefusalBudget:
+    """A per-run token bucket of refusals, so bad requests cannot buy unbounded host work.
+
+    Every metered refusal spends its cost in tokens; tokens come back at `per_second` up to `burst`.
+    While less than one is left, tool and LLM calls are refused before they are even decoded. Calls
+    that were let in together may overspend: the debt (at most `burst`) is paid back before the next
+    call is looked at. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        burst: int = REFUSAL_BURST,
+        per_second: float = REFUSAL_REFILL_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst = burst
+        self.per_second = per_second
+        self._clock = clock
+        self._tokens = float(burst)
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_second)
+        self._at = now
+
+    def allows(self) -> bool:
+        """Whether a call may be looked at now."""
+        with self._lock:
+            self._refill()
+            return self._tokens >= 1.0
+
+    def spend(self, tokens: float = 1.0) -> None:
+        """Charge one refusal of `tokens`."""
+        with self._lock:
+            self._refill()
+            self._tokens = max(-float(self.burst), self._tokens - tokens)
+
+
 @dataclass
 class RunSession:
-    """Per-run state shared by the three servicers: handover once, result once, activity clock.
+    """Per-run state shared by the three services: handover once, result once, activity clock.
 
     A session may be built before its task exists (a warm pool member): FetchTask then waits until
-    `assign` hands the task over, or until the session is cancelled.
+    `assign` hands the task over, or until the session is cancelled. Only accepted calls (past every
+    check, about to do their work) count as activity: refused calls neither hold off nor reset the idle
+    limit, so an agent that only gets refused is idle.
     """
 
     task: RunTask | None = None
@@ -115,6 +201,9 @@ class RunSession:
     inflight: int = 0
     reported: threading.Event = field(default_factory=threading.Event)
     assigned: threading.Event = field(default_factory=threading.Event)
+    refusals: RefusalBudget = field(default_factory=RefusalBudget)
+    throttled: int = 0
+    """Calls refused unread (TOO_MANY_REFUSALS) because the refusal budget was empty."""
     _fetching: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -146,18 +235,29 @@ class RunSession:
         self.last_activity = self.clock()
 
     def begin_call(self) -> None:
+        """An accepted call starts: the run is not idle while it is served."""
         with self._lock:
             self.inflight += 1
         self.touch()
 
     def end_call(self) -> None:
+        """An accepted call ended; the idle clock restarts from now."""
         with self._lock:
             self.inflight -= 1
         self.touch()
 
     def idle_since(self) -> float | None:
-        """When the run went idle (no call in flight), or None while a call is being served."""
+        """When the run went idle (no accepted call in flight), or None while one is being served."""
         return None if self.inflight else self.last_activity
+
+    def throttle(self) -> None:
+        """Refuse a tool or LLM call unread while the run's refusal budget is empty."""
+        if not self.refusals.allows():
+            with self._lock:
+                self.throttled += 1
+            raise CallRefusal(
+                "TOO_MANY_REFUSALS", "too many refused requests in a short time; wait and retry"
+            )
 
     def _check_open(self) -> None:
         if self.cancelled:
@@ -173,7 +273,29 @@ class RunSession:
                 raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
             return self.tools, self.llm
 
-    def fetch(self, protocol_version: int, is_active: Callable[[], bool] = lambda: True) -> RunTask:
+    def require_fetchable(self) -> None:
+        """The state checks of FetchTask, which need nothing from the request."""
+        with self._lock:
+            self._check_open()
+            if self._fetching:
+                raise CallRefusal("TASK_ALREADY_FETCHED", "the task can be fetched once per run")
+
+    def require_reportable(self) -> RunTask:
+        """The state checks of ReportResult; the task (its result cap) once they pass."""
+        with self._lock:
+            self._check_open()
+            if not self.fetched or self.task is None:
+                raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
+            return self.task
+
+    def fetch(
+        self,
+        protocol_version: int,
+        is_active: Callable[[], bool] = lambda: True,
+        on_admit: Callable[[], None] | None = None,
+    ) -> RunTask:
+        """Hand the task over once; a warm session waits for `assign`. `on_admit` runs once the fetch is
+        accepted, before any wait (a waiting wrapper is a call in flight, never an idle run)."""
         with self._lock:
             self._check_open()
             if self._fetching:
@@ -184,6 +306,8 @@ class RunSession:
                     f"protocol version {protocol_version} is not the host's {PROTOCOL_VERSION}",
                 )
             self._fetching = True
+        if on_admit is not None:
+            on_admit()
         while not self.assigned.wait(0.5):
             if not is_active():
                 raise CallRefusal("RUN_FINISHED", "the caller went away before a task was assigned")
@@ -202,7 +326,7 @@ class RunSession:
         self.reported.set()
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+# --- the wire boundary ---------------------------------------------------------------------------------
 
 
 def _abort(context: grpc.ServicerContext, reason: str, message: str) -> NoReturn:
@@ -219,53 +343,166 @@ def _translate(exc: Exception, context: grpc.ServicerContext, name: str) -> NoRe
     _abort(context, "HOST_ERROR", "the host failed to serve this call")
 
 
-def _boundary(method: _F) -> _F:
-    """Wrap a unary servicer method so no exception escapes untranslated (it would become UNKNOWN)."""
+class _Call:
+    """One RPC's bookkeeping: it counts as the run's activity only from `accept` on; `decoded` is how many
+    request bytes the host decoded for it (what a refusal of it is charged by)."""
 
-    @functools.wraps(method)
-    def wrapper(self: _Servicer, request: Any, context: grpc.ServicerContext) -> Any:
-        self.session.begin_call()
-        try:
-            return method(self, request, context)
-        except Exception as exc:  # noqa: BLE001 (the one translation boundary)
-            _translate(exc, context, method.__name__)
-        finally:
+    def __init__(self, session: RunSession) -> None:
+        self.session = session
+        self.accepted = False
+        self.decoded = 0
+
+    def accept(self) -> None:
+        if not self.accepted:
+            self.accepted = True
+            self.session.begin_call()
+
+    def finish(self) -> None:
+        if self.accepted:
             self.session.end_call()
 
-    return wrapper  # type: ignore[return-value]
+
+def _note_refusal(session: RunSession, call: _Call, exc: Exception, throttled: bool) -> None:
+    """Charge the refusal budget for a refused tool or LLM request (see _UNMETERED)."""
+    if throttled and isinstance(exc, CallRefusal) and exc.reason not in _UNMETERED:
+        session.refusals.spend(1 + call.decoded // REFUSAL_BYTES_PER_TOKEN)
 
 
-def _stream_boundary(method: _F) -> _F:
-    """The streaming twin of _boundary: chunks already sent stay sent, the error ends the stream."""
+_Serve = Callable[[bytes, _Call, grpc.ServicerContext], Any]
+_ServeStream = Callable[[bytes, _Call, grpc.ServicerContext], Iterator[Any]]
 
-    @functools.wraps(method)
-    def wrapper(self: _Servicer, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        self.session.begin_call()
+
+class _Message(Protocol):
+    def SerializeToString(self) -> bytes: ...
+
+
+def _unary(session: RunSession, name: str, serve: _Serve, *, throttled: bool) -> grpc.RpcMethodHandler:
+    """A unary handler that receives the request as raw bytes, so `serve` decides what decoding is worth."""
+
+    def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
+        call = _Call(session)
         try:
-            for item in method(self, request, context):
-                self.session.touch()
+            if throttled:
+                session.throttle()
+            return serve(raw, call, context)
+        except Exception as exc:  # noqa: BLE001 (the one translation boundary)
+            _note_refusal(session, call, exc, throttled)
+            _translate(exc, context, name)
+        finally:
+            call.finish()
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _unary_stream(
+    session: RunSession, name: str, serve: _ServeStream, *, throttled: bool
+) -> grpc.RpcMethodHandler:
+    """The streaming twin of _unary: chunks already sent stay sent, the error ends the stream."""
+
+    def handler(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+        call = _Call(session)
+        try:
+            if throttled:
+                session.throttle()
+            for item in serve(raw, call, context):
+                session.touch()
                 yield item
         except Exception as exc:  # noqa: BLE001 (the one translation boundary)
-            _translate(exc, context, method.__name__)
+            _note_refusal(session, call, exc, throttled)
+            _translate(exc, context, name)
         finally:
-            self.session.end_call()
+            call.finish()
 
-    return wrapper  # type: ignore[return-value]
+    return grpc.unary_stream_rpc_method_handler(handler, response_serializer=_serialize)
 
 
-class _Servicer:
+def _serialize(message: _Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _malformed(what: str) -> CallRefusal:
+    return CallRefusal("INVALID_REQUEST", f"the request is not a valid {what}")
+
+
+def _varint(raw: bytes, pos: int, what: str) -> tuple[int, int]:
+    value = shift = 0
+    while pos < len(raw) and shift < 64:
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise _malformed(what)
+
+
+def _field_counts(raw: bytes, max_fields: int, what: str) -> dict[int, int] | None:
+    """How often each top-level field occurs in an encoded message, or None past `max_fields` fields.
+
+    A walk over the protobuf framing that stops after `max_fields + 1` fields, so a request of a million
+    tiny repeated fields costs a few hundred steps to refuse instead of a million objects to decode.
+    """
+    counts: dict[int, int] = {}
+    pos = seen = 0
+    while pos < len(raw):
+        seen += 1
+        if seen > max_fields:
+            return None
+        key, pos = _varint(raw, pos, what)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, pos = _varint(raw, pos, what)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 2:
+            length, pos = _varint(raw, pos, what)
+            pos += length
+        elif wire_type == 5:
+            pos += 4
+        else:  # groups (3, 4) and reserved types: nothing of ours sends them
+            raise _malformed(what)
+        if number == 0 or pos > len(raw):
+            raise _malformed(what)
+        counts[number] = counts.get(number, 0) + 1
+    return counts
+
+
+_LlmRequest = llm_pb2.CallLlmRequest | llm_pb2.StreamLlmRequest
+
+
+def _decode(message_type: Any, raw: bytes, max_fields: int) -> Any:
+    """Decode a request whose size was already checked; a bounded field count first, then protobuf."""
+    what = str(message_type.DESCRIPTOR.name)
+    if _field_counts(raw, max_fields, what) is None:
+        raise _malformed(what)
+    try:
+        return message_type.FromString(raw)
+    except Exception:  # noqa: BLE001  DecodeError, bad UTF-8 in a string field: a malformed request
+        raise _malformed(what) from None
+
+
+# --- the services ----------------------------------------------------------------------------------------
+
+
+class _RunServices:
+    """Every method of the three services for one run. Each checks, in this order: the run's state and
+    grants, the request's encoded size against the method's own cap, its field count, and only then
+    decodes it and does the work; the first failed check refuses without the later ones' cost."""
+
     def __init__(self, session: RunSession) -> None:
         self.session = session
 
+    # SessionService
 
-class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
-    """Hands over the task once and takes the result once."""
-
-    @_boundary
-    def FetchTask(
-        self, request: session_pb2.FetchTaskRequest, context: grpc.ServicerContext
+    def fetch_task(
+        self, raw: bytes, call: _Call, context: grpc.ServicerContext
     ) -> session_pb2.FetchTaskResponse:
-        task = self.session.fetch(request.protocol_version, context.is_active)
+        self.session.require_fetchable()
+        if len(raw) > FETCH_REQUEST_MAX_BYTES:
+            raise CallRefusal("TOO_LARGE", f"a FetchTask request is at most {FETCH_REQUEST_MAX_BYTES} bytes")
+        call.decoded = len(raw)
+        request: session_pb2.FetchTaskRequest = _decode(session_pb2.FetchTaskRequest, raw, 4)
+        task = self.session.fetch(request.protocol_version, context.is_active, on_admit=call.accept)
         p = task.policy
         return session_pb2.FetchTaskResponse(
             run_id=task.run_id,
@@ -289,54 +526,60 @@ class SessionServicer(_Servicer, session_pb2_grpc.SessionServiceServicer):
             protocol_version=PROTOCOL_VERSION,
         )
 
-    @_boundary
-    def ReportResult(
-        self, request: session_pb2.ReportResultRequest, context: grpc.ServicerContext
+    def report_result(
+        self, raw: bytes, call: _Call, context: grpc.ServicerContext
     ) -> session_pb2.ReportResultResponse:
+        session = self.session
+        cap = session.require_reportable().max_result_bytes
+        if len(raw) > cap + REPORT_ENVELOPE_BYTES:
+            self._refuse_result("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
+        call.decoded = len(raw)
+        request: session_pb2.ReportResultRequest = _decode(session_pb2.ReportResultRequest, raw, 4)
         which = request.WhichOneof("outcome")
         if which == "value_json":
-            raw = request.value_json
-            task = self.session.task
-            if len(raw.encode("utf-8")) > (task.max_result_bytes if task else MAX_RESULT_BYTES):
-                self.session.report(
-                    RunOutcome(
-                        failure_code="result_too_large", failure_message="the result exceeds the size cap"
-                    )
-                )
-                raise CallRefusal("TOO_LARGE", "the result exceeds the size cap")
+            text = request.value_json
+            if len(text.encode("utf-8")) > cap:
+                self._refuse_result("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
             try:
-                json.loads(raw)
-            except ValueError:
-                self.session.report(
-                    RunOutcome(
-                        failure_code="result_not_serializable", failure_message="the result is not valid JSON"
-                    )
+                loads_strict(text, max_bytes=cap)
+            except JsonRejected:
+                self._refuse_result(
+                    "result_not_serializable",
+                    "INVALID_REQUEST",
+                    "the result is not strict JSON (valid, finite numbers, nested at most 64 deep)",
                 )
-                raise CallRefusal("INVALID_REQUEST", "the result is not valid JSON") from None
-            self.session.report(RunOutcome(value_json=raw))
+            call.accept()
+            session.report(RunOutcome(value_json=text))
         elif which == "failure":
             name = session_pb2.AgentErrorCode.Name(request.failure.code)
             code = name.removeprefix("AGENT_ERROR_CODE_").lower()
             if code == "unspecified":
                 code = "agent_exception"
-            self.session.report(RunOutcome(failure_code=code, failure_message=request.failure.message[:2000]))
+            call.accept()
+            session.report(RunOutcome(failure_code=code, failure_message=request.failure.message[:2000]))
         else:
             raise CallRefusal("INVALID_REQUEST", "a result needs value_json or failure")
         return session_pb2.ReportResultResponse()
 
+    def _refuse_result(self, failure_code: str, reason: str, message: str) -> NoReturn:
+        """A result that cannot be accepted is still the run's one result: record it, then refuse."""
+        self.session.report(RunOutcome(failure_code=failure_code, failure_message=message))
+        raise CallRefusal(reason, message)
 
-class ToolServicer(_Servicer, tools_pb2_grpc.ToolServiceServicer):
-    """Passes the closed tool envelope to the run's gate."""
+    # ToolService
 
-    @_boundary
-    def RunTool(
-        self, request: tools_pb2.RunToolRequest, context: grpc.ServicerContext
-    ) -> tools_pb2.RunToolResponse:
+    def run_tool(self, raw: bytes, call: _Call, context: grpc.ServicerContext) -> tools_pb2.RunToolResponse:
         gate, _ = self.session.require_open()
-        outcome = gate.call(request.package_slug, request.tool_name, request.arguments_json)
-        result_json = ""
-        if outcome.success:
-            result_json = json.dumps(outcome.result, allow_nan=False)
+        gate.screen(len(raw))
+        call.decoded = len(raw)
+        try:
+            request: tools_pb2.RunToolRequest = _decode(tools_pb2.RunToolRequest, raw, 8)
+        except CallRefusal as refusal:
+            raise gate.refused(ToolRefusal(refusal.reason, refusal.message)) from None
+        outcome = gate.call(
+            request.package_slug, request.tool_name, request.arguments_json, on_admit=call.accept
+        )
+        result_json = dumps_strict(outcome.result) if outcome.success else ""
         return tools_pb2.RunToolResponse(
             success=outcome.success,
             result_json=result_json,
@@ -346,24 +589,23 @@ class ToolServicer(_Servicer, tools_pb2_grpc.ToolServiceServicer):
             tools_remaining=gate.remaining,
         )
 
+    # LlmService
 
-def _messages(request: llm_pb2.CallLlmRequest | llm_pb2.StreamLlmRequest) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in request.messages]
-
-
-def _usage(c: Completion) -> llm_pb2.Usage:
-    return llm_pb2.Usage(input_tokens=max(0, c.input_tokens), output_tokens=max(0, c.output_tokens))
-
-
-class LlmServicer(_Servicer, llm_pb2_grpc.LlmServiceServicer):
-    """Relays completions through the run's broker session; the model name never appears."""
-
-    @_boundary
-    def CallLlm(
-        self, request: llm_pb2.CallLlmRequest, context: grpc.ServicerContext
-    ) -> llm_pb2.CallLlmResponse:
+    def _llm_request(
+        self, raw: bytes, call: _Call, message_type: type[_LlmRequest]
+    ) -> tuple[LlmSession, list[dict[str, str]]]:
+        """Screen, bound and decode an LLM request; the messages as the broker takes them."""
         _, llm = self.session.require_open()
-        completion = llm.call(_messages(request))
+        llm.screen(request_bytes=len(raw))
+        counts = _field_counts(raw, MAX_MESSAGES + 8, message_type.DESCRIPTOR.name)
+        llm.screen(message_count=MAX_MESSAGES + 1 if counts is None else counts.get(1, 0))
+        call.decoded = len(raw)
+        request: _LlmRequest = _decode(message_type, raw, MAX_MESSAGES + 8)
+        return llm, [{"role": m.role, "content": m.content} for m in request.messages]
+
+    def call_llm(self, raw: bytes, call: _Call, context: grpc.ServicerContext) -> llm_pb2.CallLlmResponse:
+        llm, messages = self._llm_request(raw, call, llm_pb2.CallLlmRequest)
+        completion = llm.call(messages, on_admit=call.accept)
         return llm_pb2.CallLlmResponse(
             content=completion.content,
             finish_reason=_FINISH.get(completion.finish_reason, llm_pb2.FINISH_REASON_UNSPECIFIED),
@@ -371,12 +613,11 @@ class LlmServicer(_Servicer, llm_pb2_grpc.LlmServiceServicer):
             calls_remaining=llm.calls_remaining,
         )
 
-    @_stream_boundary
-    def StreamLlm(
-        self, request: llm_pb2.StreamLlmRequest, context: grpc.ServicerContext
+    def stream_llm(
+        self, raw: bytes, call: _Call, context: grpc.ServicerContext
     ) -> Iterator[llm_pb2.StreamLlmResponse]:
-        _, llm = self.session.require_open()
-        for item in llm.stream(_messages(request)):
+        llm, messages = self._llm_request(raw, call, llm_pb2.StreamLlmRequest)
+        for item in llm.stream(messages, on_admit=call.accept):
             if isinstance(item, str):
                 if item:
                     yield llm_pb2.StreamLlmResponse(delta=item)
@@ -388,23 +629,51 @@ class LlmServicer(_Servicer, llm_pb2_grpc.LlmServiceServicer):
                 )
 
 
-def build_run_server(session: RunSession, socket_path: str, *, max_workers: int = 8) -> grpc.Server:
-    """Build (not start) the run's server bound to its Unix socket; the caller starts and stops it."""
+def _usage(c: Completion) -> llm_pb2.Usage:
+    return llm_pb2.Usage(input_tokens=max(0, c.input_tokens), output_tokens=max(0, c.output_tokens))
+
+
+def _service(module: Any, name: str) -> str:
+    return str(module.DESCRIPTOR.services_by_name[name].full_name)
+
+
+def build_run_server(
+    session: RunSession, socket_path: str, *, max_workers: int = RUN_SERVER_THREADS
+) -> grpc.Server:
+    """Build (not start) the run's server bound to its Unix socket; the caller starts and stops it.
+
+    Requests arrive as raw bytes (no deserializer), so each method checks state, grants and sizes before
+    it pays for decoding; connections and streams are bounded by gRPC core before anything reaches Python.
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentnode-run"),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS_PER_RUN),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+            # The core name; "grpc.http2.max_concurrent_streams" is not a gRPC argument and does nothing.
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ],
-        maximum_concurrent_rpcs=64,
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS_PER_RUN,
     )
-    registrations: list[tuple[Callable[[Any, grpc.Server], None], _Servicer]] = [
-        (session_pb2_grpc.add_SessionServiceServicer_to_server, SessionServicer(session)),
-        (tools_pb2_grpc.add_ToolServiceServicer_to_server, ToolServicer(session)),
-        (llm_pb2_grpc.add_LlmServiceServicer_to_server, LlmServicer(session)),
-    ]
-    for register, servicer in registrations:
-        register(servicer, server)
+    svc = _RunServices(session)
+    services: dict[str, dict[str, grpc.RpcMethodHandler]] = {
+        _service(session_pb2, "SessionService"): {
+            "FetchTask": _unary(session, "FetchTask", svc.fetch_task, throttled=False),
+            "ReportResult": _unary(session, "ReportResult", svc.report_result, throttled=False),
+        },
+        _service(tools_pb2, "ToolService"): {
+            "RunTool": _unary(session, "RunTool", svc.run_tool, throttled=True),
+        },
+        _service(llm_pb2, "LlmService"): {
+            "CallLlm": _unary(session, "CallLlm", svc.call_llm, throttled=True),
+            "StreamLlm": _unary_stream(session, "StreamLlm", svc.stream_llm, throttled=True),
+        },
+    }
+    for name, methods in services.items():
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, methods),))
+        server.add_registered_method_handlers(name, methods)
     try:
         server.add_insecure_port(f"unix:{socket_path}")  # grpc raises RuntimeError when it cannot bind
     except RuntimeError:
@@ -412,4 +681,19 @@ def build_run_server(session: RunSession, socket_path: str, *, max_workers: int 
     return server
 
 
-__all__ = ["MAX_MESSAGE_BYTES", "RunOutcome", "RunSession", "RunTask", "build_run_server"]
+__all__ = [
+    "HANDSHAKE_TIMEOUT_MS",
+    "MAX_CONCURRENT_RPCS_PER_RUN",
+    "MAX_CONNECTIONS_PER_RUN",
+    "MAX_MESSAGE_BYTES",
+    "MAX_STREAMS_PER_CONNECTION",
+    "REFUSAL_BURST",
+    "REFUSAL_BYTES_PER_TOKEN",
+    "REFUSAL_REFILL_PER_SECOND",
+    "RUN_SERVER_THREADS",
+    "RefusalBudget",
+    "RunOutcome",
+    "RunSession",
+    "RunTask",
+    "build_run_server",
+]

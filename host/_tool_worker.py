@@ -10,11 +10,31 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 from typing import Any, TextIO
 
 MAX_RESULT_BYTES = 1 << 20
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number is not finite")
+    return value
+
+
+def loads_finite(text: str) -> Any:
+    """json.loads that refuses NaN, ±Infinity and overflowing numbers (1e999), like the host's boundary.
+
+    This process imports only the standard library, so it keeps its own copy of the rule.
+    """
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
 
 
 def _protocol_streams() -> tuple[TextIO, TextIO]:
@@ -56,7 +76,7 @@ def main(argv: list[str]) -> None:
     proto_in, proto_out = _protocol_streams()
     sys.path.insert(0, argv[1])
     for line in proto_in:
-        proto_out.write(json.dumps(handle(json.loads(line))) + "\n")
+        proto_out.write(json.dumps(handle(loads_finite(line)), allow_nan=False) + "\n")
         proto_out.flush()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import re
@@ -26,12 +25,19 @@ from pathlib import Path
 from typing import IO, Any
 
 from host._errors import CallRefusal
+from host._json import JsonRejected, dumps_strict, loads_strict
 from host._manifest import ToolpackManifest, ToolSpec
 from host._tool_worker import MAX_RESULT_BYTES
 
 logger = logging.getLogger(__name__)
 
 MAX_ARGUMENTS_BYTES = 1 << 20
+PARSE_SLOTS = 2
+"""Arguments one run's gate parses at once: a parse allocates up to ~25x its bytes (1 MiB of `[]`s is
+~25 MB of lists), so concurrent calls of one run wait for a slot instead of multiplying that."""
+MAX_REQUEST_BYTES = MAX_ARGUMENTS_BYTES + 4096
+"""The most a tool request may take encoded: its arguments plus slug, tool name and framing. The RPC layer
+refuses anything larger as TOO_LARGE before decoding it."""
 DEFAULT_TOOL_TIMEOUT = 60.0
 HOST_TRUST_LEVELS = frozenset({"trusted", "curated"})
 MODE_HOST_WORKER = "host_worker"
@@ -85,22 +91,20 @@ def _failed(error: str) -> ToolOutcome:
 # --- arguments ---------------------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_arguments(arguments_json: str) -> dict[str, Any]:
-    """Strict JSON object parse that keeps ints as ints and floats as floats."""
+    """Strict JSON object parse that keeps ints as ints and floats as floats; NaN, ±Infinity and numbers
+    that overflow to infinity (1e999) are refused here, so no schema or tool ever sees a non-finite value."""
     if (
         len(arguments_json) > MAX_ARGUMENTS_BYTES
         or len(arguments_json.encode("utf-8", "surrogatepass")) > MAX_ARGUMENTS_BYTES
     ):
         raise ToolRefusal("TOO_LARGE", f"arguments_json exceeds {MAX_ARGUMENTS_BYTES} bytes")
     try:
-        arguments = json.loads(arguments_json, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        raise ToolRefusal("INVALID_REQUEST", "arguments_json is not valid JSON") from None
+        arguments = loads_strict(arguments_json)
+    except JsonRejected as exc:
+        raise ToolRefusal("INVALID_REQUEST", f"arguments_json is not strict JSON ({exc})") from None
     if not isinstance(arguments, dict):
+        del arguments  # a refusal's traceback keeps this frame: drop the parsed value now
         raise ToolRefusal("INVALID_REQUEST", "arguments_json must be a JSON object")
     return arguments
 
@@ -216,7 +220,9 @@ class ToolGate:
 
     Every refusal happens before a call is reserved, so refusals never use up the cap; the cap check and
     the reservation are one atomic step, so concurrent calls can never run more tools than the cap.
-    A call that was reserved counts even when the tool then fails.
+    A call that was reserved counts even when the tool then fails. Checks run cheapest first: whatever
+    needs no arguments (allowlist, cap, pack, trust, tool, time) before the arguments are parsed, and the
+    schema last, so a refused call costs at most one bounded parse.
     """
 
     def __init__(
@@ -236,6 +242,7 @@ class ToolGate:
         self._deadline = deadline
         self._tool_timeout = tool_timeout
         self._lock = threading.Lock()
+        self._parsing = threading.BoundedSemaphore(PARSE_SLOTS)
         self._calls_made = 0
         self._refusals = 0
 
@@ -254,14 +261,40 @@ class ToolGate:
         """Calls the run may still make."""
         return max(0, self._max_tool_calls - self._calls_made)
 
-    def call(self, slug: str, tool_name: str, arguments_json: str) -> ToolOutcome:
-        """Decide one call and run it if allowed; raises ToolRefusal (counted) when refused."""
+    def refused(self, refusal: ToolRefusal) -> ToolRefusal:
+        """Count a refusal decided outside `call` (the RPC layer's checks on the raw request)."""
+        with self._lock:
+            self._refusals += 1
+        return refusal
+
+    def screen(self, request_bytes: int) -> None:
+        """The checks that need no request at all, run by the RPC layer before it decodes one: a run with
+        no allowlist or no calls left, or a request larger than MAX_REQUEST_BYTES, is refused (counted)."""
+        if not self._allowed:
+            raise self.refused(ToolRefusal("TOOL_NOT_ALLOWED", "this run's tool allowlist is empty"))
+        if self.remaining == 0:
+            raise self.refused(_call_limit())
+        if request_bytes > MAX_REQUEST_BYTES:
+            raise self.refused(ToolRefusal("TOO_LARGE", f"the request exceeds {MAX_REQUEST_BYTES} bytes"))
+
+    def call(
+        self,
+        slug: str,
+        tool_name: str,
+        arguments_json: str,
+        *,
+        on_admit: Callable[[], None] | None = None,
+    ) -> ToolOutcome:
+        """Decide one call and run it if allowed; raises ToolRefusal (counted) when refused.
+
+        `on_admit` runs once the call passed every check and was reserved, before the tool runs.
+        """
         try:
             pack, tool, arguments, timeout = self._admit(slug, tool_name, arguments_json)
-        except ToolRefusal:
-            with self._lock:
-                self._refusals += 1
-            raise
+        except ToolRefusal as refusal:
+            raise self.refused(refusal) from None
+        if on_admit is not None:
+            on_admit()
         return self._runner.run(pack, tool, arguments, timeout=timeout)
 
     def _admit(
@@ -273,15 +306,21 @@ class ToolGate:
             raise ToolRefusal("TOOL_NOT_ALLOWED", f"package '{slug}' is not on this run's tool allowlist")
         if self.remaining == 0:
             raise _call_limit()
-        arguments = _parse_arguments(arguments_json)
         pack = self._lookup(slug)
         if pack is None:
             raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' is not installed on this host")
         if pack.trust not in HOST_TRUST_LEVELS:
             raise ToolRefusal("TOOL_PACK_UNTRUSTED", "community tool packs never run on the host")
         tool = _select_tool(slug, pack.manifest, tool_name)
-        if tool.input_schema is not None and (error := schema_error(tool.input_schema, arguments)):
-            raise ToolRefusal("TOOL_ARGUMENTS_INVALID", f"arguments do not match the tool's schema: {error}")
+        if self._deadline - time.monotonic() <= 0:
+            raise ToolRefusal("RUN_DEADLINE", "the run's time budget is spent")
+        with self._parsing:  # the first step whose cost grows with the request
+            arguments = _parse_arguments(arguments_json)
+            if tool.input_schema is not None and (error := schema_error(tool.input_schema, arguments)):
+                del arguments  # freed inside the slot (a refusal's traceback keeps this frame)
+                raise ToolRefusal(
+                    "TOOL_ARGUMENTS_INVALID", f"arguments do not match the tool's schema: {error}"
+                )
         timeout = min(self._tool_timeout, self._deadline - time.monotonic())
         if timeout <= 0:
             raise ToolRefusal("RUN_DEADLINE", "the run's time budget is spent")
@@ -342,8 +381,8 @@ class _Worker:
         except OSError:
             raise _WorkerGone from None
         try:
-            reply = json.loads(self._read_line(stdout.fileno(), deadline))
-        except ValueError:
+            reply = loads_strict(self._read_line(stdout.fileno(), deadline), max_depth=4)
+        except JsonRejected:
             raise _WorkerGone from None
         if not isinstance(reply, dict):
             raise _WorkerGone
@@ -417,7 +456,11 @@ class ToolRunner:
             return _failed("tool worker failed to start")
         if worker is None:
             return _failed("tool runner is closed")
-        request = (json.dumps({"entrypoint": tool.entrypoint, "arguments": arguments}) + "\n").encode()
+        try:
+            line = dumps_strict({"entrypoint": tool.entrypoint, "arguments": arguments})
+        except (JsonRejected, TypeError):
+            return _failed("tool arguments are not strict JSON")
+        request = (line + "\n").encode()
         try:
             reply = worker.call(request, timeout)
         except _WorkerTimeout:
@@ -479,7 +522,13 @@ class ToolRunner:
 def _outcome(reply: dict[str, Any]) -> ToolOutcome:
     """Turn a worker reply into an outcome with a host-written error; exception text never crosses."""
     if reply.get("ok") is True:
-        return ToolOutcome(success=True, result=json.loads(reply["result_json"]), error="")
+        # The worker is trusted code running a trusted tool, but its result goes back into the sandbox and
+        # into `run --json`: only strict JSON (finite numbers, bounded size and depth) gets through.
+        try:
+            result = loads_strict(str(reply.get("result_json", "")), max_bytes=MAX_RESULT_BYTES)
+        except JsonRejected:
+            return _failed("tool result is not JSON-serializable")
+        return ToolOutcome(success=True, result=result, error="")
     failure = reply.get("failure")
     error_type = str(reply.get("error_type", ""))
     error_type = error_type if _TYPE_NAME.fullmatch(error_type) else "an exception"
@@ -497,7 +546,9 @@ __all__ = [
     "DEFAULT_TOOL_TIMEOUT",
     "HOST_TRUST_LEVELS",
     "MAX_ARGUMENTS_BYTES",
+    "MAX_REQUEST_BYTES",
     "MAX_RESULT_BYTES",
+    "PARSE_SLOTS",
     "InstalledToolpack",
     "ToolGate",
     "ToolOutcome",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,9 @@ from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
 )
 
 _PERMISSION_REASONS = frozenset({"TOOL_NOT_ALLOWED", "TOOL_PACK_UNTRUSTED"})
+# Every other reason (INVALID_REQUEST, TOO_LARGE, TOOL_NOT_FOUND, TOOL_ARGUMENTS_INVALID, RUN_DEADLINE,
+# TOO_MANY_REFUSALS after a burst of refused calls, and any reason a newer host adds) is a failed
+# ToolResult whose error starts with the reason, or an LlmAccessError carrying it.
 _FINISH_REASONS = {
     llm_pb2.FINISH_REASON_STOP: "stop",
     llm_pb2.FINISH_REASON_LENGTH: "length",
@@ -28,6 +32,25 @@ _FINISH_REASONS = {
 }
 
 Messages = str | Sequence[Mapping[str, str]]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number is out of range (not finite)")
+    return value
+
+
+def loads_finite(text: str) -> Any:
+    """json.loads that refuses what JSON has no room for: NaN, ±Infinity and numbers that overflow (1e999).
+
+    The host applies the same rule at its own boundary; this side never turns such text into a value.
+    """
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
 
 
 @dataclass(frozen=True)
@@ -109,9 +132,13 @@ class AgentContext:
             return ToolResult(False, error=message)
         self.tool_calls_made = response.tool_calls_made
         self.tools_remaining = response.tools_remaining
+        try:
+            result = loads_finite(response.result_json) if response.result_json else None
+        except (ValueError, RecursionError):
+            return ToolResult(False, error="HOST_ERROR: the tool result is not strict JSON", mode_used="")
         return ToolResult(
             response.success,
-            result=json.loads(response.result_json) if response.result_json else None,
+            result=result,
             error=response.error or None,
             mode_used=response.mode_used,
         )

@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,7 @@ import grpc
 
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
-from sandbox_wrapper._context import AgentContext
+from sandbox_wrapper._context import AgentContext, loads_finite
 from sandbox_wrapper._errors import AgentLimitExceeded
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
 
@@ -27,6 +28,11 @@ EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
 
 # The result must also fit in one gRPC message next to the envelope.
 _RESULT_CEILING = MAX_MESSAGE_BYTES - 1024
+MAX_RESULT_DEPTH = 64
+"""How deep a result may nest: the host refuses deeper JSON, so the wrapper reports it as unserializable."""
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"[\[{][\]}]")
 
 
 class _Failure(Exception):
@@ -70,7 +76,7 @@ def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> sessi
     """Call the entrypoint and turn whatever happens into the one ReportResult request."""
     try:
         function = _resolve(task.entrypoint)
-        value = function(context, **json.loads(task.kwargs_json or "{}"))
+        value = function(context, **loads_finite(task.kwargs_json or "{}"))
         if isinstance(value, Awaitable):
             value = asyncio.run(_await(value))
         return session_pb2.ReportResultRequest(value_json=_encode(value, task.max_result_bytes))
@@ -128,6 +134,11 @@ def _encode(value: Any, max_result_bytes: int) -> str:
             session_pb2.AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE,
             _clip(f"result is not JSON-serializable: {_summary(exc)}"),
         ) from None
+    if not _nests_within(text, MAX_RESULT_DEPTH):
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE,
+            f"result is not JSON-serializable: it nests deeper than {MAX_RESULT_DEPTH}",
+        )
     cap = min(max_result_bytes or _RESULT_CEILING, _RESULT_CEILING)
     if size > cap:
         raise _Failure(
@@ -135,6 +146,17 @@ def _encode(value: Any, max_result_bytes: int) -> str:
             f"result is {size} bytes of JSON; the cap is {cap} bytes",
         )
     return text
+
+
+def _nests_within(text: str, max_depth: int) -> bool:
+    """Whether JSON text nests at most `max_depth` deep (strings skipped), in C-speed passes, no recursion."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    for _ in range(max_depth):
+        stripped = _INNERMOST.sub("", brackets)
+        if not stripped or stripped == brackets:
+            return True
+        brackets = stripped
+    return _INNERMOST.search(brackets) is None
 
 
 def _failed(

@@ -252,17 +252,22 @@ def test_audit_file_unwritable(lab: Lab, ledger: Ledger) -> None:
     second = lab.run("plain", host=host)
     ledger.fault(
         "fault.audit_unwritable",
-        expected="the run's result is unchanged; the failure is counted in SandboxHost.audit_failures",
+        expected="no start record, no run: the agent never starts, the reply fails loudly (audit_failed, "
+        "with a hint) and the failure is counted; once the log is writable the next run is audited",
         observed=brief(
             {
-                "result": first.result,
+                "first": [first.success, first.error_code, "started" in first.stages],
                 "audit_failures": failures,
+                "second": [second.success, second.result],
                 "next_run_audited": [r["request_id"] for r in lab.audit()] == [second.run_id],
             }
         ),
-        ok=first.success
-        and first.result == "done"
+        ok=not first.success
+        and first.error_code == "audit_failed"
+        and "audit verify" in first.hint
+        and "started" not in first.stages
         and failures == 1
+        and second.success
         and host.audit_failures == 1
         and [r["request_id"] for r in lab.audit()] == [second.run_id],
     )

@@ -104,6 +104,10 @@ class HostState:
         return SandboxHost(env=self.env, client_factory=lambda: self.client, **kwargs)
 
     def audit(self) -> list[dict[str, Any]]:
+        """The runs' end records (`agent_run`), oldest first; `audit_all` includes the start records."""
+        return [r for r in self.audit_all() if r.get("event") == "agent_run"]
+
+    def audit_all(self) -> list[dict[str, Any]]:
         path = self.dir / "audit.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 

@@ -285,14 +285,14 @@ CASES = {
     ),
     "input-too-large": LlmCase(
         "enabled: true\nmax_input_chars: 50\n",
-        ["x" * 51, "x" * 50],
+        ["x" * 43, "x" * 42],  # "user" and 4 per message count too: 43 + 4 + 4 = 51 > 50
         ["LLM_INPUT_TOO_LARGE", "ok"],
         1,
         {"requests": 2, "calls": 1, "ok": 1, "refused_input": 1, "max_input_chars": 50},
     ),
     "input-counts-the-system-prompt": LlmCase(
         "enabled: true\nmax_input_chars: 50\n",
-        ["y" * 30, "y" * 10],
+        ["y" * 3, "y" * 2],  # the system message alone counts 30 + len("system") + 4 = 40
         ["LLM_INPUT_TOO_LARGE", "ok"],
         1,
         {"refused_input": 1, "ok": 1},

@@ -82,14 +82,17 @@ def test_64_concurrent_runs_each_succeed_with_one_verified_audit_line(
     assert len(fake_llm.requests) == slugs.count("busy")
 
     lines = (host_state.dir / "audit.jsonl").read_text().splitlines()
-    assert len(lines) == RUNS
-    records = [json.loads(line) for line in lines]
+    assert len(lines) == 2 * RUNS  # a start and an end record per run
+    everything = [json.loads(line) for line in lines]
+    records = [r for r in everything if r["event"] == "agent_run"]
+    starts = [r for r in everything if r["event"] == "agent_run_start"]
+    assert {r["request_id"] for r in starts} == {r["request_id"] for r in records}
     assert {r["request_id"] for r in records} == {r.run_id for r in results}
     assert len({r.run_id for r in results}) == RUNS
     assert all(r["action"] == "allow" and r["reason"] == "agent_completed" for r in records)
     assert all(r["sandbox"] is True and r["runtime"] == runtime for r in records)
     report = verify_audit(host_state.dir / "audit.jsonl")
-    assert report.ok and report.records == RUNS, report.problems
+    assert report.ok and report.records == 2 * RUNS and not report.open_runs, report.problems
     assert CANARY not in "\n".join(lines)
 
     leftovers = docker_client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner_token()}"})

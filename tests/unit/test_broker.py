@@ -7,18 +7,27 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from host._broker import Completion, LlmBroker, LlmRefusal, LlmSession
+from host._broker import (
+    MAX_MESSAGES,
+    MESSAGE_OVERHEAD_CHARS,
+    Completion,
+    LlmBroker,
+    LlmRefusal,
+    LlmSession,
+    input_chars,
+)
 from host._config import LlmHostConfig
 from host._policy import LlmPolicy
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 
 CANARY = "sk-canary-XYZ"
-MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]  # 13 chars
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+MESSAGES_INPUT = 13 + len("system") + len("user") + 2 * MESSAGE_OVERHEAD_CHARS  # contents, roles, overhead
 PROVIDERS = ["openai", "anthropic"]
 
 
@@ -223,9 +232,10 @@ def test_concurrent_calls_never_exceed_the_cap(srv: FakeLlmServer) -> None:
     assert (usage["requests"], usage["calls"], usage["ok"], usage["refused_limit"]) == (50, 5, 5, 45)
 
 
-def test_input_cap_counts_every_content_and_is_not_charged(srv: FakeLlmServer) -> None:
-    assert session("openai", srv, grant(max_input_chars=13)).call(MESSAGES).content == "fake reply"
-    sess = session("openai", srv, grant(max_input_chars=12))
+def test_input_cap_counts_roles_contents_and_overhead_and_is_not_charged(srv: FakeLlmServer) -> None:
+    assert MESSAGES_INPUT == 31
+    assert session("openai", srv, grant(max_input_chars=31)).call(MESSAGES).content == "fake reply"
+    sess = session("openai", srv, grant(max_input_chars=30))
     assert refusal(sess.call, MESSAGES).reason == "LLM_INPUT_TOO_LARGE"
     assert refusal(drain, sess).reason == "LLM_INPUT_TOO_LARGE"
     assert len(srv.requests) == 1
@@ -472,3 +482,103 @@ def test_sdk_debug_logging_never_carries_the_prompt(
     drain(sess, [{"role": "user", "content": prompt}])
     assert prompt not in caplog.text
     assert CANARY not in caplog.text
+
+
+# --- the input cap counts what is sent; cheap checks come before any message (red-team issue 12) ---------
+
+
+def sent_chars(body: dict[str, Any]) -> int:
+    """Roles, contents and the system text as they reached the provider."""
+    system = body.get("system", "")
+    return sum(len(m["role"]) + len(m["content"]) for m in body["messages"]) + len(system)
+
+
+def shapes(cap: int) -> list[list[dict[str, str]]]:
+    """Message lists that probe the accounting at `cap`: empty floods, separator floods, mixed roles."""
+    return [
+        [{"role": "user", "content": ""}] * (cap // 8),  # empty user messages: 8 each
+        [{"role": "user", "content": ""}] * (cap // 8 + 1),
+        [{"role": "system", "content": ""}] * 150 + [{"role": "user", "content": "hi"}],
+        [{"role": "system", "content": "a"}] * (cap // 11) + [{"role": "user", "content": "q"}],
+        [{"role": "system", "content": "a"}] * (cap // 11 + 1),
+        [{"role": r, "content": "x" * 37} for r in ("system", "user", "assistant") * (cap // 150)],
+        [{"role": "user", "content": "y" * (cap - len("user") - MESSAGE_OVERHEAD_CHARS)}],
+        [{"role": "user", "content": "y" * (cap - len("user") - MESSAGE_OVERHEAD_CHARS + 1)}],
+    ]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_what_reaches_the_provider_stays_under_the_input_cap(provider: str, srv: FakeLlmServer) -> None:
+    """Finding 3: empty messages used to cost nothing against the cap (14.5 MB under 2,000 characters),
+    and Anthropic's joined system prompt of empty messages counted as one character."""
+    cap = 2000
+    admitted = refused_input = 0
+    for messages in shapes(cap):
+        sess = session(provider, srv, grant(max_input_chars=cap))
+        if input_chars(messages) > cap or len(messages) > MAX_MESSAGES:
+            assert refusal(sess.call, messages).reason == "LLM_INPUT_TOO_LARGE"
+            refused_input += 1
+            continue
+        sess.call(messages)
+        admitted += 1
+        body = srv.requests[-1].body
+        assert sent_chars(body) <= cap, sent_chars(body)
+        assert len(body["messages"]) <= MAX_MESSAGES
+    assert admitted == len(srv.requests) == 5 and refused_input == 3
+    if provider == "anthropic":
+        flooded = srv.requests[1].body  # 150 empty system messages are dropped, not joined into "\n\n"s
+        assert "system" not in flooded and flooded["messages"] == [{"role": "user", "content": "hi"}]
+        joined = srv.requests[2].body["system"]
+        assert joined == "\n\n".join(["a"] * (cap // 11)) and len(joined) <= cap
+
+
+class _Untouchable(Sequence[Mapping[str, str]]):
+    """A huge message list whose elements must never be looked at."""
+
+    def __len__(self) -> int:
+        return 2_000_000
+
+    def __getitem__(self, index: Any) -> Any:
+        raise AssertionError("a message was looked at")
+
+
+def test_too_many_messages_are_refused_before_any_is_looked_at(srv: FakeLlmServer) -> None:
+    sess = session("openai", srv, grant(max_input_chars=10**7))
+    assert refusal(sess.call, _Untouchable()).reason == "LLM_INPUT_TOO_LARGE"
+    assert refusal(drain, sess, _Untouchable()).reason == "LLM_INPUT_TOO_LARGE"
+    ungranted = session("openai", srv, LlmPolicy())
+    assert refusal(ungranted.call, _Untouchable()).reason == "LLM_NOT_GRANTED"
+    started = time.thread_time()
+    flood = [{"role": "user", "content": ""}] * 2_000_000
+    assert refusal(sess.call, flood).reason == "LLM_INPUT_TOO_LARGE"
+    assert time.thread_time() - started < 0.05
+    assert srv.requests == [] and sess.usage()["refused_input"] == 3
+
+
+def test_screen_refuses_what_needs_no_message_and_counts_like_call(srv: FakeLlmServer) -> None:
+    ungranted = session("openai", srv, LlmPolicy())
+    assert ungranted.max_request_bytes == 0
+    assert refusal(lambda: ungranted.screen(request_bytes=1)).reason == "LLM_NOT_GRANTED"
+    sess = session("openai", srv, grant(max_calls=1, max_input_chars=100))
+    assert sess.max_request_bytes == 4 * 100 + 16 * MAX_MESSAGES + 256
+    sess.screen(request_bytes=sess.max_request_bytes, message_count=MAX_MESSAGES)  # passes, counts nothing
+    assert sess.usage()["requests"] == 0
+    too_big = refusal(lambda: sess.screen(request_bytes=sess.max_request_bytes + 1))
+    too_many = refusal(lambda: sess.screen(message_count=MAX_MESSAGES + 1))
+    assert too_big.reason == too_many.reason == "LLM_INPUT_TOO_LARGE"
+    sess.call(MESSAGES)
+    assert refusal(lambda: sess.screen(request_bytes=10)).reason == "LLM_CALL_LIMIT"
+    usage = sess.usage()
+    assert (usage["requests"], usage["refused_input"], usage["refused_limit"]) == (4, 2, 1)
+    assert ungranted.usage()["refused_disabled"] == 1
+
+
+def test_on_admit_runs_once_an_admitted_call_is_reserved(srv: FakeLlmServer) -> None:
+    admitted: list[str] = []
+    sess = session("openai", srv, grant(max_calls=2, max_input_chars=40))
+    sess.call(MESSAGES, on_admit=lambda: admitted.append("call"))
+    drain_items = list(sess.stream(MESSAGES, on_admit=lambda: admitted.append("stream")))
+    assert admitted == ["call", "stream"] and isinstance(drain_items[-1], Completion)
+    refusal(lambda: sess.call([{"role": "user", "content": "z" * 50}], on_admit=lambda: admitted.append("x")))
+    refusal(lambda: sess.call(MESSAGES, on_admit=lambda: admitted.append("y")))  # LLM_CALL_LIMIT
+    assert admitted == ["call", "stream"]

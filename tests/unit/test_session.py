@@ -7,8 +7,10 @@ import json
 import logging
 import re
 import shutil
+import socket
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -23,7 +25,7 @@ from host._broker import LlmBroker, LlmSession
 from host._config import LlmHostConfig
 from host._manifest import ToolpackManifest, ToolSpec
 from host._policy import LlmPolicy, RunPolicy
-from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
+from host._session import MAX_MESSAGE_BYTES, RefusalBudget, RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
@@ -35,6 +37,7 @@ from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     tools_pb2_grpc,
 )
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
+from tests.support.run_server_probe import ServerProbe
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "sk-canary-session-8c1f20"
@@ -154,6 +157,8 @@ class Env:
         gate_class: type[ToolGate] = ToolGate,
         max_result_bytes: int | None = None,
         warm: bool = False,
+        refusals: RefusalBudget | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> Run:
         """Serve a run; a `warm` one starts without its task, which `Run.pending` holds for `assign`."""
         policy = RunPolicy(
@@ -181,7 +186,12 @@ class Env:
             deadline=time.monotonic() + 60 if deadline is None else deadline,
         )
         llm_session = (broker or self.broker()).session(llm)
-        session = RunSession() if warm else RunSession(task=task, tools=gate, llm=llm_session)
+        extra: dict[str, Any] = {}
+        if refusals is not None:
+            extra["refusals"] = refusals
+        if clock is not None:
+            extra.update(clock=clock, last_activity=clock())
+        session = RunSession(**extra) if warm else RunSession(task=task, tools=gate, llm=llm_session, **extra)
         socket_path = f"{self.sock_dir}/run{len(self.runs)}.sock"
         server = build_run_server(session, socket_path)
         server.start()
@@ -249,7 +259,7 @@ def test_errors_proto_names_a_status_for_every_reason() -> None:
     from sandbox_wrapper._proto.agentnode.sandbox.v1 import errors_pb2
 
     names = {n.removeprefix("ERROR_REASON_") for n in errors_pb2.ErrorReason.keys()} - {"UNSPECIFIED"}
-    assert set(PROTO_STATUS) == names and len(names) == 20
+    assert set(PROTO_STATUS) == names and len(names) == 21
 
 
 def test_server_status_table_matches_errors_proto() -> None:
@@ -583,7 +593,9 @@ def test_invalid_messages_are_invalid_requests(env: Env) -> None:
 class ExplodingGate(ToolGate):
     """A gate with a bug: the servicer must turn it into a generic HOST_ERROR."""
 
-    def call(self, slug: str, tool_name: str, arguments_json: str) -> ToolOutcome:
+    def call(
+        self, slug: str, tool_name: str, arguments_json: str, *, on_admit: Callable[[], None] | None = None
+    ) -> ToolOutcome:
         raise RuntimeError(HOST_SECRET)
 
 
@@ -678,7 +690,12 @@ class _FailingSession:
 
     calls_remaining = 1
 
-    def stream(self, messages: Any) -> Iterator[str]:
+    def screen(self, **checks: Any) -> None:
+        pass
+
+    def stream(self, messages: Any, *, on_admit: Callable[[], None] | None = None) -> Iterator[str]:
+        if on_admit is not None:
+            on_admit()
         yield "partial"
         raise RuntimeError(HOST_SECRET)
 
@@ -729,3 +746,342 @@ def test_the_key_never_crosses_the_socket_or_reaches_a_log(
         assert CANARY not in text
         assert SECRET_IN_ERROR_BODY not in text and "internal.provider.example" not in text
     assert "gpt-4o-mini" not in "\n".join(wire)  # the model name stays on the host
+
+
+# --- cost before authorization: state and grants, then sizes, then decoding (red-team issue 12) -----------
+
+LLM_METHOD = "/agentnode.sandbox.v1.LlmService/CallLlm"
+STREAM_METHOD = "/agentnode.sandbox.v1.LlmService/StreamLlm"
+TOOL_METHOD = "/agentnode.sandbox.v1.ToolService/RunTool"
+FETCH_METHOD = "/agentnode.sandbox.v1.SessionService/FetchTask"
+REPORT_METHOD = "/agentnode.sandbox.v1.SessionService/ReportResult"
+EMPTY_MESSAGES = b"\x0a\x00" * 2_000_000
+"""A 4 MB CallLlmRequest of two million empty messages (the report's finding 2)."""
+SMALL_CAP = {"enabled": True, "max_calls": 5, "max_input_chars": 2000, "max_output_chars": 100}
+HUGE_CAP = {"enabled": True, "max_calls": 5, "max_input_chars": 10**7, "max_output_chars": 100}
+MiB = 1 << 20
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The request types the run servers decoded (our own decoding step, counted)."""
+    from host import _session
+
+    seen: list[str] = []
+    real = _session._decode
+
+    def counting(message_type: Any, raw: bytes, max_fields: int) -> Any:
+        seen.append(str(message_type.DESCRIPTOR.name))
+        return real(message_type, raw, max_fields)
+
+    monkeypatch.setattr(_session, "_decode", counting)
+    return seen
+
+
+def raw_call(channel: grpc.Channel, method: str, payload: bytes, **kwargs: Any) -> Any:
+    """Send undecoded bytes as a request; the RpcError when refused, else the raw answer."""
+    try:
+        answer = channel.unary_unary(method)(payload, timeout=30, **kwargs)
+    except grpc.RpcError as err:
+        return err
+    return answer
+
+
+def raw_stream(channel: grpc.Channel, method: str, payload: bytes) -> Any:
+    try:
+        return list(channel.unary_stream(method)(payload, timeout=30))
+    except grpc.RpcError as err:
+        return err
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (small numbers and lengths below 2**14)."""
+    length = len(payload)
+    prefix = bytes([length]) if length < 0x80 else bytes([(length & 0x7F) | 0x80, length >> 7])
+    return bytes([number << 3 | 2]) + prefix + payload
+
+
+def messages_request(n: int, role: str = "user", content: str = "") -> bytes:
+    message = llm_pb2.ChatMessage(role=role, content=content).SerializeToString()
+    return field(1, message) * n
+
+
+@pytest.mark.parametrize(
+    ("grant", "expected"),
+    [
+        ({}, "LLM_NOT_GRANTED"),  # refused before anything is looked at
+        (SMALL_CAP, "LLM_INPUT_TOO_LARGE"),  # 4 MB cannot fit 2,000 characters: refused by size, unread
+        (HUGE_CAP, "LLM_INPUT_TOO_LARGE"),  # the size fits a 10M cap: the bounded field walk refuses it
+    ],
+    ids=["ungranted", "granted-small-cap", "granted-huge-cap"],
+)
+def test_two_million_empty_messages_cost_the_host_almost_nothing(
+    grant: dict[str, Any], expected: str
+) -> None:
+    """Finding 2: the same request used to cost ~500 MB and ~24 s of host CPU per call (~4 GB for eight)."""
+    with ServerProbe({"llm": grant}) as probe, grpc.insecure_channel(
+        f"unix:{probe.socket_path}", options=[("grpc.max_send_message_length", 64 * MiB)]
+    ) as channel:
+        raw_call(channel, LLM_METHOD, b"")  # connect and warm up first
+        mark = probe.command("mark")
+        with futures.ThreadPoolExecutor(8) as pool:  # eight in parallel, like the report
+            errors = list(pool.map(lambda _: raw_call(channel, LLM_METHOD, EMPTY_MESSAGES), range(8)))
+        report = probe.command("report")
+    assert {reason(e) for e in errors} == {expected}
+    growth = report["peak_rss"] - mark["rss"]
+    # Measured here: ~0.04 s of CPU and ~30 MB of peak growth for all eight (each request's 4 MB crosses).
+    assert report["cpu_s"] < 1.0, report
+    assert growth < 100 * MiB, (growth, report)
+    assert report["llm"]["requests"] == 9 and report["llm"]["calls"] == 0
+    assert not report["activity_moved"] and report["inflight"] == 0
+
+
+def test_refusals_before_decoding_need_no_decoding(env: Env, decodes: list[str]) -> None:
+    ungranted = env.started(llm=LlmPolicy(), allowed=())
+    capped = env.started(max_tool_calls=1)
+    assert capped.run_tool("word-tools", "echo", {}).success  # the cap is used up
+    decodes.clear()
+    for err, expected in [
+        (raw_call(ungranted.channel, LLM_METHOD, EMPTY_MESSAGES), "LLM_NOT_GRANTED"),
+        (raw_stream(ungranted.channel, STREAM_METHOD, EMPTY_MESSAGES), "LLM_NOT_GRANTED"),
+        (raw_call(ungranted.channel, TOOL_METHOD, b"\xff" * MiB), "TOOL_NOT_ALLOWED"),  # empty allowlist
+        (raw_call(capped.channel, TOOL_METHOD, b"\xff" * MiB), "TOOL_CALL_LIMIT"),
+        (raw_call(ungranted.channel, FETCH_METHOD, b"\xff" * MiB), "TASK_ALREADY_FETCHED"),
+    ]:
+        assert_refused(err, expected)
+    assert decodes == []  # not one byte of those requests was decoded
+    assert env.fake_llm.requests == [] and ungranted.session.llm.usage()["refused_disabled"] == 2
+
+
+def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, decodes: list[str]) -> None:
+    from host._session import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
+    from host._tools import MAX_REQUEST_BYTES
+
+    fresh = env.start()
+    fetch = session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION).SerializeToString()
+    padded = fetch + field(15, b"x" * FETCH_REQUEST_MAX_BYTES)
+    assert_refused(raw_call(fresh.channel, FETCH_METHOD, padded), "TOO_LARGE")
+    assert fresh.fetch().run_id == "run-abc"  # a proper fetch still works
+
+    llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=100, max_output_chars=100)
+    run = env.started(llm=llm, max_result_bytes=100)
+    decodes.clear()
+    tool = tools_pb2.RunToolRequest(
+        package_slug="word-tools", tool_name="echo", arguments_json='"' + "x" * MAX_REQUEST_BYTES + '"'
+    )
+    assert_refused(raw_call(run.channel, TOOL_METHOD, tool.SerializeToString()), "TOO_LARGE")
+    assert run.session.tools.refusals == 1
+    assert run.session.llm.max_request_bytes < 6000  # 4 bytes a character plus framing, no more
+    over = messages_request(1, content="x" * 6000)
+    assert_refused(raw_call(run.channel, LLM_METHOD, over), "LLM_INPUT_TOO_LARGE")
+    assert_refused(raw_stream(run.channel, STREAM_METHOD, over), "LLM_INPUT_TOO_LARGE")
+    assert run.session.llm.usage()["refused_input"] == 2
+    report = session_pb2.ReportResultRequest(value_json='"' + "r" * (100 + REPORT_ENVELOPE_BYTES) + '"')
+    assert_refused(raw_call(run.channel, REPORT_METHOD, report.SerializeToString()), "TOO_LARGE")
+    assert run.session.outcome is not None and run.session.outcome.failure_code == "result_too_large"
+    assert decodes == [] and env.fake_llm.requests == []
+
+
+def test_a_call_carries_at_most_max_messages(env: Env, decodes: list[str]) -> None:
+    from host._broker import MAX_MESSAGES
+
+    llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=10**6, max_output_chars=100)
+    run = env.started(llm=llm)
+    decodes.clear()
+    too_many = messages_request(MAX_MESSAGES + 1)
+    assert_refused(raw_call(run.channel, LLM_METHOD, too_many), "LLM_INPUT_TOO_LARGE")
+    unknown = messages_request(2, content="hi") + b"\x78\x01" * (MAX_MESSAGES + 16)  # field 15, varints
+    assert_refused(raw_call(run.channel, LLM_METHOD, unknown), "LLM_INPUT_TOO_LARGE")
+    assert decodes == []
+    answer = llm_pb2.CallLlmResponse.FromString(
+        raw_call(run.channel, LLM_METHOD, messages_request(MAX_MESSAGES, content="hi"))
+    )
+    assert answer.content == "fake reply"
+    [sent] = env.fake_llm.requests
+    assert len(sent.body["messages"]) == MAX_MESSAGES
+    assert run.session.llm.usage()["refused_input"] == 2
+
+
+def test_malformed_request_bytes_are_invalid_requests(env: Env) -> None:
+    run = env.started()
+    for method, payload in [
+        (TOOL_METHOD, b"\xff\xff\xff\xff\x0f\x0a\x80"),  # a truncated length
+        (TOOL_METHOD, b"\x0b\x0c"),  # a group: nothing of ours sends one
+        (TOOL_METHOD, field(1, b"\xff\xfe")),  # a slug that is not UTF-8
+        (LLM_METHOD, b"\x0a\x05ab"),  # a message longer than the request
+        (REPORT_METHOD, b"\x0a"),
+    ]:
+        assert_refused(raw_call(run.channel, method, payload), "INVALID_REQUEST")
+    assert run.session.tools.refusals == 3 and run.session.outcome is None
+    assert run.run_tool("word-tools", "echo", {"ok": 1}).success
+
+
+def test_llm_input_counts_roles_and_overhead_on_the_wire(env: Env) -> None:
+    """Finding 3: many empty messages used to reach the provider as megabytes under a 2,000-character cap."""
+    from host._broker import MESSAGE_OVERHEAD_CHARS
+
+    llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=2000, max_output_chars=100)
+    run = env.started(llm=llm)
+    per_message = len("user") + MESSAGE_OVERHEAD_CHARS
+    fits = 2000 // per_message
+    assert_refused(raw_call(run.channel, LLM_METHOD, messages_request(fits + 1)), "LLM_INPUT_TOO_LARGE")
+    assert isinstance(raw_call(run.channel, LLM_METHOD, messages_request(fits)), bytes)
+    [sent] = env.fake_llm.requests
+    body = sent.body["messages"]
+    assert len(body) == fits and sum(len(m["role"]) + len(m["content"]) for m in body) <= 2000
+
+
+# --- refusals are rate-limited per run ------------------------------------------------------------------
+
+
+def test_refusals_are_throttled_per_run_until_the_budget_refills(env: Env, decodes: list[str]) -> None:
+    from host._session import REFUSAL_BURST, REFUSAL_REFILL_PER_SECOND
+
+    now = [1000.0]
+    run = env.started(refusals=RefusalBudget(clock=lambda: now[0]))
+    other = env.started()  # another run's budget is its own
+    got = [reason(refused(run.run_tool, "other-tools", "echo", {})) for _ in range(REFUSAL_BURST + 8)]
+    assert got == ["TOOL_NOT_ALLOWED"] * REFUSAL_BURST + ["TOO_MANY_REFUSALS"] * 8
+    decodes.clear()
+    err = refused(run.run_tool, "word-tools", "echo", {"fine": True})  # good calls wait too, unread
+    assert_refused(err, "TOO_MANY_REFUSALS")
+    assert_refused(refused(run.call_llm), "TOO_MANY_REFUSALS")
+    assert_refused(refused(run.stream_llm), "TOO_MANY_REFUSALS")
+    assert decodes == [] and env.fake_llm.requests == []
+    assert run.session.throttled == 11 and run.session.tools.refusals == REFUSAL_BURST
+    assert other.run_tool("word-tools", "echo", {"fine": True}).success
+    now[0] += 1 / REFUSAL_REFILL_PER_SECOND  # one refusal's worth comes back
+    assert run.run_tool("word-tools", "echo", {"fine": True}).success
+    assert_refused(refused(run.run_tool, "word-tools", "echo", "{bad"), "INVALID_REQUEST")
+    assert_refused(refused(run.run_tool, "word-tools", "echo", {}), "TOO_MANY_REFUSALS")
+    run.report({"done": True})  # session calls are never throttled: the result always gets through
+    assert run.session.outcome is not None and run.session.outcome.success
+
+
+def test_budget_and_state_refusals_do_not_drain_the_refusal_budget(env: Env) -> None:
+    from host._session import REFUSAL_BURST
+
+    run = env.started(max_tool_calls=1, broker=env.broker({}))  # no provider configured on the host
+    assert run.run_tool("word-tools", "echo", {}).success
+    for _ in range(REFUSAL_BURST + 10):
+        assert reason(refused(run.run_tool, "word-tools", "echo", {})) == "TOOL_CALL_LIMIT"
+        assert reason(refused(run.call_llm)) == "LLM_UNAVAILABLE"
+        assert reason(refused(run.fetch)) == "TASK_ALREADY_FETCHED"
+    bad_role = [llm_pb2.ChatMessage(role="tool", content="x")]
+    assert reason(refused(run.call_llm, bad_role)) == "INVALID_REQUEST"  # a bad request still is one
+    assert run.session.throttled == 0
+
+
+# --- only accepted calls are activity --------------------------------------------------------------------
+
+
+def test_refused_calls_never_count_as_activity(env: Env) -> None:
+    """Finding 9: every call, refused or not, used to reset the idle clock, so spam kept a run alive."""
+    now = [100.0]
+    run = env.started(clock=lambda: now[0], llm=LlmPolicy(), refusals=RefusalBudget(clock=lambda: now[0]))
+    assert run.session.idle_since() == 100.0
+    now[0] = 500.0
+    attempts: list[Callable[[], Any]] = [
+        lambda: run.run_tool("other-tools", "echo", {}),
+        lambda: run.run_tool("word-tools", "echo", "{bad json"),
+        lambda: run.run_tool("word-tools", "append", {"wrong": 1}),
+        lambda: run.run_tool("ghost", "echo", {}),
+        run.call_llm,
+        lambda: list(run.stream_llm()),
+        run.fetch,
+        lambda: run.sessions.ReportResult(session_pb2.ReportResultRequest(), timeout=10),
+        lambda: raw_call(run.channel, TOOL_METHOD, b"\x0b"),
+    ]
+    samples: list[float | None] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(run.session.idle_since())
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    with futures.ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda i: _outcome_of(attempts[i % len(attempts)]), range(200)))
+    stop.set()
+    sampler.join()
+    assert all(isinstance(o, grpc.RpcError) for o in outcomes)
+    assert "TOO_MANY_REFUSALS" in {reason(o) for o in outcomes}  # throttled calls are not activity either
+    assert samples and set(samples) == {100.0}  # never "in flight", never reset
+    assert run.session.last_activity == 100.0 and run.session.inflight == 0
+    now[0] = 600.0  # the budget has refilled by now
+    assert run.run_tool("word-tools", "echo", {}).success  # an accepted call is activity
+    assert run.session.idle_since() == 600.0
+
+
+def _outcome_of(call: Callable[[], Any]) -> Any:
+    try:
+        result = call()
+    except grpc.RpcError as err:
+        return err
+    return result
+
+
+# --- connections are bounded before the handshake --------------------------------------------------------
+
+
+def test_a_connection_flood_is_bounded_before_the_handshake() -> None:
+    from host._session import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN
+
+    with ServerProbe({}) as probe:
+        base = probe.command("report")["fds"]
+        flood: list[socket.socket] = []
+        try:
+            for _ in range(500):
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                flood.append(conn)
+                conn.connect(probe.socket_path)
+            time.sleep(0.5)
+            during = probe.command("report")["fds"]
+            assert during - base <= MAX_CONNECTIONS_PER_RUN + 2, (base, during)
+            # The bare connections that got a slot never handshake: they are closed after the timeout,
+            # so a legitimate client gets in even while the flood's sockets stay open on its side.
+            time.sleep(HANDSHAKE_TIMEOUT_MS / 1000 + 0.5)
+            with grpc.insecure_channel(f"unix:{probe.socket_path}") as channel:
+                stub = llm_pb2_grpc.LlmServiceStub(channel)
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.CallLlm(llm_pb2.CallLlmRequest(messages=HELLO), timeout=10, wait_for_ready=True)
+                assert_refused(info.value, "LLM_NOT_GRANTED")  # served: an answer of the run's own
+        finally:
+            for conn in flood:
+                conn.close()
+        time.sleep(0.5)
+        after = probe.command("report")["fds"]
+        assert after - base <= 2, (base, after)
+        with grpc.insecure_channel(f"unix:{probe.socket_path}") as channel:
+            err = raw_call(channel, LLM_METHOD, b"")
+            assert_refused(err, "LLM_NOT_GRANTED")
+
+
+# --- non-finite numbers never cross ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["1e999", "[-1e999]", '{"a": 1E400}', '{"a": NaN}', "[Infinity]"])
+def test_a_non_finite_result_is_not_serializable(env: Env, text: str) -> None:
+    """Finding 8: 1e999 passed the NaN/Infinity ban and `run --json` printed Infinity."""
+    run = env.started()
+    request = session_pb2.ReportResultRequest(value_json=text)
+    assert_refused(refused(run.sessions.ReportResult, request), "INVALID_REQUEST")
+    outcome = run.session.outcome
+    assert outcome is not None and outcome.failure_code == "result_not_serializable"
+
+
+def test_a_result_nested_deeper_than_64_is_not_serializable(env: Env) -> None:
+    run = env.started()
+    request = session_pb2.ReportResultRequest(value_json="[" * 65 + "]" * 65)
+    assert_refused(refused(run.sessions.ReportResult, request), "INVALID_REQUEST")
+    run2 = env.started()
+    run2.sessions.ReportResult(session_pb2.ReportResultRequest(value_json="[" * 64 + "]" * 64), timeout=10)
+    assert run2.session.outcome is not None and run2.session.outcome.success
+
+
+@pytest.mark.parametrize("arguments", ['{"x": 1e999}', '{"x": [-1e999]}', '{"x": 1E309}', '{"x": -Infinity}'])
+def test_non_finite_tool_arguments_never_reach_a_tool(env: Env, arguments: str) -> None:
+    run = env.started()
+    assert_refused(refused(run.run_tool, "word-tools", "echo", arguments), "INVALID_REQUEST")
+    assert run.session.tools.calls_made == 0

@@ -487,3 +487,115 @@ def test_schema_rejects_with_the_failing_path(value: Any, error: str) -> None:
 
 def test_schema_with_an_unknown_type_fails_closed() -> None:
     assert schema_error({"type": "intger"}, 1) == "$: the tool's schema uses an unsupported type"
+
+
+# --- cheap checks before parsing, strict JSON both ways (red-team issue 12) ------------------------------
+
+
+def test_checks_that_need_no_arguments_come_before_parsing(tmp_path: Path, runner: ToolRunner) -> None:
+    """Findings 2 and 8: a refused call used to parse its arguments first (~23 MB for 1 MiB of JSON)."""
+    calc = make_pack(tmp_path, "calc")
+    community = make_pack(tmp_path, "community", trust="unverified")
+    unparseable = "[" * 200_000  # would be INVALID_REQUEST if it were ever parsed
+    gate = gate_for(runner, calc, community, allowed=("calc", "community", "ghost"), max_tool_calls=1)
+    for slug, tool, expected in [
+        ("other", "echo", "TOOL_NOT_ALLOWED"),
+        ("ghost", "echo", "TOOL_NOT_FOUND"),
+        ("community", "echo", "TOOL_PACK_UNTRUSTED"),
+        ("calc", "nope", "TOOL_NOT_FOUND"),
+    ]:
+        assert refusal(gate, slug, tool, unparseable).reason == expected
+    ok(gate.call("calc", "echo", "{}"))
+    assert refusal(gate, "calc", "echo", unparseable).reason == "TOOL_CALL_LIMIT"
+    late = gate_for(runner, calc, budget=-1)
+    assert refusal(late, "calc", "echo", unparseable).reason == "RUN_DEADLINE"
+
+
+def test_a_refusal_before_parsing_allocates_nothing_for_the_arguments(
+    tmp_path: Path, runner: ToolRunner
+) -> None:
+    import tracemalloc
+
+    strict = make_pack(tmp_path, "strict", schema={"type": "object", "additionalProperties": False})
+    gate = gate_for(runner, strict, allowed=("strict", "ghost"))
+    arguments = json.dumps({"x": [[]] * 340_000}, separators=(",", ":"))  # ~1 MiB of tiny lists
+    assert len(arguments) <= 1 << 20
+    tracemalloc.start()
+    try:
+        refusal(gate, "ghost", "echo", arguments)
+        before_parse = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        assert refusal(gate, "strict", "echo", arguments).reason == "TOOL_ARGUMENTS_INVALID"
+        after_parse = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert before_parse < 64 * 1024, before_parse
+    assert after_parse > 1 << 20  # the schema needs the parsed value: the refusal budget bounds this one
+
+
+def test_screen_refuses_without_a_request(tmp_path: Path, runner: ToolRunner) -> None:
+    from host._tools import MAX_REQUEST_BYTES
+
+    calc = make_pack(tmp_path, "calc")
+    nothing = gate_for(runner, calc, allowed=())
+    with pytest.raises(ToolRefusal) as empty:
+        nothing.screen(10)
+    assert empty.value.reason == "TOOL_NOT_ALLOWED" and nothing.refusals == 1
+    gate = gate_for(runner, calc, max_tool_calls=1)
+    gate.screen(MAX_REQUEST_BYTES)
+    with pytest.raises(ToolRefusal) as large:
+        gate.screen(MAX_REQUEST_BYTES + 1)
+    assert large.value.reason == "TOO_LARGE"
+    ok(gate.call("calc", "echo", "{}"))
+    with pytest.raises(ToolRefusal) as spent:
+        gate.screen(10)
+    assert spent.value.reason == "TOOL_CALL_LIMIT" and gate.refusals == 2
+
+
+@pytest.mark.parametrize(
+    "arguments", ['{"n": 1e999}', '{"n": -1e999}', '{"n": 1E400}', '{"n": [2e308]}', '{"n": NaN}']
+)
+def test_non_finite_arguments_never_reach_a_schema_or_a_tool(
+    tmp_path: Path, runner: ToolRunner, arguments: str
+) -> None:
+    """Finding 8: `1e999` became inf and passed a `minimum: 0` schema into the tool."""
+    schema = {"type": "object", "properties": {"n": {"type": ["number", "array"], "minimum": 0}}}
+    gate = gate_for(runner, make_pack(tmp_path, "calc", schema=schema))
+    refused = refusal(gate, "calc", "types", arguments)
+    assert refused.reason == "INVALID_REQUEST" and "not strict JSON" in refused.message
+    assert gate.calls_made == 0
+    assert ok(gate.call("calc", "types", '{"n": 1e308}')) == {"n": ["float", 1e308]}
+
+
+@pytest.mark.parametrize("result_json", ["1e999", "[-1e999]", '{"a": NaN}', "[" * 65 + "]" * 65, "{oops"])
+def test_a_tool_result_that_is_not_strict_json_is_a_failed_call(result_json: str) -> None:
+    from host._tools import _outcome
+
+    outcome = _outcome({"ok": True, "result_json": result_json})
+    assert (outcome.success, outcome.result, outcome.error) == (
+        False,
+        None,
+        "tool result is not JSON-serializable",
+    )
+    assert _outcome({"ok": True, "result_json": "[1e308]"}).result == [1e308]
+
+
+def test_the_worker_refuses_non_finite_requests() -> None:
+    from host._tool_worker import loads_finite
+
+    for text in ("1e999", '{"a": -1e999}', "[NaN]", "Infinity"):
+        with pytest.raises(ValueError):
+            loads_finite(text)
+    assert loads_finite('{"a": 1.5, "b": 2}') == {"a": 1.5, "b": 2}
+
+
+def test_on_admit_runs_only_for_admitted_calls(tmp_path: Path, runner: ToolRunner) -> None:
+    admitted: list[int] = []
+    gate = gate_for(runner, make_pack(tmp_path, "calc"), max_tool_calls=1)
+    refusal_seen = pytest.raises(ToolRefusal)
+    with refusal_seen:
+        gate.call("calc", "echo", "[1]", on_admit=lambda: admitted.append(1))
+    ok(gate.call("calc", "echo", "{}", on_admit=lambda: admitted.append(2)))
+    with pytest.raises(ToolRefusal):
+        gate.call("calc", "echo", "{}", on_admit=lambda: admitted.append(3))
+    assert admitted == [2]

@@ -368,3 +368,87 @@ def test_word_tools_example_entrypoints_resolve() -> None:
     calls = {t["name"]: getattr(module, t["entrypoint"].partition(":")[2]) for t in tools}
     assert calls["count_words"](text="one two  three") == {"count": 3}
     assert calls["reverse_words"](text="one two  three") == {"text": "three two one"}
+
+
+# --- strict JSON and the throttle reason on the wrapper side (red-team issue 12) -------------------------
+
+
+@pytest.mark.parametrize("kwargs_json", ['{"n": 1e999}', '{"n": [-1e999]}', '{"n": NaN}'])
+def test_non_finite_kwargs_never_reach_the_agent(served: Served, tmp_path: Path, kwargs_json: str) -> None:
+    marker = tmp_path / "called"
+    proc = run_agent(
+        served, tmp_path, f"def run(context, n):\n    open({str(marker)!r}, 'w').close()\n    return n\n",
+        kwargs_json=kwargs_json,
+    )
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_AGENT_EXCEPTION and message.startswith("ValueError:")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("result", ["float('inf')", "[-float('inf')]", "{'x': 1e308 * 10}"])
+def test_non_finite_results_are_not_serializable(served: Served, tmp_path: Path, result: str) -> None:
+    proc = run_agent(served, tmp_path, f"def run(context):\n    return {result}\n")
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE and "ValueError" in message
+
+
+def test_a_result_deeper_than_the_host_accepts_is_not_serializable(served: Served, tmp_path: Path) -> None:
+    nest = (
+        "def run(context, depth):\n    value = []\n    for _ in range(depth - 1):\n"
+        "        value = [value]\n    return value\n"
+    )
+    proc = run_agent(served, tmp_path, nest, kwargs_json='{"depth": 65}')
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE and "deeper than 64" in message
+
+
+def test_a_result_64_deep_is_accepted(served: Served, tmp_path: Path) -> None:
+    nest = (
+        "def run(context):\n    value = ['[{\"}]']\n    for _ in range(63):\n"
+        "        value = [value]\n    return value\n"
+    )
+    proc = run_agent(served, tmp_path, nest)
+    assert proc.returncode == 0, proc.stderr
+    value = value_of(served.host)
+    for _ in range(63):
+        value = value[0]
+    assert value == ['[{"}]']  # brackets inside strings never count as nesting
+
+
+def test_a_non_finite_tool_result_is_a_failed_result(served: Served, tmp_path: Path) -> None:
+    served.host.tools.append(tools_pb2.RunToolResponse(success=True, result_json='{"x": 1e999}'))
+    proc = run_agent(
+        served, tmp_path,
+        """
+        def run(context):
+            r = context.run_tool("word-tools", "count_words", text="a b")
+            return {"success": r.success, "result": r.result, "error": r.error}
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {
+        "success": False, "result": None, "error": "HOST_ERROR: the tool result is not strict JSON",
+    }
+
+
+def test_too_many_refusals_is_a_failed_tool_result_and_an_llm_error(served: Served, tmp_path: Path) -> None:
+    throttled = Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_REFUSALS", "wait and retry")
+    served.host.tools.append(throttled)
+    served.host.llm.append(throttled)
+    proc = run_agent(
+        served, tmp_path,
+        """
+        from sandbox_wrapper import LlmAccessError
+
+        def run(context):
+            r = context.run_tool("word-tools", "count_words", text="a b")
+            try:
+                context.call_llm("hi")
+            except LlmAccessError as exc:
+                return {"tool": [r.success, r.error], "llm": exc.reason}
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {
+        "tool": [False, "TOO_MANY_REFUSALS: wait and retry"], "llm": "TOO_MANY_REFUSALS",
+    }

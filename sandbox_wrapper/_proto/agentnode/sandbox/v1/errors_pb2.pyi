@@ -27,6 +27,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_LLM_UNAVAILABLE: _ClassVar[ErrorReason]
     ERROR_REASON_RUN_DEADLINE: _ClassVar[ErrorReason]
     ERROR_REASON_HOST_ERROR: _ClassVar[ErrorReason]
+    ERROR_REASON_TOO_MANY_REFUSALS: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_TASK_ALREADY_FETCHED: ErrorReason
 ERROR_REASON_TASK_NOT_FETCHED: ErrorReason
@@ -48,3 +49,4 @@ ERROR_REASON_LLM_TIMEOUT: ErrorReason
 ERROR_REASON_LLM_UNAVAILABLE: ErrorReason
 ERROR_REASON_RUN_DEADLINE: ErrorReason
 ERROR_REASON_HOST_ERROR: ErrorReason
+ERROR_REASON_TOO_MANY_REFUSALS: ErrorReason

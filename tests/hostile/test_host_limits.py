@@ -1,0 +1,265 @@
+"""Attacks on the long-running host itself: a connection flood under `serve`, stale pools after uninstall."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from host._audit import verify_audit
+from host._client import RunnerClient
+from host._engine import LABEL_SLUG
+from host._runner import RunResult
+from tests.hostile.conftest import Lab, Ledger, brief, containers_with
+from tests.unit.test_cli import BIN, cli, json_out
+
+pytestmark = pytest.mark.docker
+
+SERVE_NOFILE = 2048
+"""The serve process's open-file limit in these tests: low enough that an unbounded flood exhausts it."""
+
+FLOODER = r"""
+import os, socket, time
+
+def flood(path, seconds, out_fd):
+    held, opened, refused = [], 0, 0
+    end = time.time() + seconds
+    while time.time() < end:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            opened += 1
+            held.append(s)
+        except OSError:
+            refused += 1
+            s.close()
+            time.sleep(0.001)
+        if len(held) >= 200:  # stay under this process's own descriptor limit (256): shed the oldest
+            for old in held[:100]:
+                old.close()
+            del held[:100]
+    os.write(out_fd, f"{opened} {refused}\n".encode())
+
+def run(context, **kwargs):
+    path = os.environ["AGENTNODE_SOCKET"]
+    r, w = os.pipe()
+    children = []
+    for _ in range(kwargs.get("helpers", 6)):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                flood(path, kwargs.get("seconds", 10), w)
+            except BaseException as exc:
+                os.write(w, f"error {type(exc).__name__}:{exc}\n".encode()[:200])
+            finally:
+                os._exit(0)
+        children.append(pid)
+    os.close(w)
+    for pid in children:
+        os.waitpid(pid, 0)
+    with os.fdopen(r) as fh:
+        lines = [line.split() for line in fh if line.strip()]
+    counts = [tuple(map(int, parts)) for parts in lines if parts[0] != "error"]
+    after = context.run_tool("hostile-tools", "echo", ok=True)
+    return {
+        "helpers_reported": len(counts),
+        "errors": [" ".join(parts)[:120] for parts in lines if parts[0] == "error"],
+        "connected": sum(c[0] for c in counts),
+        "refused": sum(c[1] for c in counts),
+        "after_flood_tool_call": after.success,
+    }
+"""
+
+INNOCENT = """
+def run(context, **kwargs):
+    results = [context.run_tool("hostile-tools", "echo", n=n).success for n in range(5)]
+    return {"tools_ok": all(results), "calls": len(results)}
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+@contextmanager
+def _serve(
+    lab: Lab, warm: list[str], nofile: int = SERVE_NOFILE
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """`agentnode-sandbox serve` as its own process with a low descriptor limit; SIGTERM on exit."""
+    sock = lab.root / "admin.sock"
+    env = dict(lab.state.env)
+    args = [str(BIN), "serve", "--socket", str(sock), "--json", "--drain-seconds", "5"]
+    for slug in warm:
+        args += ["--warm", slug]
+    # The shell lowers the hard limit too, so serve cannot raise itself out of the test's bound.
+    shell = ["/bin/sh", "-c", f'ulimit -n {nofile} && exec "$@"', "serve"]
+    proc = subprocess.Popen(
+        [*shell, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else "serve exited"
+        yield proc, sock
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def test_connection_flood_under_serve_hurts_only_the_flooder(lab: Lab, ledger: Ledger) -> None:
+    lab.configure(runtime=lab.runtime, pool={"size": 1})
+    lab.agent("flooder", FLOODER, max_runtime_seconds=120)
+    lab.agent("innocent", INNOCENT, max_runtime_seconds=120)
+    with _serve(lab, warm=["innocent"]) as (proc, sock):
+        peak = {"fds": 0}
+        watching = threading.Event()
+
+        def watch() -> None:
+            while not watching.is_set():
+                peak["fds"] = max(peak["fds"], _fds(proc.pid))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        baseline = _fds(proc.pid)
+        cpu_before = _cpu_seconds(proc.pid)
+        flood_result: dict[str, RunResult] = {}
+        # Under gVisor each process also costs host threads against the pids limit: fewer, fuller helpers.
+        helpers = 20 if lab.runtime == "runc" else 4
+
+        def attack() -> None:
+            with RunnerClient(sock) as client:
+                flood_result["r"] = client.submit("flooder", kwargs={"helpers": helpers, "seconds": 10})
+
+        attacker = threading.Thread(target=attack)
+        attacker.start()
+        lab.wait_for_container("flooder", timeout=120, all_owners=True)
+        time.sleep(3)  # the flood is on
+        during: list[tuple[bool, str, float]] = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            with RunnerClient(sock) as client:  # a fresh admin connection each time
+                r = client.submit("innocent")
+            during.append((r.success, r.error_code, time.monotonic() - t0))
+        attacker.join(timeout=180)
+        serve_cpu = _cpu_seconds(proc.pid) - cpu_before
+        watching.set()
+        watcher.join()
+        flooder = flood_result.get("r")
+        made = flooder.result.get("connected", 0) if flooder and isinstance(flooder.result, dict) else 0
+        records = {r["request_id"]: r for r in lab.audit()}
+        report = verify_audit(lab.state.dir / "audit.jsonl")
+    ledger.attack(
+        "serve.connection_flood.admin_and_neighbours",
+        expected="the admin socket keeps taking runs and an innocent run's tool calls succeed while a run "
+        "floods its own socket with bare connections (forked helpers, 20 under runc and 4 under runsc, "
+        "each holding up to 200 connections and opening new ones for 10 s)",
+        observed=brief({"innocent_runs": during, "serve_cpu_s": round(serve_cpu, 2)}),
+        ok=all(ok for ok, _, _ in during),
+    )
+    ledger.attack(
+        "serve.connection_flood.descriptors_bounded",
+        expected=f"the serve process's descriptors stay far from its limit ({SERVE_NOFILE}): each run's "
+        "socket holds a bounded number of connections",
+        observed=brief(
+            {
+                "connections_made": made,
+                "baseline_fds": baseline,
+                "peak_fds": peak["fds"],
+                "limit": SERVE_NOFILE,
+            }
+        ),
+        ok=made >= 1000 and 0 < peak["fds"] < SERVE_NOFILE // 2,  # the flood really happened, and was bounded
+    )
+    ledger.attack(
+        "serve.connection_flood.audited",
+        expected="the flooder's run ends and is audited (start and end), and audit verify is ok",
+        observed=brief(
+            {
+                "flooder": None if flooder is None else [flooder.success, flooder.error_code, flooder.result],
+                "audited": flooder is not None and flooder.run_id in records,
+                "verify": [report.ok, report.problems[:2], report.open_runs],
+            }
+        ),
+        ok=flooder is not None
+        and flooder.run_id in records
+        and report.ok
+        and not report.open_runs,
+    )
+
+
+def test_uninstall_and_reinstall_under_serve_drop_pools_and_volumes(
+    lab: Lab, ledger: Ledger, docker_client: docker.DockerClient
+) -> None:
+    lab.configure(runtime=lab.runtime, pool={"size": 2})
+    slug = lab.agent("pooled", "def run(context, **kwargs):\n    return 'v1'\n")
+    first = lab.state.install(lab.root / "packs" / slug)  # the same pack again: same artifact, same volume
+    with _serve(lab, warm=[slug]):
+        deadline = time.monotonic() + 120
+        while len([c for c in lab.containers(slug, all_owners=True) if c.status == "running"]) < 2:
+            assert time.monotonic() < deadline, "the warm pool never filled"
+            time.sleep(0.2)
+        # reinstall a changed version: the old pool and its volume must go, nothing keeps refilling it
+        (lab.root / "packs" / slug / "agent.py").write_text("def run(context, **kwargs):\n    return 'v2'\n")
+        second = lab.state.install(lab.root / "packs" / slug)
+        lab.volumes.add(second.sandbox_volume or "")
+        stale = _wait_gone(docker_client, slug, first.sandbox_volume or "", lab)
+        # uninstall while serve runs: what it cannot remove now it names, and serve drops the rest
+        proc = cli(lab.state.env, "uninstall", slug, "--json")
+        out = json_out(proc)
+        gone = _wait_gone(docker_client, slug, second.sandbox_volume or "", lab)
+        time.sleep(3)  # a few refill ticks: nothing comes back
+        refilled = containers_with(docker_client, [f"{LABEL_SLUG}={slug}"])
+    ledger.attack(
+        "serve.reinstall_drops_stale_pool",
+        expected="after a reinstall the old version's warm members are destroyed and its volume removed",
+        observed=brief(stale),
+        ok=stale["containers"] == 0 and not stale["volume"],
+    )
+    ledger.attack(
+        "serve.uninstall_drops_pool_and_volume",
+        expected="after uninstall under serve: no members refilled, the volume is gone (or named as left "
+        "over by `uninstall --json`, then dropped by serve)",
+        observed=brief({"uninstall": out, "after": gone, "refilled": len(refilled)}),
+        ok=proc.returncode == 0 and gone["containers"] == 0 and not gone["volume"] and not refilled,
+    )
+
+
+def _wait_gone(
+    client: docker.DockerClient, slug: str, volume: str, lab: Lab, timeout: float = 60
+) -> dict[str, Any]:
+    """Wait until no container of `slug` uses `volume` and the volume is gone; report what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        containers = [
+            c for c in containers_with(client, [f"{LABEL_SLUG}={slug}"])
+            if any(m.get("Name") == volume for m in c.attrs.get("Mounts", []))
+        ]  # fmt: skip
+        names = {v.name for v in client.volumes.list()}
+        state = {"containers": len(containers), "volume": volume in names}
+        if (not containers and volume not in names) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.25)
+

@@ -1,0 +1,153 @@
+"""Strict JSON at every boundary: finite numbers only, size before work, bounded depth, never non-JSON out."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, NoReturn
+
+import grpc
+import pytest
+
+from host._json import DEFAULT_MAX_DEPTH, JsonRejected, check_finite, dumps_strict, loads_strict
+from host._runner import RunResult
+from host._serve import _kwargs, report_from
+
+NON_FINITE_TEXTS = [
+    "1e999",
+    "-1e999",
+    "1E400",
+    "2e308",
+    "[0.1e310]",
+    '{"a": {"b": [1, -1e999]}}',
+    "NaN",
+    "[Infinity]",
+    '{"x": -Infinity}',
+]
+
+
+@pytest.mark.parametrize("text", NON_FINITE_TEXTS)
+def test_non_finite_numbers_are_rejected(text: str) -> None:
+    with pytest.raises(JsonRejected):
+        loads_strict(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1e308", 1e308),
+        ("-1.7976931348623157e308", -1.7976931348623157e308),
+        ("1e-400", 0.0),  # underflow is finite
+        ("123456789012345678901234567890", 123456789012345678901234567890),
+        ('{"i": 1, "f": 1.0, "s": "1e999", "n": null}', {"i": 1, "f": 1.0, "s": "1e999", "n": None}),
+    ],
+)
+def test_finite_json_keeps_its_types(text: str, value: Any) -> None:
+    parsed = loads_strict(text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+def test_size_is_counted_in_utf8_bytes_before_any_work() -> None:
+    assert loads_strict('"' + "é" * 10 + '"', max_bytes=22) == "é" * 10
+    with pytest.raises(JsonRejected, match="exceeds 21 bytes"):
+        loads_strict('"' + "é" * 10 + '"', max_bytes=21)
+    with pytest.raises(JsonRejected, match="exceeds"):
+        loads_strict(b"[" * 10_000_000, max_bytes=1024)  # refused by length alone, nothing scanned
+    with pytest.raises(JsonRejected, match="not UTF-8"):
+        loads_strict(b'"\xff"')
+
+
+def test_depth_is_bounded_and_strings_do_not_count() -> None:
+    assert loads_strict("[" * DEFAULT_MAX_DEPTH + "]" * DEFAULT_MAX_DEPTH) is not None
+    with pytest.raises(JsonRejected, match="deeper than 64"):
+        loads_strict("[" * (DEFAULT_MAX_DEPTH + 1) + "]" * (DEFAULT_MAX_DEPTH + 1))
+    with pytest.raises(JsonRejected, match="deeper"):
+        loads_strict('{"a": ' * 65 + "1" + "}" * 65)
+    brackets_in_strings = json.dumps(["[[[[{{{{", '\\"[[[', {"k[": "]]]]"}])
+    assert loads_strict(brackets_in_strings, max_depth=2) == json.loads(brackets_in_strings)
+    assert loads_strict("[[1], [[2]]]", max_depth=3) == [[1], [[2]]]
+    with pytest.raises(JsonRejected):
+        loads_strict("[[1], [[2]]]", max_depth=2)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        "[" * 1_000_000,
+        '{"a": ' * 200_000,
+        "[" + "[]," * 340_000 + "[]]",
+        json.dumps({"blob": "[" * 1_000_000}),
+    ],
+    ids=["deep", "unbalanced", "deep-objects", "wide", "brackets-in-a-string"],
+)
+def test_hostile_shapes_are_decided_fast(text: str) -> None:
+    started = time.thread_time()
+    try:
+        loads_strict(text, max_bytes=2 << 20)
+    except JsonRejected:
+        pass
+    assert time.thread_time() - started < 1.0
+
+
+def test_malformed_text_is_rejected_not_raised_as_something_else() -> None:
+    for text in ("", "{oops", "[1,]", "'single'", "[" * 500, "1" * 5000):
+        with pytest.raises(JsonRejected):
+            loads_strict(text)
+
+
+def test_check_finite_and_dumps_strict() -> None:
+    for value in (math.inf, [-math.inf], {"a": (1, math.nan)}):
+        with pytest.raises(JsonRejected):
+            check_finite(value)
+        with pytest.raises(JsonRejected):
+            dumps_strict(value)
+    deep: Any = []
+    for _ in range(DEFAULT_MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(JsonRejected):
+        check_finite(deep)
+    check_finite({"a": [1, 2.5, "inf", None]})
+    assert dumps_strict({"a": 1e308}, sort_keys=True) == '{"a": 1e+308}'
+
+
+# --- the admin boundary: kwargs in, results out ------------------------------------------------------------
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What `_kwargs` needs of a servicer context: abort raises, as gRPC's does."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise _Aborted(code, details)
+
+
+@pytest.mark.parametrize("raw", [*NON_FINITE_TEXTS[:3], '{"n": 1e999}', '{"n": NaN}', "[1]", "{bad"])
+def test_kwargs_must_be_a_strict_json_object(raw: str) -> None:
+    with pytest.raises(_Aborted) as info:
+        _kwargs(raw, _Context())  # type: ignore[arg-type]
+    code, details = info.value.args
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("INVALID_REQUEST: ")
+
+
+def test_kwargs_keep_their_types() -> None:
+    assert _kwargs("", _Context()) == {}  # type: ignore[arg-type]
+    assert _kwargs('{"n": 1, "f": 1.5, "big": 1e308}', _Context()) == {  # type: ignore[arg-type]
+        "n": 1,
+        "f": 1.5,
+        "big": 1e308,
+    }
+
+
+def test_a_report_never_carries_non_json() -> None:
+    report = report_from(RunResult(success=True, result={"x": math.inf}, run_id="r"))
+    assert not report.success and report.result_json == ""
+    assert report.error_code == "result_not_serializable" and report.run_id == "r"
+    fine = report_from(RunResult(success=True, result={"x": 1.5, "n": [1, None]}))
+    assert fine.success and json.loads(fine.result_json) == {"x": 1.5, "n": [1, None]}
+    failed = report_from(RunResult(success=False, error="boom", error_code="agent_error"))
+    assert (failed.success, failed.result_json, failed.error_code) == (False, "", "agent_error")
