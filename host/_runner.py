@@ -712,7 +712,7 @@ class SandboxHost:
             what = (
                 f"the run exceeded max_runtime_seconds ({run.policy.max_runtime_seconds} s)"
                 if how == "deadline"
-                else f"the agent made no call for {self.config.agent_sandbox.idle_timeout_seconds} s"
+                else f"the agent made no accepted call for {self.config.agent_sandbox.idle_timeout_seconds} s"
             )
             return fail(
                 AuditReason.TIMEOUT,
