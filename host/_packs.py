@@ -9,27 +9,35 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
+import stat
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import docker
 import docker.errors
-import yaml
 
 from host._config import ConfigPaths
 from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, classify_engine_exception
-from host._errors import AuditReason, PackError
-from host._manifest import AgentManifest, ToolpackManifest, load_manifest, parse_manifest
+from host._errors import AuditReason, ManifestError, PackError
+from host._manifest import (
+    MANIFEST_NAME,
+    AgentManifest,
+    ToolpackManifest,
+    load_manifest,
+    manifest_data,
+    parse_manifest,
+)
+from host._terminal import safe_line
 
 LOCKFILE_VERSION = 1
 TRUST_LEVELS = ("curated", "trusted", "verified", "unverified")
@@ -37,12 +45,23 @@ HOST_TRUST = frozenset({"curated", "trusted"})
 LABEL_PACK = "io.agentnode.sandbox.pack"
 LABEL_PACK_VERSION = "io.agentnode.sandbox.pack-version"
 MAX_PACK_BYTES = 64 * 1024 * 1024
+MAX_FILE_BYTES = 32 * 1024 * 1024
+MAX_PACK_ENTRIES = 10_000
+"""Directory entries an install looks at (files, directories, skipped debris): bounds the walk and the tar."""
+MAX_PACK_DEPTH = 32
+MAX_LOCK_ENTRY_BYTES = 256 * 1024
+"""One lockfile entry as JSON: every run of every agent reads the whole lockfile, so entries stay small."""
+MAX_LOCKFILE_BYTES = 16 * 1024 * 1024
+"""A lockfile over this is refused unparsed (an older host stored raw manifests, alias bombs included)."""
+_CHUNK = 1 << 20
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "node_modules", ".mypy_cache", ".pytest_cache"}
+_VOLUME_RE = re.compile(r"agentnode-pack-[A-Za-z0-9_.-]{1,200}", re.ASCII)
+_REINSTALL_CLEAN = "install from a clean copy of the pack that nothing else is writing to"
 
 
 @dataclass(frozen=True)
 class LockEntry:
-    """One installed pack as the lockfile records it."""
+    """One installed pack as the lockfile records it; `manifest` is the validated form (manifest_data)."""
 
     slug: str
     version: str
@@ -56,7 +75,15 @@ class LockEntry:
     installed_at: str
 
     def parsed_manifest(self) -> AgentManifest | ToolpackManifest:
-        return parse_manifest(self.manifest, source=f"lockfile entry {self.slug}")
+        """Validate the stored manifest again; an entry an older host wrote (or someone edited) may fail."""
+        try:
+            return parse_manifest(self.manifest, source=f"lockfile entry {self.slug}")
+        except ManifestError as exc:
+            raise ManifestError(
+                exc.message,
+                hint=f"reinstall it: agentnode-sandbox install <path-to-{self.slug}> (the entry was written "
+                "by an older version of the host, or edited)",
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -66,33 +93,259 @@ class LockEntry:
         return cls(**{k: data.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
 
-def _pack_files(pack_dir: Path) -> Iterator[tuple[str, Path]]:
-    for root, dirs, files in os.walk(pack_dir, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info"))
-        for name in sorted(files):
-            if name.endswith((".pyc", ".pyo")):
+def _show(text: str, limit: int = 160) -> str:
+    """A pack-authored name made safe to print: controls and bidi characters escaped, length bounded."""
+    return safe_line(text, limit=limit)
+
+
+# --- the pack's files: lstat first, refuse before reading, read through verified descriptors -------------
+
+
+@dataclass(frozen=True)
+class _PackFile:
+    """A regular file as lstat saw it; the read later checks it is still this very file."""
+
+    rel: str
+    size: int
+    executable: bool
+    dev: int
+    ino: int
+
+
+@dataclass
+class _Scan:
+    """What the lstat walk found: the files to read, the directories (for the src/ layout), their size."""
+
+    files: list[_PackFile] = field(default_factory=list)
+    dirs: set[str] = field(default_factory=set)
+    total: int = 0
+
+
+_SPECIAL = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a Unix socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _open_dir(root_fd: int, parts: list[str]) -> int:
+    """Open root/parts... one component at a time, never through a link (O_NOFOLLOW on each)."""
+    fd = os.dup(root_fd)
+    for part in parts:
+        try:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _refuse(rel: str, problem: str, hint: str) -> PackError:
+    return PackError(f"{_show(rel)}: {problem}", hint=hint)
+
+
+def _scan(root_fd: int) -> _Scan:
+    """Every file of the pack from lstat alone, in a stable order; refusals and size limits come before
+    any byte is read. Only regular files and directories are accepted."""
+    scan = _Scan()
+    seen = 0
+    stack: list[tuple[str, int]] = [("", 0)]
+    while stack:
+        rel_dir, depth = stack.pop()
+        try:
+            dir_fd = _open_dir(root_fd, rel_dir.split("/") if rel_dir else [])
+        except OSError:
+            raise _refuse(rel_dir, "changed while the pack was being read", _REINSTALL_CLEAN) from None
+        entries: list[tuple[str, os.stat_result]] = []
+        try:
+            with os.scandir(dir_fd) as it:
+                for entry in it:
+                    seen += 1
+                    if seen > MAX_PACK_ENTRIES:
+                        raise PackError(
+                            f"the pack has more than {MAX_PACK_ENTRIES} files and directories",
+                            hint="remove build output and data the pack does not need",
+                        )
+                    entries.append((entry.name, entry.stat(follow_symlinks=False)))
+        finally:
+            os.close(dir_fd)
+        subdirs: list[str] = []
+        for name, st in sorted(entries, key=lambda e: e[0]):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            mode = st.st_mode
+            linkish = stat.S_ISLNK(mode)
+            if (stat.S_ISDIR(mode) or linkish) and (name in _SKIP_DIRS or name.endswith(".egg-info")):
+                continue  # build debris: never followed, read or copied
+            if (stat.S_ISREG(mode) or linkish) and name.endswith((".pyc", ".pyo")):
                 continue
-            path = Path(root) / name
-            if path.is_symlink():
-                raise PackError(
-                    f"{path.relative_to(pack_dir)}: symlinks are not allowed in a pack",
-                    hint="replace the link with the file it points to",
+            if not name.isprintable():
+                raise _refuse(
+                    rel,
+                    "file names with control characters or undecodable bytes are not allowed",
+                    "rename the file",
                 )
-            yield path.relative_to(pack_dir).as_posix(), path
+            if linkish:
+                raise _refuse(
+                    rel, "symlinks are not allowed in a pack", "replace the link with the file it points to"
+                )
+            if stat.S_ISDIR(mode):
+                if depth + 1 > MAX_PACK_DEPTH:
+                    raise _refuse(
+                        rel,
+                        f"directories nest deeper than {MAX_PACK_DEPTH} levels",
+                        "flatten the pack's layout",
+                    )
+                scan.dirs.add(rel)
+                subdirs.append(rel)
+            elif stat.S_ISREG(mode):
+                if st.st_size > MAX_FILE_BYTES:
+                    raise _refuse(
+                        rel,
+                        f"the file is larger than {MAX_FILE_BYTES // 2**20} MiB",
+                        "remove it from the pack (packs carry code, not data)",
+                    )
+                scan.total += st.st_size
+                if scan.total > MAX_PACK_BYTES:
+                    raise PackError(
+                        f"the pack is larger than {MAX_PACK_BYTES // 2**20} MiB", hint="remove build output"
+                    )
+                scan.files.append(_PackFile(rel, st.st_size, bool(mode & 0o111), st.st_dev, st.st_ino))
+            else:
+                what = _SPECIAL.get(stat.S_IFMT(mode), "a special file")
+                raise _refuse(
+                    rel,
+                    f"{what} is not allowed in a pack (only regular files and directories)",
+                    "remove it from the pack directory",
+                )
+        stack.extend((d, depth + 1) for d in reversed(subdirs))
+    return scan
+
+
+def _changed(rel: str) -> PackError:
+    return _refuse(rel, "changed while the pack was being installed", _REINSTALL_CLEAN)
+
+
+def _open_file(root_fd: int, f: _PackFile) -> int:
+    """Open the scanned file itself: no link followed, no FIFO blocking, and fstat must agree with lstat."""
+    *parents, name = f.rel.split("/")
+    try:
+        dir_fd = _open_dir(root_fd, parents)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        raise _changed(f.rel) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_size) != (f.dev, f.ino, f.size):
+        os.close(fd)
+        raise _changed(f.rel)
+    return fd
+
+
+class _Reader:
+    """Exactly `f.size` bytes of an opened pack file, in chunks, hashed as they pass."""
+
+    def __init__(self, fd: int, f: _PackFile) -> None:
+        self.fd, self.file, self.left = fd, f, f.size
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = _CHUNK) -> bytes:
+        want = min(n if n >= 0 else _CHUNK, self.left, _CHUNK)
+        if want <= 0:
+            return b""
+        data = os.read(self.fd, want)
+        if not data:  # the file shrank after fstat
+            raise _changed(self.file.rel)
+        self.left -= len(data)
+        self.sha.update(data)
+        return data
+
+    def finish(self) -> bytes:
+        """The file's sha256, after checking it did not grow past the size that was checked."""
+        while self.left:
+            self.read()
+        if os.read(self.fd, 1):
+            raise _changed(self.file.rel)
+        return self.sha.digest()
+
+
+def _root_fd(pack_dir: Path) -> int:
+    try:
+        return os.open(pack_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PackError(
+            f"{pack_dir}: cannot open the pack directory ({type(exc).__name__})",
+            hint="point at a pack directory (see: agentnode-sandbox init)",
+        ) from None
 
 
 def artifact_hash(pack_dir: Path) -> str:
     """sha256 over every file's path and bytes, in a stable order: the pack's identity."""
-    h = hashlib.sha256()
-    total = 0
-    for rel, path in _pack_files(pack_dir):
-        data = path.read_bytes()
-        total += len(data)
-        if total > MAX_PACK_BYTES:
+    root_fd = _root_fd(pack_dir.resolve())
+    try:
+        h = hashlib.sha256()
+        for f in _scan(root_fd).files:
+            fd = _open_file(root_fd, f)
+            try:
+                h.update(f.rel.encode() + b"\0" + _Reader(fd, f).finish())
+            finally:
+                os.close(fd)
+        return h.hexdigest()
+    finally:
+        os.close(root_fd)
+
+
+@dataclass
+class _Snapshot:
+    """One read of the pack: its identity and a tar of exactly the bytes that were hashed (on disk)."""
+
+    digest: str
+    archive: IO[bytes]
+    dirs: set[str]
+
+
+@contextlib.contextmanager
+def _snapshot(pack_dir: Path) -> Iterator[_Snapshot]:
+    """Scan, then read each file once, streaming it into both the hash and a temporary tar.
+
+    The volume and the host copy are both made from this tar, so they hold exactly what was hashed, and no
+    file is ever held in memory whole.
+    """
+    with tempfile.TemporaryFile(prefix="agentnode-pack-") as archive:
+        root_fd = _root_fd(pack_dir)
+        try:
+            scan = _scan(root_fd)
+            digest = _archive(root_fd, scan, archive)
+        except OSError as exc:
             raise PackError(
-                f"the pack is larger than {MAX_PACK_BYTES // 2**20} MiB", hint="remove build output"
-            )
-        h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+                f"cannot stage the pack for install ({type(exc).__name__})",
+                hint="check free space in the temporary directory (TMPDIR), then install again",
+            ) from None
+        finally:
+            os.close(root_fd)
+        yield _Snapshot(digest, archive, scan.dirs)
+
+
+def _archive(root_fd: int, scan: _Scan, archive: IO[bytes]) -> str:
+    """Write the scanned files into `archive` as a tar with neutral metadata; returns the artifact hash."""
+    h = hashlib.sha256()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for f in scan.files:
+            fd = _open_file(root_fd, f)
+            try:
+                reader = _Reader(fd, f)
+                info = tarfile.TarInfo(f.rel)
+                info.size = f.size
+                info.mode = 0o755 if f.executable else 0o644
+                info.uid = info.gid = 0
+                info.mtime = 0
+                tar.addfile(info, reader)  # reads exactly info.size bytes, chunk by chunk
+                h.update(f.rel.encode() + b"\0" + reader.finish())
+            finally:
+                os.close(fd)
+    archive.seek(0)
     return h.hexdigest()
 
 
@@ -102,22 +355,44 @@ def volume_name(slug: str, version: str, digest: str) -> str:
     return f"agentnode-pack-{slug}-{safe_version}-{digest[:16]}"
 
 
-def _pack_tar(pack_dir: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel, path in _pack_files(pack_dir):
-            data = path.read_bytes()
-            info = tarfile.TarInfo(rel)
-            info.size = len(data)
-            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
-            info.uid = info.gid = 0
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+def _is_pack_volume(name: str | None) -> bool:
+    """Only a name this module makes may be created or removed as a pack volume."""
+    return bool(name) and _VOLUME_RE.fullmatch(name or "") is not None
+
+
+def _inside(parent: Path, *names: str) -> Path:
+    """parent/names..., refused unless each name is one plain component and the path resolves exactly there
+    (no `..`, no link on the way): checked before anything is created or removed."""
+    for name in names:
+        if not name or name in {".", ".."} or "/" in name or "\0" in name:
+            raise PackError(
+                f"refusing a host path outside {parent}: {_show(name)!r} is not a plain name",
+                hint="reinstall the pack with a valid package_id and version",
+            )
+    path = parent.joinpath(*names)
+    if path.resolve() != parent.resolve().joinpath(*names):
+        raise PackError(
+            f"refusing {_show(str(path))}: it resolves outside {parent}",
+            hint=f"remove the link under {parent}, then install again",
+        )
+    return path
+
+
+def _owned_host_copy(host_path: str | None, slug: str, packs_dir: Path) -> Path | None:
+    """The recorded host copy if it is one this module made (packs_dir/slug/name, no link); else None."""
+    if not host_path:
+        return None
+    path = Path(host_path)
+    if path.parent != packs_dir / slug:
+        return None
+    try:
+        return _inside(packs_dir, slug, path.name)
+    except PackError:
+        return None
 
 
 class Lockfile:
-    """The host's record of installed packs; writes are serialized by a file lock and atomic."""
+    """The host's record of installed packs: bounded reads; writes serialized by a file lock and atomic."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -132,23 +407,53 @@ class Lockfile:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
+    def _too_big(self, size: int) -> PackError:
+        return PackError(
+            f"{self.path}: the lockfile is {size // 2**20} MiB, over the {MAX_LOCKFILE_BYTES // 2**20} MiB "
+            "this host reads (an older host stored whole manifests in it)",
+            hint="delete it (or restore a backup) and reinstall the packs",
+        )
+
     def _read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text())
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return {"lockfile_version": LOCKFILE_VERSION, "packages": {}}
-        except ValueError as exc:
+        except OSError as exc:
+            raise PackError(
+                f"{self.path}: cannot read the lockfile ({type(exc).__name__})",
+                hint="check its permissions (it belongs to the host's user, mode 0600)",
+            ) from None
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise PackError(f"{self.path}: not a regular file", hint="delete it and reinstall the packs")
+            if st.st_size > MAX_LOCKFILE_BYTES:
+                raise self._too_big(st.st_size)
+            raw = fh.read(MAX_LOCKFILE_BYTES + 1)
+        if len(raw) > MAX_LOCKFILE_BYTES:
+            raise self._too_big(len(raw))
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise PackError(
                 f"{self.path}: not valid JSON ({exc.__class__.__name__})",
                 hint="restore it from a backup or delete it and reinstall the packs",
             ) from None
-        if not isinstance(data, dict) or not isinstance(data.get("packages"), dict):
+        packages = data.get("packages") if isinstance(data, dict) else None
+        if not isinstance(packages, dict) or not all(isinstance(e, dict) for e in packages.values()):
             raise PackError(f"{self.path}: unexpected layout", hint="delete it and reinstall the packs")
-        return data
+        return {**data, "packages": packages}
 
     def _write(self, data: dict[str, Any]) -> None:
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        if len(text) > MAX_LOCKFILE_BYTES:
+            raise PackError(
+                f"the lockfile would grow past {MAX_LOCKFILE_BYTES // 2**20} MiB",
+                hint="uninstall packs that are no longer needed, then install again",
+            )
         tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(text)
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.path)
 
@@ -160,6 +465,9 @@ class Lockfile:
         return LockEntry.from_json(raw) if raw else None
 
     def put(self, entry: LockEntry) -> LockEntry | None:
+        size = len(json.dumps(entry.to_json()))
+        if size > MAX_LOCK_ENTRY_BYTES:
+            raise _entry_too_big(entry.slug, size)
         with self._locked():
             data = self._read()
             previous = data["packages"].get(entry.slug)
@@ -175,14 +483,12 @@ class Lockfile:
         return LockEntry.from_json(previous) if previous else None
 
 
-def _read_manifest_data(pack_dir: Path) -> dict[str, Any]:
-    path = pack_dir / "agentnode.yaml"
-    data = yaml.safe_load(path.read_text())
-    return data if isinstance(data, dict) else {}
-
-
-def _import_subdir(pack_dir: Path) -> str:
-    return "src" if (pack_dir / "src").is_dir() else ""
+def _entry_too_big(slug: str, size: int) -> PackError:
+    return PackError(
+        f"the validated manifest of {slug} takes {size // 1024} KiB, over the {MAX_LOCK_ENTRY_BYTES // 1024} "
+        "KiB a lockfile entry may hold",
+        hint="shorten agent.goal, agent.system_prompt, tool descriptions or input schemas in agentnode.yaml",
+    )
 
 
 def populate_volume(
@@ -193,9 +499,13 @@ def populate_volume(
     digest: str,
     slug: str,
     version: str,
-    pack_dir: Path,
+    archive: IO[bytes],
 ) -> None:
-    """Create the pack's volume (if absent) and copy the files in through a never-started container."""
+    """Create the pack's volume (if absent) and copy the tar in through a never-started container."""
+    if not _is_pack_volume(name):
+        raise PackError(
+            f"refusing volume name {_show(name)!r}", hint="reinstall the pack with a valid version"
+        )
     try:
         try:
             vol = client.volumes.get(name)
@@ -220,7 +530,8 @@ def populate_volume(
             ),
         )
         try:
-            if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, _pack_tar(pack_dir)):
+            archive.seek(0)  # streamed from disk, never read into memory whole
+            if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
                 raise PackError("the engine refused the pack files", hint="check the engine's storage")
         finally:
             client.api.remove_container(holder["Id"], force=True)
@@ -240,6 +551,41 @@ def populate_volume(
         raise classify_engine_exception(exc) from None
 
 
+def _host_copy(packs_dir: Path, manifest: AgentManifest | ToolpackManifest, snap: _Snapshot) -> Path:
+    """The pack's files for the host path, unpacked from the snapshot under packs_dir/slug/version-hash."""
+    dest = _inside(packs_dir, manifest.slug, f"{manifest.version}-{snap.digest[:16]}")
+    if dest.exists():
+        if not dest.is_dir():
+            raise PackError(f"{dest} exists and is not a directory", hint="remove it, then install again")
+        return dest  # content-addressed: the same version and artifact hash are already there
+    staging = _inside(packs_dir, manifest.slug, f".{dest.name}.{uuid.uuid4().hex}")
+    try:
+        staging.mkdir(parents=True)
+        snap.archive.seek(0)
+        with tarfile.open(fileobj=snap.archive, mode="r:") as tar:
+            for member in tar:  # the tar is ours: regular files with checked, plain relative names
+                target = staging.joinpath(*member.name.split("/"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None
+                with open(target, "xb") as out:
+                    shutil.copyfileobj(source, out, _CHUNK)
+                os.chmod(target, member.mode)
+        os.replace(staging, dest)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if dest.is_dir() and not dest.is_symlink():  # a concurrent install of the same content won the race
+            return dest
+        raise PackError(
+            f"cannot write the host copy under {packs_dir} ({type(exc).__name__})",
+            hint="check free space and permissions there, then install again",
+        ) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return dest
+
+
 def install_pack(
     pack_dir: Path,
     *,
@@ -250,23 +596,29 @@ def install_pack(
 ) -> LockEntry:
     """Install a pack: validate, hash, copy (volume for agents, host copy for host-trusted code), record."""
     pack_dir = pack_dir.resolve()
-    if not (pack_dir / "agentnode.yaml").is_file():
+    if not os.path.lexists(pack_dir / MANIFEST_NAME):
         raise PackError(
             f"{pack_dir}: no agentnode.yaml", hint="point at a pack directory (see: agentnode-sandbox init)"
         )
     trust = trust.strip().lower()
     if trust not in TRUST_LEVELS:
-        raise PackError(f"unknown trust level {trust!r}", hint=f"use one of: {', '.join(TRUST_LEVELS)}")
+        raise PackError(
+            f"unknown trust level {_show(trust)!r}", hint=f"use one of: {', '.join(TRUST_LEVELS)}"
+        )
     manifest = load_manifest(pack_dir)
     if manifest.dependencies:
+        shown = ", ".join(_show(d, 60) for d in manifest.dependencies[:5])
         raise PackError(
-            f"{manifest.slug} declares dependencies ({', '.join(manifest.dependencies[:5])}); "
-            "sandboxed packs cannot install dependencies",
+            f"{manifest.slug} declares dependencies ({shown}); sandboxed packs cannot install dependencies",
             hint="vendor pure-Python dependencies into the pack, or remove them from agentnode.yaml",
         )
-    digest = artifact_hash(pack_dir)
+    stored = manifest_data(manifest)
+    if parse_manifest(stored, source="") != manifest:  # what runs read back must be what was validated
+        raise PackError(f"{manifest.slug}: the manifest does not survive storage", hint="report this bug")
+    stored_size = len(json.dumps(stored))
+    if stored_size > MAX_LOCK_ENTRY_BYTES:
+        raise _entry_too_big(manifest.slug, stored_size)
     is_agent = isinstance(manifest, AgentManifest)
-    volume: str | None = None
     if is_agent:
         if client is None and trust not in HOST_TRUST:
             raise PackError(
@@ -281,67 +633,74 @@ def install_pack(
                 reason=AuditReason.IMAGE_NOT_PINNED,
                 hint="build and pin it: agentnode-sandbox image build, then install again",
             )
+    volume: str | None = None
+    host_path: str | None = None
+    with _snapshot(pack_dir) as snap:
         # A host-trusted agent installed without engine or image gets no volume: it runs on the host path,
         # and a policy that sandboxes it fails closed (volume_missing) until it is reinstalled.
-        if client is not None and image:
-            volume = volume_name(manifest.slug, manifest.version, digest)
+        if is_agent and client is not None and image:
+            volume = volume_name(manifest.slug, manifest.version, snap.digest)
             populate_volume(
                 client,
                 image=image,
                 name=volume,
-                digest=digest,
+                digest=snap.digest,
                 slug=manifest.slug,
                 version=manifest.version,
-                pack_dir=pack_dir,
+                archive=snap.archive,
             )
-    host_path: str | None = None
-    if trust in HOST_TRUST:
-        dest = paths.packs_dir / manifest.slug / f"{manifest.version}-{digest[:16]}"
-        if not dest.exists():
-            staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}")
-            staging.mkdir(parents=True)
-            for rel, path in _pack_files(pack_dir):
-                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, staging / rel)
-            os.replace(staging, dest)
-        host_path = str(dest)
+        if trust in HOST_TRUST:
+            host_path = str(_host_copy(paths.packs_dir, manifest, snap))
     entry = LockEntry(
         slug=manifest.slug,
         version=manifest.version,
         package_type="agent" if is_agent else "toolpack",
         trust_level=trust,
-        artifact_hash=digest,
-        import_subdir=_import_subdir(pack_dir),
+        artifact_hash=snap.digest,
+        import_subdir="src" if "src" in snap.dirs else "",
         sandbox_volume=volume,
         host_path=host_path,
-        manifest=_read_manifest_data(pack_dir),
+        manifest=stored,
         installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     previous = Lockfile(paths.lockfile).put(entry)
     if previous is not None:
-        _forget_copies(previous, keep=entry, client=client)
+        _forget_copies(previous, keep=entry, client=client, packs_dir=paths.packs_dir)
     return entry
 
 
-def _forget_copies(old: LockEntry, *, keep: LockEntry, client: docker.DockerClient | None) -> None:
-    """Best effort: drop the replaced version's volume and host copy (a volume in use by a run stays)."""
-    if old.sandbox_volume and old.sandbox_volume != keep.sandbox_volume and client is not None:
+def _forget_copies(
+    old: LockEntry, *, keep: LockEntry, client: docker.DockerClient | None, packs_dir: Path
+) -> None:
+    """Best effort: drop the replaced version's volume and host copy (a volume in use by a run stays).
+
+    Only what this module makes is removed: a volume named like ours and a copy directly under
+    packs_dir/slug; anything else an entry names (an older host, an edited lockfile) is left alone.
+    """
+    if (
+        old.sandbox_volume != keep.sandbox_volume
+        and client is not None
+        and _is_pack_volume(old.sandbox_volume)
+    ):
         with contextlib.suppress(docker.errors.DockerException):
             client.volumes.get(old.sandbox_volume).remove(force=True)
-    if old.host_path and old.host_path != keep.host_path:
-        shutil.rmtree(old.host_path, ignore_errors=True)
+    if old.host_path != keep.host_path:
+        copy = _owned_host_copy(old.host_path, old.slug, packs_dir)
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
 
 
 def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient | None) -> LockEntry:
-    """Forget a pack and remove its volume and host copy."""
+    """Forget a pack and remove its volume and host copy (only ones this module made; see _forget_copies)."""
     entry = Lockfile(paths.lockfile).remove(slug)
     if entry is None:
         raise PackError(f"{slug} is not installed", hint="see: agentnode-sandbox list")
-    if entry.sandbox_volume and client is not None:
+    if client is not None and _is_pack_volume(entry.sandbox_volume):
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # in use by a run: stays
             client.volumes.get(entry.sandbox_volume).remove(force=True)
-    if entry.host_path:
-        shutil.rmtree(entry.host_path, ignore_errors=True)
+    copy = _owned_host_copy(entry.host_path, entry.slug, paths.packs_dir)
+    if copy is not None:
+        shutil.rmtree(copy, ignore_errors=True)
     return entry
 
 

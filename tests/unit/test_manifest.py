@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from host._errors import AuditReason, ManifestError
 from host._manifest import (
+    MAX_MANIFEST_BYTES,
+    MAX_YAML_DEPTH,
+    UINT32_MAX,
     AgentManifest,
+    StrictLoader,
     ToolpackManifest,
     ToolSpec,
     check_llm_access,
     load_manifest,
+    load_yaml,
+    manifest_data,
     parse_manifest,
 )
 
@@ -44,7 +53,7 @@ agent:
 
 TOOLPACK_YAML = """\
 package_id: web-search
-version: "0.3"
+version: "0.3.0"
 package_type: toolpack
 entrypoint: web_search.tool
 capabilities:
@@ -60,7 +69,7 @@ capabilities:
 
 MINIMAL_AGENT: dict[str, Any] = {
     "package_id": "a",
-    "version": "1",
+    "version": "1.0.0",
     "package_type": "agent",
     "agent": {"entrypoint": "a"},
 }
@@ -134,7 +143,7 @@ def test_load_toolpack_manifest(tmp_path: Path) -> None:
     (tmp_path / "agentnode.yaml").write_text(TOOLPACK_YAML)
     assert load_manifest(tmp_path) == ToolpackManifest(
         slug="web-search",
-        version="0.3",
+        version="0.3.0",
         name="web-search",
         entrypoint="web_search.tool",
         tools=(
@@ -154,9 +163,9 @@ def test_load_toolpack_manifest(tmp_path: Path) -> None:
 
 
 def test_toolpack_without_tools_or_entrypoint() -> None:
-    manifest = parse_manifest({"package_id": "t", "version": "1", "package_type": "toolpack"}, source="x")
+    manifest = parse_manifest({"package_id": "t", "version": "1.0.0", "package_type": "toolpack"}, source="x")
     assert manifest == ToolpackManifest(
-        slug="t", version="1", name="t", entrypoint="", tools=(), dependencies=()
+        slug="t", version="1.0.0", name="t", entrypoint="", tools=(), dependencies=()
     )
 
 
@@ -199,7 +208,7 @@ def test_unquoted_float_version_from_yaml(tmp_path: Path) -> None:
     with pytest.raises(ManifestError) as info:
         load_manifest(tmp_path)
     assert "version: expected a string, got the number 1.0" in str(info.value)
-    assert 'quote it: version: "1.0"' in str(info.value)
+    assert 'quote a semantic version: version: "1.0.0"' in str(info.value)
 
 
 def _without(key: str) -> dict[str, Any]:
@@ -217,13 +226,15 @@ def _without(key: str) -> dict[str, Any]:
         ({**MINIMAL_AGENT, "package_id": "Bad Slug"}, "package_id: expected a slug matching"),
         ({**MINIMAL_AGENT, "package_id": "-a"}, "package_id: expected a slug matching"),
         ({**MINIMAL_AGENT, "package_id": "a" * 65}, "package_id: expected a slug matching"),
-        (_without("version"), "version: expected a non-empty string, got nothing"),
+        (_without("version"), "version: expected a semantic version"),
         ({**MINIMAL_AGENT, "version": 2}, "version: expected a string, got the number 2"),
-        ({**MINIMAL_AGENT, "version": True}, "version: expected a non-empty string, got true"),
+        ({**MINIMAL_AGENT, "version": True}, "version: expected a semantic version"),
         ({**MINIMAL_AGENT, "name": ""}, "name: expected a non-empty string, got an empty string"),
         (_without("package_type"), 'package_type: expected "agent" or "toolpack", got nothing'),
-        ({**MINIMAL_AGENT, "package_type": "upgrade"},
-         'package_type: expected "agent" or "toolpack", got a string'),
+        (
+            {**MINIMAL_AGENT, "package_type": "upgrade"},
+            'package_type: expected "agent" or "toolpack", got a string',
+        ),
         ({**MINIMAL_AGENT, "dependencies": "requests"}, "dependencies: expected a list of non-empty strings"),
         (_without("agent"), "agent: required for package_type agent"),
         ({**MINIMAL_AGENT, "agent": "run.py"}, "agent: expected a mapping, got a string"),
@@ -234,21 +245,33 @@ def _without(key: str) -> dict[str, Any]:
         (_agent(goal=3), "agent.goal: expected a string, got 3"),
         (_agent(system_prompt=["x"]), "agent.system_prompt: expected a string, got a list"),
         (_agent(tool_access=["x"]), "agent.tool_access: expected a mapping, got a list"),
-        (_agent(tool_access={"allowed_packages": "web"}),
-         "agent.tool_access.allowed_packages: expected a list"),
-        (_agent(tool_access={"allowed_packages": [1]}),
-         "agent.tool_access.allowed_packages: expected a list"),
-        (_agent(limits={"max_tool_calls": 0}),
-         "agent.limits.max_tool_calls: expected a positive integer, got 0"),
+        (
+            _agent(tool_access={"allowed_packages": "web"}),
+            "agent.tool_access.allowed_packages: expected a list",
+        ),
+        (
+            _agent(tool_access={"allowed_packages": [1]}),
+            "agent.tool_access.allowed_packages: expected a list",
+        ),
+        (
+            _agent(limits={"max_tool_calls": 0}),
+            "agent.limits.max_tool_calls: expected a positive integer, got 0",
+        ),
         (_agent(limits={"max_tool_calls": "5"}), "agent.limits.max_tool_calls: expected a positive integer"),
-        (_agent(limits={"max_runtime_seconds": 1.5}),
-         "agent.limits.max_runtime_seconds: expected a positive"),
+        (
+            _agent(limits={"max_runtime_seconds": 1.5}),
+            "agent.limits.max_runtime_seconds: expected a positive",
+        ),
         (_agent(limits={"max_iterations": True}), "agent.limits.max_iterations: expected a positive integer"),
         (_agent(llm_access=True), "agent.llm_access: expected a mapping, got true"),
-        (_agent(llm_access={"max_calls": -1}),
-         "agent.llm_access.max_calls: expected a positive integer, got -1"),
-        (_agent(llm_access={"max_output_chars": "lots"}),
-         "agent.llm_access.max_output_chars: expected a positive"),
+        (
+            _agent(llm_access={"max_calls": -1}),
+            "agent.llm_access.max_calls: expected a positive integer, got -1",
+        ),
+        (
+            _agent(llm_access={"max_output_chars": "lots"}),
+            "agent.llm_access.max_output_chars: expected a positive",
+        ),
         (_agent(llm_access={"allowed_models": "gpt"}), "agent.llm_access.allowed_models: expected a list"),
         (_agent(llm_access={"allowed_models": [None]}), "agent.llm_access.allowed_models: expected a list"),
     ],
@@ -258,7 +281,7 @@ def test_agent_errors_name_the_key_path(data: Any, message: str) -> None:
 
 
 def _toolpack(**extra: Any) -> dict[str, Any]:
-    return {"package_id": "t", "version": "1", "package_type": "toolpack", **extra}
+    return {"package_id": "t", "version": "1.0.0", "package_type": "toolpack", **extra}
 
 
 @pytest.mark.parametrize(
@@ -267,20 +290,34 @@ def _toolpack(**extra: Any) -> dict[str, Any]:
         (_toolpack(entrypoint="pkg.mod:run"), "entrypoint: expected a module path"),
         (_toolpack(capabilities=[]), "capabilities: expected a mapping, got a list"),
         (_toolpack(capabilities={"tools": {"a": 1}}), "capabilities.tools: expected a list, got a mapping"),
-        (_toolpack(entrypoint="m", capabilities={"tools": ["search"]}),
-         "capabilities.tools[0]: expected a mapping, got a string"),
-        (_toolpack(entrypoint="m", capabilities={"tools": [{"description": "d"}]}),
-         "capabilities.tools[0].name: expected a non-empty string, got nothing"),
-        (_toolpack(entrypoint="m", capabilities={"tools": [{"name": "a"}, {"name": "a"}]}),
-         "capabilities.tools[1].name: duplicate tool name"),
-        (_toolpack(capabilities={"tools": [{"name": "a"}]}),
-         "capabilities.tools[0].entrypoint: required when the toolpack has no top-level entrypoint"),
-        (_toolpack(entrypoint="m", capabilities={"tools": [{"name": "a", "entrypoint": "m:f()"}]}),
-         "capabilities.tools[0].entrypoint: expected an entrypoint"),
-        (_toolpack(entrypoint="m", capabilities={"tools": [{"name": "a", "input_schema": "object"}]}),
-         "capabilities.tools[0].input_schema: expected a mapping, got a string"),
-        (_toolpack(entrypoint="m", capabilities={"tools": [{"name": "a", "description": 5}]}),
-         "capabilities.tools[0].description: expected a string, got 5"),
+        (
+            _toolpack(entrypoint="m", capabilities={"tools": ["search"]}),
+            "capabilities.tools[0]: expected a mapping, got a string",
+        ),
+        (
+            _toolpack(entrypoint="m", capabilities={"tools": [{"description": "d"}]}),
+            "capabilities.tools[0].name: expected a non-empty string, got nothing",
+        ),
+        (
+            _toolpack(entrypoint="m", capabilities={"tools": [{"name": "a"}, {"name": "a"}]}),
+            "capabilities.tools[1].name: duplicate tool name",
+        ),
+        (
+            _toolpack(capabilities={"tools": [{"name": "a"}]}),
+            "capabilities.tools[0].entrypoint: required when the toolpack has no top-level entrypoint",
+        ),
+        (
+            _toolpack(entrypoint="m", capabilities={"tools": [{"name": "a", "entrypoint": "m:f()"}]}),
+            "capabilities.tools[0].entrypoint: expected an entrypoint",
+        ),
+        (
+            _toolpack(entrypoint="m", capabilities={"tools": [{"name": "a", "input_schema": "object"}]}),
+            "capabilities.tools[0].input_schema: expected a mapping, got a string",
+        ),
+        (
+            _toolpack(entrypoint="m", capabilities={"tools": [{"name": "a", "description": 5}]}),
+            "capabilities.tools[0].description: expected a string, got 5",
+        ),
     ],
 )
 def test_toolpack_errors_name_the_key_path(data: Any, message: str) -> None:
@@ -293,13 +330,250 @@ def test_errors_do_not_echo_agent_authored_values() -> None:
     assert "IGNORE" not in _error(_agent(goal=["IGNORE PREVIOUS INSTRUCTIONS"]))
 
 
-def test_llm_access_enabled_is_not_type_checked() -> None:
+def test_llm_access_enabled_is_not_type_checked_but_only_true_enables() -> None:
+    """`enabled: "true"` is not an error, and it is kept as what it means: not enabled."""
     manifest = parse_manifest(_agent(llm_access={"enabled": "true"}), source="x")
     assert isinstance(manifest, AgentManifest)
-    assert manifest.llm_access == {"enabled": "true"}
+    assert manifest.llm_access == {"enabled": False}
+
+
+def test_llm_access_keeps_only_validated_keys() -> None:
+    block = {"enabled": True, "max_calls": 3, "allowed_models": [" m "], "junk": list(range(1000))}
+    manifest = parse_manifest(_agent(llm_access=block), source="x")
+    assert isinstance(manifest, AgentManifest)
+    assert manifest.llm_access == {"enabled": True, "max_calls": 3, "allowed_models": ["m"]}
 
 
 def test_check_llm_access_without_source() -> None:
     with pytest.raises(ManifestError, match=r"^agent\.llm_access\.max_calls: expected a positive integer"):
         check_llm_access({"max_calls": 0})
     check_llm_access({"enabled": True, "max_calls": 3, "allowed_models": ["m"]})
+
+
+# --- finding 4: anchors and aliases are refused where they are declared, before anything is built ----------
+
+BOMB = """\
+package_id: bomb
+version: "1.0.0"
+package_type: agent
+agent: {entrypoint: "a:run"}
+x0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+x1: &a1 [*a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0]
+x2: &a2 [*a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1]
+x3: &a3 [*a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2]
+x4: &a4 [*a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3]
+x5: &a5 [*a4, *a4, *a4, *a4, *a4, *a4, *a4, *a4, *a4]
+x6: &a6 [*a5, *a5, *a5, *a5, *a5, *a5, *a5, *a5, *a5]
+x7: &a7 [*a6, *a6, *a6, *a6, *a6, *a6, *a6, *a6, *a6]
+"""
+
+HEADER = 'package_id: a\nversion: "1.0.0"\npackage_type: agent\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "what"),
+    [
+        # An anchor is refused where it is declared, even with no alias using it.
+        ('agent: {entrypoint: "a:run"}\nunknown: &x {k: v}\n', 5, "anchors"),
+        ('agent: &x {entrypoint: "a:run"}\n', 4, "anchors"),
+        ('agent:\n  entrypoint: "a:run"\n  limits:\n    max_tool_calls: &n 3\n', 7, "anchors"),
+        ('agent: {entrypoint: "a:run"}\nunknown: [1, *x]\n', 5, "aliases"),  # an alias with no anchor
+        ('agent:\n  entrypoint: "a:run"\n  tool_access: {<<: *base}\n', 6, "aliases"),  # a merge key
+        ('agent: {entrypoint: "a:run"}\n"&": "*not an alias in a string"\n', 0, ""),  # text, not syntax
+    ],
+)
+def test_anchors_and_aliases_are_refused_with_their_location(
+    tmp_path: Path, body: str, line: int, what: str
+) -> None:
+    (tmp_path / "agentnode.yaml").write_text(HEADER + body)
+    if not what:
+        assert load_manifest(tmp_path).slug == "a"
+        return
+    with pytest.raises(ManifestError) as info:
+        load_manifest(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'agentnode.yaml'}:{line}:")
+    assert f"YAML not accepted: {what}" in message
+    assert "anchors" in info.value.hint and "aliases" in info.value.hint
+    assert info.value.reason == AuditReason.MANIFEST_INVALID
+
+
+def test_a_billion_laughs_manifest_is_refused_at_its_first_anchor(tmp_path: Path) -> None:
+    (tmp_path / "agentnode.yaml").write_text(BOMB)
+    assert len(BOMB) < 1000
+    with pytest.raises(ManifestError, match=r"agentnode\.yaml:5:5: YAML not accepted: anchors"):
+        load_manifest(tmp_path)
+
+
+def test_strict_loader_is_a_safe_loader() -> None:
+    """What the loader refuses is on top of SafeLoader (no Python tags), not instead of it."""
+    assert issubclass(StrictLoader, yaml.SafeLoader)
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("a: !!python/object/apply:os.system [true]\n")
+    assert load_yaml("a: {<<: {b: 1}, c: 2}\n") == {"a": {"b": 1, "c": 2}}  # a merge without an alias
+
+
+def test_deep_nesting_is_refused_before_the_composer_recurses(tmp_path: Path) -> None:
+    (tmp_path / "agentnode.yaml").write_text(HEADER + "x: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ManifestError, match=f"nesting deeper than {MAX_YAML_DEPTH} levels"):
+        load_manifest(tmp_path)
+    (tmp_path / "agentnode.yaml").write_text(
+        HEADER + 'agent: {entrypoint: "a:run"}\nx: ' + "[" * 20 + "]" * 20 + "\n"
+    )
+    assert load_manifest(tmp_path).slug == "a"
+
+
+@pytest.mark.parametrize("value", ["1" * 5000, "2001-13-45"])
+def test_values_python_cannot_build_are_manifest_errors(tmp_path: Path, value: str) -> None:
+    (tmp_path / "agentnode.yaml").write_text(HEADER + f'agent: {{entrypoint: "a:run"}}\nx: {value}\n')
+    with pytest.raises(ManifestError, match="a value cannot be read"):
+        load_manifest(tmp_path)
+
+
+def test_manifest_size_is_checked_before_reading(tmp_path: Path) -> None:
+    path = tmp_path / "agentnode.yaml"
+    path.write_bytes(HEADER.encode() + b"#" * (MAX_MANIFEST_BYTES - len(HEADER) + 1))
+    with pytest.raises(ManifestError, match=f"larger than {MAX_MANIFEST_BYTES} bytes"):
+        load_manifest(tmp_path)
+    with path.open("r+b") as fh:  # a sparse multi-GiB manifest costs nothing to refuse
+        fh.truncate(4 << 30)
+    with pytest.raises(ManifestError, match="larger than"):
+        load_manifest(tmp_path)
+
+
+def test_manifest_must_be_a_regular_file(tmp_path: Path) -> None:
+    real = tmp_path / "real.yaml"
+    real.write_text(HEADER + 'agent: {entrypoint: "a:run"}\n')
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "agentnode.yaml").symlink_to(real)
+    with pytest.raises(ManifestError, match="the manifest is a symbolic link"):
+        load_manifest(pack)
+    (pack / "agentnode.yaml").unlink()
+    os.mkfifo(pack / "agentnode.yaml")
+    with pytest.raises(ManifestError, match="the manifest is not a regular file"):
+        load_manifest(pack)  # returns at once: a FIFO is never opened
+
+
+# --- finding 11: version is the format's semver and nothing else -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "1.0.0",
+        "0.1.0",
+        "10.20.30",
+        "1.0.0-rc.1",
+        "1.0.0-alpha-1",
+        "1.0.0+build.5",
+        "1.2.3-beta.2+exp.sha.5114f85",
+    ],
+)
+def test_semantic_versions_are_accepted(version: str) -> None:
+    assert parse_manifest({**MINIMAL_AGENT, "version": version}, source="x").version == version
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "../../../x",
+        "1.0.0/../x",
+        "..",
+        ".",
+        "1.0.0\n",
+        "1.0.0\x1b[31m",
+        "1.0.0/",
+        "1",
+        "1.0",
+        "v1.0.0",
+        " 1.0.0",
+        "1.0.0-",
+        "1.0.0+",
+        "1.0.0-a/b",
+        "1.0.0-a b",
+        "\uff11.\uff10.\uff10",  # fullwidth digits are digits to Python's \d, not to the format
+        "1.0.0-" + "a" * 200,
+        "",
+    ],
+)
+def test_other_versions_are_refused_without_being_echoed(version: str) -> None:
+    message = _error({**MINIMAL_AGENT, "version": version})
+    assert message.startswith("version: expected a semantic version MAJOR.MINOR.PATCH")
+    assert message.endswith(("got a string", "got an empty string", "got a string of 206 characters"))
+
+
+# --- finding 9 (part): integers must fit the uint32 wire fields they are sent in ----------------------------
+
+WIRE_INTS = [
+    ("agent.limits.max_tool_calls", lambda v: _agent(limits={"max_tool_calls": v})),
+    ("agent.limits.max_iterations", lambda v: _agent(limits={"max_iterations": v})),
+    ("agent.limits.max_runtime_seconds", lambda v: _agent(limits={"max_runtime_seconds": v})),
+    ("agent.llm_access.max_calls", lambda v: _agent(llm_access={"max_calls": v})),
+    ("agent.llm_access.max_input_chars", lambda v: _agent(llm_access={"max_input_chars": v})),
+    ("agent.llm_access.max_output_chars", lambda v: _agent(llm_access={"max_output_chars": v})),
+]
+
+
+@pytest.mark.parametrize(("key", "build"), WIRE_INTS, ids=[k for k, _ in WIRE_INTS])
+@pytest.mark.parametrize("value", [2**32, 2**63, -1, 0, True, False, 1.0, 10**400, "7"])
+def test_wire_integers_out_of_uint32_are_refused_naming_the_key(key: str, build: Any, value: Any) -> None:
+    message = _error(build(value))
+    assert message.startswith(f"{key}: expected a positive integer")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        assert f"no larger than {UINT32_MAX}" in message
+        assert len(message) < 200  # a 400-digit number is described, not printed
+
+
+@pytest.mark.parametrize(("key", "build"), WIRE_INTS, ids=[k for k, _ in WIRE_INTS])
+def test_wire_integers_up_to_uint32_max_are_accepted(key: str, build: Any) -> None:
+    manifest = parse_manifest(build(UINT32_MAX), source="x")
+    assert isinstance(manifest, AgentManifest)
+    leaf = key.rsplit(".", 1)[1]
+    got = manifest.llm_access[leaf] if "llm_access" in key else getattr(manifest, leaf)
+    assert got == UINT32_MAX
+
+
+def test_check_llm_access_applies_the_wire_bound_too() -> None:
+    with pytest.raises(ManifestError, match=r"^agent\.llm_access\.max_calls: .*no larger than 4294967295"):
+        check_llm_access({"max_calls": 2**32})
+
+
+# --- what the lockfile stores: the validated manifest, read back to an equal one ----------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2001-12-14",  # a date
+        "!!binary aGVsbG8=",
+        "!!set {a}",
+        "{1: x}",  # a key that is not a string
+        ".nan",
+        "[!!omap [a: 1]]",
+    ],
+)
+def test_input_schema_must_be_plain_json(tmp_path: Path, value: str) -> None:
+    (tmp_path / "agentnode.yaml").write_text(
+        'package_id: t\nversion: "1.0.0"\npackage_type: toolpack\nentrypoint: m\n'
+        f"capabilities:\n  tools:\n    - name: a\n      input_schema: {{type: object, default: {value}}}\n"
+    )
+    with pytest.raises(ManifestError, match=r"capabilities\.tools\[0\]\.input_schema: expected JSON data"):
+        load_manifest(tmp_path)
+
+
+def test_manifest_data_round_trips_and_drops_everything_unvalidated(tmp_path: Path) -> None:
+    (tmp_path / "agentnode.yaml").write_text(AGENT_YAML + "readme_md: " + "x" * 10_000 + "\n")
+    agent = load_manifest(tmp_path)
+    (tmp_path / "agentnode.yaml").write_text(TOOLPACK_YAML)
+    toolpack = load_manifest(tmp_path)
+    minimal = parse_manifest(
+        {**MINIMAL_AGENT, "agent": {"entrypoint": "a", "llm_access": {"x": 1}}}, source=""
+    )
+    bare = parse_manifest(_toolpack(), source="")
+    for manifest in (agent, toolpack, minimal, bare):
+        data = manifest_data(manifest)
+        assert parse_manifest(json.loads(json.dumps(data)), source="x") == manifest
+        text = json.dumps(data)
+        assert "readme_md" not in text and "publisher" not in text and "tier" not in text
+    assert len(json.dumps(manifest_data(agent))) < 1000
