@@ -246,26 +246,51 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     from host._packs import uninstall_pack
 
     client, _ = _engine()
+    leftover: str | None = None
+    why = ""
     try:
         entry = uninstall_pack(args.slug, paths=load_config().paths, client=client)
+        if client is None:
+            leftover, why = entry.sandbox_volume, "the engine is not reachable"
+        elif entry.sandbox_volume:
+            users = _volume_users(client, entry.sandbox_volume)
+            if users is not None:  # the volume is still there: say why, and who will drop it
+                leftover = entry.sandbox_volume
+                why = (
+                    f"it is in use by {users} container(s); a running serve destroys its warm members of "
+                    "this pack and then removes the volume, a run removes it when it ends"
+                    if users
+                    else "the engine refused to remove it"
+                )
     finally:
         if client is not None:
             client.close()
-    leftover = entry.sandbox_volume if client is None else None
-    payload = {**_pack_payload(entry), "volume_left_behind": leftover}
+    payload = {**_pack_payload(entry), "volume_left_behind": leftover, "left_behind_reason": why or None}
 
     def human() -> None:
         _say(f"uninstalled {safe_token(entry.slug)} {safe_token(entry.version)}")
         if leftover:
             volume = safe_token(leftover)
             _say(
-                f"warning: the engine is not reachable, so volume {volume} was kept "
-                f"(remove it later: docker volume rm {volume})",
+                f"warning: volume {volume} was kept: {why} (check later: docker volume rm {volume})",
                 err=True,
             )
 
     _emit(args, payload, human)
     return EXIT_OK
+
+
+def _volume_users(client: Any, name: str) -> int | None:
+    """How many containers use the volume `name`, or None when it no longer exists (or cannot be seen)."""
+    import docker.errors
+
+    try:
+        client.volumes.get(name)
+        return len(client.api.containers(all=True, filters={"volume": name}))
+    except docker.errors.NotFound:
+        return None
+    except (OSError, docker.errors.DockerException):
+        return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -216,17 +216,17 @@ def test_uninstall_and_reinstall_under_serve_drop_pools_and_volumes(
     lab.configure(runtime=lab.runtime, pool={"size": 2})
     slug = lab.agent("pooled", "def run(context, **kwargs):\n    return 'v1'\n")
     first = lab.state.install(lab.root / "packs" / slug)  # the same pack again: same artifact, same volume
-    with _serve(lab, warm=[slug]):
-        deadline = time.monotonic() + 120
-        while len([c for c in lab.containers(slug, all_owners=True) if c.status == "running"]) < 2:
-            assert time.monotonic() < deadline, "the warm pool never filled"
-            time.sleep(0.2)
+    with _serve(lab, warm=[slug]) as (_, sock):
+        _wait_members(docker_client, slug, first.sandbox_volume or "", 2)
         # reinstall a changed version: the old pool and its volume must go, nothing keeps refilling it
         (lab.root / "packs" / slug / "agent.py").write_text("def run(context, **kwargs):\n    return 'v2'\n")
         second = lab.state.install(lab.root / "packs" / slug)
         lab.volumes.add(second.sandbox_volume or "")
         stale = _wait_gone(docker_client, slug, first.sandbox_volume or "", lab)
-        # uninstall while serve runs: what it cannot remove now it names, and serve drops the rest
+        with RunnerClient(sock) as client:  # a run of the new version: serve keeps a pool of it now
+            ran = client.submit(slug)
+        _wait_members(docker_client, slug, second.sandbox_volume or "", 2)
+        # uninstall while serve runs: the volume its warm members use is named, then serve drops both
         proc = cli(lab.state.env, "uninstall", slug, "--json")
         out = json_out(proc)
         gone = _wait_gone(docker_client, slug, second.sandbox_volume or "", lab)
@@ -242,9 +242,37 @@ def test_uninstall_and_reinstall_under_serve_drop_pools_and_volumes(
         "serve.uninstall_drops_pool_and_volume",
         expected="after uninstall under serve: no members refilled, the volume is gone (or named as left "
         "over by `uninstall --json`, then dropped by serve)",
-        observed=brief({"uninstall": out, "after": gone, "refilled": len(refilled)}),
-        ok=proc.returncode == 0 and gone["containers"] == 0 and not gone["volume"] and not refilled,
+        observed=brief(
+            {
+                "new_version_ran": [ran.success, ran.result],
+                "uninstall": {k: out.get(k) for k in ("volume_left_behind", "left_behind_reason")},
+                "after": gone,
+                "refilled": len(refilled),
+            }
+        ),
+        ok=proc.returncode == 0
+        and ran.success
+        and ran.result == "v2"
+        and out.get("volume_left_behind") == second.sandbox_volume
+        and "serve" in (out.get("left_behind_reason") or "")
+        and gone["containers"] == 0
+        and not gone["volume"]
+        and not refilled,
     )
+
+
+def _wait_members(client: docker.DockerClient, slug: str, volume: str, n: int, timeout: float = 120) -> None:
+    """Wait until `n` running containers of `slug` use `volume` (a filled warm pool of that version)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [
+            c for c in containers_with(client, [f"{LABEL_SLUG}={slug}"])
+            if c.status == "running" and any(m.get("Name") == volume for m in c.attrs.get("Mounts", []))
+        ]  # fmt: skip
+        if len(running) >= n:
+            return
+        assert time.monotonic() < deadline, f"the warm pool of {volume} never filled"
+        time.sleep(0.2)
 
 
 def _wait_gone(
