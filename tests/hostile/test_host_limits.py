@@ -18,6 +18,7 @@ import pytest
 from host._audit import verify_audit
 from host._client import RunnerClient
 from host._engine import LABEL_SLUG
+from host._errors import ManifestError
 from host._runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief, containers_with
 from tests.unit.test_cli import BIN, cli, json_out
@@ -291,3 +292,40 @@ def _wait_gone(
             return state
         time.sleep(0.25)
 
+
+
+def test_no_run_is_unbounded_by_default(lab: Lab, ledger: Ledger) -> None:
+    """A manifest asking for the largest wire value gets the host's default ceiling; 2**32 is refused."""
+    source = "def run(context, **kwargs):\n    return 'quick'\n"
+    slug = lab.agent("forever", source, max_runtime_seconds=2**32 - 1)
+    result = lab.run(slug)
+    starts = [r for r in lab.state.audit_all() if r.get("event") == "agent_run_start"]
+    bound = starts[-1].get("max_runtime_seconds") if starts else None
+    ledger.attack(
+        "limits.default_runtime_ceiling",
+        expected="max_runtime_seconds 4294967295 in the manifest runs under the host's default ceiling "
+        "(3600 s), as the run's own start record shows",
+        observed=brief({"result": [result.success, result.result], "run_bound_s": bound}),
+        ok=result.success and bound == 3600,
+    )
+    lab.configure(limits={"max_runtime_seconds": 30})
+    lab.run(slug)
+    starts = [r for r in lab.state.audit_all() if r.get("event") == "agent_run_start"]
+    lowered = starts[-1].get("max_runtime_seconds") if starts else None
+    ledger.attack(
+        "limits.configured_runtime_ceiling",
+        expected="a configured ceiling (30 s) wins over the manifest",
+        observed=brief({"run_bound_s": lowered}),
+        ok=lowered == 30,
+    )
+    refused: list[str] = []
+    try:
+        lab.agent("beyond-wire", "def run(context, **kwargs):\n    return 1\n", max_runtime_seconds=2**32)
+    except ManifestError as exc:
+        refused.append(exc.message.rpartition("agentnode.yaml: ")[2])
+    ledger.attack(
+        "limits.runtime_beyond_the_wire",
+        expected="max_runtime_seconds 2**32 (does not fit uint32) is refused at install, naming the key",
+        observed=brief(refused),
+        ok=len(refused) == 1 and "max_runtime_seconds" in refused[0],
+    )
