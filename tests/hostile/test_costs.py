@@ -512,13 +512,13 @@ def test_refused_calls_do_not_keep_a_run_alive(lab: Lab, ledger: Ledger) -> None
     ledger.attack(
         "cost.refused_calls_are_not_activity",
         expected=f"an agent that only makes refused calls is killed as idle after ~{idle} s "
-        "(timeout, 'made no call'), long before its 40 s loop ends",
+        "(timeout, 'made no accepted call'), long before its 40 s loop ends",
         observed=brief(
             {"code": result.error_code, "error": result.error[:80], "run_s": took, "refused_calls": spammed}
         ),
         ok=result.error_code == "timeout"
         and result.timed_out
-        and "no call" in result.error
+        and "no accepted call" in result.error
         and took < 30
         and spammed > 0,
     )

@@ -111,7 +111,8 @@ def test_install_and_run_the_example_agent(state: HostState, fake_llm: FakeLlmSe
     (rec,) = records
     assert rec["request_id"] == out["run_id"] and rec["tool_calls"] == 1 and rec["llm"]["ok"] == 1
     verified = cli(env, "audit", "verify", "--json")
-    assert verified.returncode == 0 and json_out(verified)["records"] == 1
+    report = json_out(verified)  # the run's start and end records, and no run left open
+    assert verified.returncode == 0 and report["records"] == 2 and report["open_runs"] == []
 
 
 def test_doctor_is_ready_with_and_without_a_slug(state: HostState, make_agent: Callable[..., Path]) -> None:

@@ -79,9 +79,13 @@ class Case:
         return list(self.client.api.containers(all=True, filters={"label": f"{LABEL_SLUG}={self.slug}"}))
 
     def created(self) -> list[dict[str, Any]]:
-        """Container create events for this slug during the run, straight from the engine."""
+        """Container create events for this slug during the run, straight from the engine.
+
+        The window starts exactly at the run (same clock): the other runtime's case of the same slug ran
+        just before it, and a second of slack counted its container too.
+        """
         events = self.client.events(
-            since=f"{self.since - 1:.9f}",
+            since=f"{self.since:.9f}",
             until=f"{self.until + 0.5:.9f}",
             filters={"type": "container", "event": "create", "label": f"{LABEL_SLUG}={self.slug}"},
             decode=True,
