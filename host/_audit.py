@@ -53,6 +53,8 @@ END_GRACE_SECONDS = 600
 APPEND_ATTEMPTS = 3
 """A failed append is retried (a transient EMFILE/ENOSPC/EINTR) before the caller is told."""
 _BLOCK = 64 * 1024
+_MAX_PENDING = 1000
+"""End records kept in memory while the log cannot be written (each run past that is failed loudly too)."""
 _HEAD_BYTES = 512
 """The head file is one padded block rewritten in place (its JSON is ~200 bytes)."""
 
@@ -210,14 +212,29 @@ class AuditLog:
         self._lock_fd = -1
         self._log_fd = -1
         self._head_fd = -1
+        self._pending: list[dict[str, Any]] = []
+        """End records whose append failed: written first by the next append that succeeds (or close)."""
 
     def open(self) -> None:
         """Open (and from then on hold) the descriptors appends need; appends call it themselves."""
         with self._mutex:
             self._ensure_open()
 
+    @property
+    def pending(self) -> int:
+        """End records not written yet (their runs were failed loudly; they go in with the next append)."""
+        return len(self._pending)
+
+    def flush(self) -> bool:
+        """Try once more to write end records that failed earlier; True when none is left."""
+        if self._pending:
+            self._write_with_retries(None, sync=True)
+        return not self._pending
+
     def close(self) -> None:
-        """Release the held descriptors (a later append opens them again)."""
+        """Write what is pending if the log allows it, then release the held descriptors."""
+        with contextlib.suppress(Exception):
+            self.flush()
         with self._mutex:
             for name in ("_lock_fd", "_log_fd", "_head_fd"):
                 fd = getattr(self, name)
@@ -230,7 +247,18 @@ class AuditLog:
         """Append one record; never raises. False (and one content-free warning) when it was not written.
 
         `sync=False` skips the fsyncs: the record still survives the host process dying, not the machine.
+        A run's end record (`agent_run`) that still fails is kept and written ahead of the next append that
+        succeeds, so a transient failure delays it rather than losing it (the caller still gets False).
         """
+        try:
+            entry = dict(record)
+            json.dumps(entry, allow_nan=False)  # a record that cannot be serialized: retrying won't help
+        except (TypeError, ValueError) as exc:
+            logger.warning("audit record not written to %s: %s", self.path, type(exc).__name__)
+            return False
+        return self._write_with_retries(entry, sync=sync)
+
+    def _write_with_retries(self, entry: dict[str, Any] | None, *, sync: bool) -> bool:
         cause = ""
         for attempt in range(APPEND_ATTEMPTS):
             if attempt:
@@ -240,16 +268,19 @@ class AuditLog:
                     self._ensure_open()
                     fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
                     try:
-                        self._append_locked(record, sync)
+                        while self._pending:  # oldest first, each with its own chain link
+                            self._append_locked(self._pending[0], True)
+                            self._pending.pop(0)
+                        if entry is not None:
+                            self._append_locked(entry, sync)
                     finally:
                         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 return True
-            except (TypeError, ValueError) as exc:  # a record that cannot be serialized: retrying won't help
-                cause = type(exc).__name__
-                break
             except OSError as exc:
                 cause = os.strerror(exc.errno) if exc.errno else type(exc).__name__
-                self._drop_log_fd()
+        if entry is not None and entry.get("event") == RUN_EVENT and len(self._pending) < _MAX_PENDING:
+            with self._mutex:
+                self._pending.append(entry)
         logger.warning("audit record not written to %s: %s", self.path, cause)
         return False
 
@@ -286,13 +317,6 @@ class AuditLog:
             self._head_fd = os.open(_head_path(self.path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if self._log_fd < 0:
             self._log_fd = _open_log(self.path)
-
-    def _drop_log_fd(self) -> None:
-        with self._mutex:
-            if self._log_fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(self._log_fd)
-                self._log_fd = -1
 
     def _current_log_fd(self) -> int:
         """The held log descriptor, reopened when another writer rotated the file away under it."""

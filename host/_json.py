@@ -27,8 +27,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
-# A JSON string (escapes included), so brackets inside strings never count as nesting.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A JSON string (escapes included), so brackets inside strings never count as nesting. Possessive: an
+# unclosed string full of escaped quotes must not make every quote a new start that scans to the end (a
+# backtracking pattern takes quadratic time there, holding the GIL); an unclosed string ends the text.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 # Outside strings, valid JSON holds only brackets, separators, numbers, literals and whitespace: delete all
 # but the brackets (fast, in C) and fold both kinds into one, since nesting is nesting.
 _BRACKETS_ONLY = str.maketrans(
@@ -37,16 +39,14 @@ _BRACKETS_ONLY = str.maketrans(
 _NOT_BRACKET = re.compile(r"[^\[\]]+")
 _DELTA = {"[": 1, "]": -1}
 _QUICK_PASSES = 8
-_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
-_HUGE_MARKS = ("e000", "E000", "e+000", "E+000", "0" * 309)
+MAX_INT_DIGITS = 308
+"""An integer longer than this is beyond any finite double: JavaScript and jq read it as Infinity."""
 
 
-def _may_overflow(text: str) -> bool:
-    """Whether the text holds something that could be a float too large to be finite: an exponent of
-    three or more digits, or 309 digits in a row. A few substring searches in C; strings may trigger it
-    too, which only costs the exact (slower) parse."""
-    folded = text.translate(_DIGITS_AS_ZERO)
-    return any(mark in folded for mark in _HUGE_MARKS)
+def _bounded_int(text: str) -> int:
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise JsonRejected("a number is out of range (not finite as a double)")
+    return int(text)
 
 
 def _depth_ok(text: str, max_depth: int) -> bool:
@@ -84,12 +84,12 @@ def loads_strict(
             raise JsonRejected("the JSON text is not UTF-8") from None
     if not _depth_ok(text, max_depth):
         raise JsonRejected(f"the JSON text nests deeper than {max_depth}")
-    # Only a number with a huge exponent or 309+ digits can overflow to infinity; text without one is
-    # parsed by json's C code alone, and checking every float in Python is kept for text that has one.
+    # Every number is checked: a float overflows with a long mantissa as well as a big exponent
+    # ("1" + 300 zeros + "e9"), so no cheap textual pre-test decides it.
     try:
-        if _may_overflow(text):
-            return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(
+            text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int
+        )
     except JsonRejected:
         raise
     except (ValueError, RecursionError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -35,8 +34,9 @@ from host._engine import (
 )
 from host._errors import AuditReason, EngineError, SandboxError
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
-from host._fdbudget import PER_RUN_OVERHEAD_FDS, FdBudget
+from host._fdbudget import PER_RUN_OVERHEAD_FDS, RESERVED_FDS, FdBudget
 from host._image import verify_pinned_image
+from host._json import dumps_strict, loads_strict
 from host._manifest import ToolpackManifest
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
 from host._policy import Route, RunPolicy
@@ -161,7 +161,12 @@ class SandboxHost:
         self.audit = AuditLog(self.config.paths.audit_file)
         with contextlib.suppress(OSError):  # held from now on; an append retries the open if this failed
             self.audit.open()
-        self.fds = FdBudget(per_run=MAX_CONNECTIONS_PER_RUN + PER_RUN_OVERHEAD_FDS)
+        # Warm members hold their sockets before any run claims them: their share is kept in reserve.
+        members = pool.max_members(self.limits.memory_bytes) if pool is not None and pool.size > 0 else 0
+        self.fds = FdBudget(
+            per_run=MAX_CONNECTIONS_PER_RUN + PER_RUN_OVERHEAD_FDS,
+            reserve=RESERVED_FDS + members * (PER_RUN_OVERHEAD_FDS + 1),
+        )
         self.lockfile = Lockfile(self.config.paths.lockfile)
         self.owner = owner_token()
         self.audit_failures = 0
@@ -422,7 +427,7 @@ class SandboxHost:
                 run_id=run.run_id,
                 entrypoint=manifest.entrypoint,
                 goal=goal if goal is not None else manifest.goal,
-                kwargs_json=json.dumps(kwargs, allow_nan=False),
+                kwargs_json=dumps_strict(kwargs),
                 policy=run.policy,
                 system_prompt=manifest.system_prompt,
             )
@@ -485,6 +490,13 @@ class SandboxHost:
         """An uninstalled or replaced pack's pool is gone: drop its volume too, unless a run still uses it."""
         with self._volumes_lock:
             self._retired_volumes.add(spec.volume)
+        self._drop_retired_volumes()
+
+    def _retire_if_orphaned(self, volume: str) -> None:
+        """After a run: if its pack was uninstalled or replaced meanwhile, nothing else drops the volume."""
+        if volume and volume not in {e.sandbox_volume for e in self.lockfile.entries().values()}:
+            with self._volumes_lock:
+                self._retired_volumes.add(volume)
         self._drop_retired_volumes()
 
     def _drop_retired_volumes(self) -> None:
@@ -600,7 +612,7 @@ class SandboxHost:
         if self._reaper is None:
             box.destroy()
             run.mark("teardown")
-            self._drop_retired_volumes()
+            self._retire_if_orphaned(box.spec.volume)
             return
 
         def destroy() -> None:
@@ -608,7 +620,7 @@ class SandboxHost:
             time.sleep(0.02)
             try:
                 box.destroy()
-                self._drop_retired_volumes()
+                self._retire_if_orphaned(box.spec.volume)
             except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
                 self.teardown_failures += 1
                 logger.warning("teardown of %s failed: %s", box.name, type(exc).__name__)
@@ -688,7 +700,7 @@ class SandboxHost:
             if outcome.success:
                 assert outcome.value_json is not None
                 return RunResult(
-                    success=True, result=json.loads(outcome.value_json), mode_used=mode, logs=sink.text()
+                    success=True, result=loads_strict(outcome.value_json), mode_used=mode, logs=sink.text()
                 )
             return fail(outcome.failure_code, outcome.failure_message or outcome.failure_code, "")
         if how == "lost":

@@ -30,7 +30,7 @@ EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
 _RESULT_CEILING = MAX_MESSAGE_BYTES - 1024
 MAX_RESULT_DEPTH = 64
 """How deep a result may nest: the host refuses deeper JSON, so the wrapper reports it as unserializable."""
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)  # possessive: linear on unclosed strings
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"[\[{][\]}]")
 

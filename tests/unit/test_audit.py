@@ -501,3 +501,27 @@ def test_tail_can_select_events(tmp_path: Path) -> None:
     log.append(record(run_id="a"))
     assert [r["event"] for r in log.tail(5)] == ["agent_run_start", "agent_run"]
     assert [r["event"] for r in log.tail(5, events=frozenset({"agent_run"}))] == ["agent_run"]
+
+
+def test_a_failed_end_record_is_written_with_the_next_append(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    path.mkdir()  # unwritable for now
+    log = AuditLog(path)
+    assert not log.append(start("a"), sync=False)  # a start record is not kept: its run never started
+    assert not log.append(record(run_id="a"))
+    assert log.pending == 1 and not log.flush()
+    path.rmdir()
+    assert log.append(record(run_id="b"))
+    assert log.pending == 0
+    assert [r["request_id"] for r in log.tail(5)] == ["a", "b"]
+    assert verify_audit(path).ok
+
+
+def test_close_flushes_what_is_pending(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    path.mkdir()
+    log = AuditLog(path)
+    assert not log.append(record(run_id="late"))
+    path.rmdir()
+    log.close()
+    assert [r["request_id"] for r in AuditLog(path).tail(5)] == ["late"]

@@ -24,6 +24,10 @@ NON_FINITE_TEXTS = [
     "NaN",
     "[Infinity]",
     '{"x": -Infinity}',
+    '{"x": 1' + "0" * 300 + "e9}",  # overflow by a long mantissa, not a big exponent
+    "-9" + "9" * 250 + "e60",
+    "1" + "0" * 400,  # an integer no double can hold: JavaScript and jq read it as Infinity
+    "[-" + "9" * 309 + "]",
 ]
 
 
@@ -79,8 +83,14 @@ def test_depth_is_bounded_and_strings_do_not_count() -> None:
         '{"a": ' * 200_000,
         "[" + "[]," * 340_000 + "[]]",
         json.dumps({"blob": "[" * 1_000_000}),
+        '"' + '\\"' * 500_000,  # an unclosed string of escaped quotes (quadratic for a backtracking scan)
+        '{"a": "' + '\\"' * 300_000 + '", "b": [' + '"\\"",' * 50_000 + "1]}",
+        "[" + "1.5," * 300_000 + "1]",
     ],
-    ids=["deep", "unbalanced", "deep-objects", "wide", "brackets-in-a-string"],
+    ids=[
+        "deep", "unbalanced", "deep-objects", "wide", "brackets-in-a-string", "unclosed-escapes",
+        "many-escapes", "many-floats",
+    ],  # fmt: skip
 )
 def test_hostile_shapes_are_decided_fast(text: str) -> None:
     started = time.thread_time()
