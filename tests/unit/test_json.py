@@ -88,9 +88,15 @@ def test_depth_is_bounded_and_strings_do_not_count() -> None:
         "[" + "1.5," * 300_000 + "1]",
     ],
     ids=[
-        "deep", "unbalanced", "deep-objects", "wide", "brackets-in-a-string", "unclosed-escapes",
-        "many-escapes", "many-floats",
-    ],  # fmt: skip
+        "deep",
+        "unbalanced",
+        "deep-objects",
+        "wide",
+        "brackets-in-a-string",
+        "unclosed-escapes",
+        "many-escapes",
+        "many-floats",
+    ],
 )
 def test_hostile_shapes_are_decided_fast(text: str) -> None:
     started = time.thread_time()
