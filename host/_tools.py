@@ -488,13 +488,23 @@ class ToolRunner:
         with self._lock:
             if self._closed:
                 return None
+            # A call of a pack version retires idle workers of its other versions (a reinstall): they
+            # run code from a host copy that is gone and are never asked again.
+            stale = [k for k in self._idle if k[0] == key[0] and k != key]
+            replaced = [worker for k in stale for worker in self._idle.pop(k)]
+            reused: _Worker | None = None
             idle = self._idle.get(key, [])
-            while idle:
-                worker = idle.pop()
-                if worker.alive():
-                    self._busy.add(worker)
-                    return worker
-                worker.dispose()
+            while idle and reused is None:
+                candidate = idle.pop()
+                if candidate.alive():
+                    self._busy.add(candidate)
+                    reused = candidate
+                else:
+                    replaced.append(candidate)
+        for old in replaced:
+            old.dispose()
+        if reused is not None:
+            return reused
         worker = _Worker(key[2])
         with self._lock:
             if not self._closed:

@@ -599,3 +599,37 @@ def test_on_admit_runs_only_for_admitted_calls(tmp_path: Path, runner: ToolRunne
     with pytest.raises(ToolRefusal):
         gate.call("calc", "echo", "{}", on_admit=lambda: admitted.append(3))
     assert admitted == [2]
+
+
+def test_a_new_pack_version_retires_idle_workers_of_the_old_one(tmp_path: Path) -> None:
+    """After a reinstall the old version's idle workers are disposed, not kept until the host exits."""
+    runner = ToolRunner()
+    try:
+        old, new = tmp_path / "v1", tmp_path / "v2"
+        for root, reply in ((old, "one"), (new, "two")):
+            root.mkdir()
+            source = f"import os\ndef run(**kw):\n    return [{reply!r}, os.getpid()]\n"
+            (root / "versioned.py").write_text(source)
+        spec = ToolSpec(name="run", entrypoint="versioned:run", description="", input_schema=None)
+
+        def pack(version: str, root: Path) -> InstalledToolpack:
+            manifest = ToolpackManifest(
+                slug="versioned", version=version, name="v", entrypoint="versioned", tools=(spec,),
+                dependencies=(),
+            )  # fmt: skip
+            return InstalledToolpack(slug="versioned", version=version, trust="trusted", root=root,
+                                     manifest=manifest)  # fmt: skip
+
+        first = runner.run(pack("1.0.0", old), spec, {}, timeout=30)
+        assert first.success and first.result[0] == "one"
+        old_pid = first.result[1]
+        second = runner.run(pack("2.0.0", new), spec, {}, timeout=30)
+        assert second.success and second.result[0] == "two"
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{old_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = Path(f"/proc/{old_pid}/status")
+        assert not status.exists() or "State:\tZ" in status.read_text()
+        assert all(k[1] == "2.0.0" for k in runner._idle)
+    finally:
+        runner.close()
