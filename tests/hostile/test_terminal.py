@@ -5,6 +5,13 @@ sent on its own channel) and a pack's manifest fields reach the operator's termi
 output. Each test runs the installed command as a subprocess against a real sandboxed agent and checks that
 its stdout and stderr carry no raw ESC, C1 or bidi character while the escaped forms stay visible; and that
 `run --json` stays strict JSON (no NaN/Infinity) whatever the agent reports.
+
+Every terminal row has a positive control: the escaped form of the hostile text must be in the output, so
+a command that never printed the text (or crashed before it could) fails the row instead of passing it.
+Which pack-authored text a human-mode command prints (host/_cli.py): `policy explain` the tool packages
+and the LLM model allowlist; `install` errors the dependency names and the offending file name. A pack's
+name, goal and system prompt reach only the agent (no command prints them), and slug and version are
+validated to plain tokens at install, so no row claims to test those on the terminal.
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ RAW = {"\x1b": "ESC", "\x07": "BEL", "\r": "CR", "\x9b": "8-bit CSI", "\u202e": 
 ESCAPED = ("\\x1b]0;pwned\\x07", "\\x9b31m", "\\u202etxt.exe", "\\u2066", "\\x1b[8mhidden")
 """What the operator must see; the wrapper's one-line summary of an exception already turns CR into a space,
 so `\\r` itself is checked only for the raw ReportResult failure."""
+HOSTILE_SHOWN = (
+    "\\x1b[2K\\x1b[1A\\x1b]0;pwned\\x07\\rok: fake (agent_sandbox)\\x9b31m\\u202etxt.exe\\u2066\\x1b[8mhidden"
+)
+"""HOSTILE exactly as the operator must see it (written out by hand, not computed by host/_terminal.py)."""
 
 AGENT = STUBS + textwrap.dedent(
     """
@@ -76,17 +87,49 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
-def record_terminal(ledger: Ledger, id: str, proc: Any, *, expected: str, escaped: tuple[str, ...]) -> bool:
-    """One attack: raw characters absent from stdout+stderr, the escaped forms present."""
+def record_terminal(
+    ledger: Ledger, id: str, proc: Any, *, expected: str, escaped: tuple[str, ...], code: int | None = None
+) -> bool:
+    """One attack: raw characters absent from stdout+stderr, the escaped forms present (and exit `code`).
+
+    `escaped` is the positive control proving the hostile text reached the terminal; without it the row
+    could not fail, so it may not be empty.
+    """
+    assert escaped, f"{id}: a terminal row needs the escaped form it must see (else it cannot fail)"
     seen = proc.stdout + proc.stderr
     raw = raw_found(seen)
-    missing = [e for e in escaped if e not in seen]
+    missing = [brief(e, 40) for e in escaped if e not in seen]
     return ledger.attack(
         id,
         expected=expected,
         observed=f"exit {proc.returncode}; raw: {raw or 'none'}; escapes missing: {missing or 'none'}; "
-        f"stderr {brief(ascii(proc.stderr), 160)}",
-        ok=not raw and not missing,
+        f"stdout {brief(ascii(proc.stdout), 120)}; stderr {brief(ascii(proc.stderr), 160)}",
+        ok=not raw and not missing and (code is None or proc.returncode == code),
+    )
+
+
+def record_refusal(
+    ledger: Ledger, id: str, proc: Any, *, expected: str, wording: str, escaped: tuple[str, ...]
+) -> bool:
+    """One refused command: exit 1 (the contract's failure code), nothing on stdout, exactly the `error:`
+    and `hint:` lines on stderr, the error naming the documented refusal (`wording`, so a crash's generic
+    `unexpected …` line does not pass) and quoting the hostile text in its escaped form, nothing raw."""
+    assert escaped, f"{id}: a refusal row needs the escaped form it must see (else it cannot fail)"
+    lines = proc.stderr.splitlines()
+    shaped = (
+        len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: ")
+        and "Traceback" not in proc.stderr
+    )  # fmt: skip
+    worded = bool(lines) and wording in lines[0]
+    raw = raw_found(proc.stdout + proc.stderr)
+    missing = [brief(e, 40) for e in escaped if not (lines and e in lines[0])]
+    return ledger.attack(
+        id,
+        expected=expected,
+        observed=f"exit {proc.returncode}; stdout {len(proc.stdout)} chars; error+hint lines: {shaped}; "
+        f"documented wording: {worded}; raw: {raw or 'none'}; escapes missing from the error: "
+        f"{missing or 'none'}; stderr {brief(ascii(proc.stderr), 200)}",
+        ok=proc.returncode == 1 and proc.stdout == "" and shaped and worded and not raw and not missing,
     )
 
 
@@ -208,30 +251,41 @@ def _agent_manifest(slug: str, *, version: str = '"1.0.0"', name: str = "", extr
     )
 
 
+DEPENDENCIES = (
+    "\x1b[2K\x1b[1A\x1b]0;pwned\x07\rok:",
+    "fake (agent_sandbox)\x9b31m",
+    "\u202etxt.exe\u2066\x1b[8mhidden",
+)
+"""HOSTILE in three dependency names (install quotes each cut to 60 characters; these fit whole, and none
+starts or ends with whitespace, which the manifest parser strips)."""
+DEPENDENCIES_SHOWN = (
+    "(\\x1b[2K\\x1b[1A\\x1b]0;pwned\\x07\\rok:, fake (agent_sandbox)\\x9b31m, "
+    "\\u202etxt.exe\\u2066\\x1b[8mhidden)"
+)
+"""How install's error quotes them: each escaped, comma-separated, in parentheses."""
+
+
 def test_pack_manifest_text_is_escaped_or_refused(
     make_lab: Callable[[str], Lab], ledger: Ledger, tmp_path: Path
 ) -> None:
     lab = make_lab("runc")
     env = {**lab.state.env, "LANG": "C.UTF-8"}
     packs = tmp_path / "term-packs"
-    tools = f"  tool_access: {{allowed_packages: [{_yaml('tools' + HOSTILE)}]}}\n"
-    named = _write_pack(packs, "term-named", _agent_manifest("term-named", name=_yaml(HOSTILE), extra=tools))
-    proc = cli(env, "install", named)
-    tools_shown = ("\\x1b]0;pwned\\x07",) if proc.returncode == 0 else ()  # `policy explain` lists tools
-    record_terminal(
-        ledger, "terminal.manifest_name.install", proc, escaped=(),
-        expected="install of a pack whose name, goal, system prompt and tool list carry ESC/OSC/bidi: "
-        "output has no raw control characters",
-    )  # fmt: skip
-    for args, id, escaped in (
-        (("list",), "terminal.manifest_name.list", ()),
-        (("policy", "explain", "term-named"), "terminal.manifest_name.policy_explain", tools_shown),
-        (("doctor", "term-named"), "terminal.manifest_name.doctor", ()),
-    ):
-        shown = cli(env, *args)
+    # Every text field hostile; of these, `policy explain` prints the tool packages and the model allowlist
+    # (each quoted by safe_token). Name, goal and system prompt are printed by no command (module docstring).
+    extra = (
+        f"  tool_access: {{allowed_packages: [{_yaml('tools' + HOSTILE)}]}}\n"
+        f"  llm_access: {{enabled: true, allowed_models: [{_yaml('model' + HOSTILE)}]}}\n"
+    )
+    named = _write_pack(packs, "term-named", _agent_manifest("term-named", name=_yaml(HOSTILE), extra=extra))
+    installed = cli(env, "install", named)
+    explained = cli(env, "policy", "explain", "term-named")
+    # The "tools"/"model" prefixes tell the two fields apart: each escaped form can come only from its field.
+    for field, shown in (("tools", f'"tools{HOSTILE_SHOWN}"'), ("llm_models", f'"model{HOSTILE_SHOWN}"')):
         record_terminal(
-            ledger, id, shown, escaped=escaped,
-            expected=f"`{' '.join(args)}` shows no raw control characters from the manifest",
+            ledger, f"terminal.manifest_{field}.policy_explain", explained, code=0, escaped=(shown,),
+            expected=f"`policy explain` exits 0 and shows the manifest's hostile {field} entry quoted and "
+            f"escaped (\\x1b, \\x9b, \\u202e), nothing raw (install exit {installed.returncode})",
         )  # fmt: skip
 
     # version: a spoofed "trust curated" with CR and CSI; refused at install (semver) or shown escaped
@@ -239,7 +293,9 @@ def test_pack_manifest_text_is_escaped_or_refused(
     versioned = _write_pack(packs, "term-version", _agent_manifest("term-version", version=_yaml(spoof)))
     proc = cli(env, "install", versioned)
     seen = proc.stdout + proc.stderr
-    refused = proc.returncode == 1 and seen.startswith("error: ")
+    refused = (
+        proc.returncode == 1 and seen.startswith("error: ") and "version: expected a semantic version" in seen
+    )
     quoted = proc.returncode == 0 and '"1.0.0 (agent, trust curated)\\r\\x1b[2K"' in proc.stdout
     if proc.returncode == 0:
         listed = cli(env, "list")
@@ -247,34 +303,34 @@ def test_pack_manifest_text_is_escaped_or_refused(
         quoted = quoted and '"1.0.0 (agent, trust curated)\\r\\x1b[2K"' in listed.stdout
     ledger.attack(
         "terminal.manifest_version",
-        expected="a version with CR/CSI faking `trust curated` is refused at install, or shown quoted and "
-        "escaped (never as bare text next to the real trust level)",
+        expected="a version with CR/CSI faking `trust curated` is refused at install (the semver error), or "
+        "shown quoted and escaped (never as bare text next to the real trust level)",
         observed=f"install exit {proc.returncode} ({'refused' if refused else 'installed'}); raw: "
         f"{raw_found(seen) or 'none'}; {brief(ascii(seen), 160)}",
         ok=not raw_found(seen) and (refused or quoted),
     )
 
     # pack-derived text quoted in an install error: dependency names and file names
+    listed_deps = ", ".join(_yaml(d) for d in DEPENDENCIES)
     deps = _write_pack(
-        packs, "term-deps", _agent_manifest("term-deps", extra=f"dependencies: [{_yaml(HOSTILE)}]\n")
+        packs, "term-deps", _agent_manifest("term-deps", extra=f"dependencies: [{listed_deps}]\n")
     )
-    proc = cli(env, "install", deps)
-    record_terminal(
-        ledger, "terminal.install_error.dependencies", proc, escaped=(),
-        expected="install refused (exit 1); the error quoting the dependency names has no raw controls",
+    record_refusal(
+        ledger, "terminal.install_error.dependencies", cli(env, "install", deps),
+        wording="term-deps declares dependencies (", escaped=(DEPENDENCIES_SHOWN,),
+        expected="install refused (exit 1, one error and one hint line, no traceback): the error names the "
+        "dependencies, each escaped (\\x1b, \\x9b, \\u202e), no raw control characters",
     )  # fmt: skip
-    linked = _write_pack(packs, "term-link", _agent_manifest("term-link"))
-    (linked / f"x{HOSTILE}.py").symlink_to(linked / "agent.py")
-    proc = cli(env, "install", linked)
-    record_terminal(
-        ledger, "terminal.install_error.file_name", proc, escaped=(),  # the pack check may mask it itself
-        expected="install refused (exit 1); the error naming a file whose name has ESC has no raw controls",
+    named_file = _write_pack(
+        packs, "term-file", _agent_manifest("term-file"),
+        {"agent.py": "def run(context, **kwargs):\n    return {}\n", f"x{HOSTILE}.py": "X = 1\n"},
     )  # fmt: skip
-    ledger.attack(
-        "terminal.install_error.refused",
-        expected="the dependency and file-name packs are refused, each with one error and one hint line",
-        observed=f"exit {proc.returncode}; stderr lines {len(proc.stderr.splitlines())}",
-        ok=proc.returncode == 1 and len(proc.stderr.splitlines()) == 2,
-    )
-    installed = Lockfile(lab.state.dir / "agentnode.lock").entries().values()
-    lab.volumes.update(e.sandbox_volume for e in installed if e.sandbox_volume)  # removed at teardown
+    record_refusal(
+        ledger, "terminal.install_error.file_name", cli(env, "install", named_file),
+        wording=": file names with control characters or undecodable bytes are not allowed",
+        escaped=(f"error: x{HOSTILE_SHOWN}.py: ",),
+        expected="install refused (exit 1, one error and one hint line, no traceback): the error names the "
+        "file whose name has ESC/OSC/C1/bidi, escaped, no raw control characters",
+    )  # fmt: skip
+    installed_entries = Lockfile(lab.state.dir / "agentnode.lock").entries().values()
+    lab.volumes.update(e.sandbox_volume for e in installed_entries if e.sandbox_volume)  # removed at teardown
