@@ -45,8 +45,9 @@ MAX_MESSAGES = 256
 """Messages one call may carry; more is LLM_INPUT_TOO_LARGE, refused before any message is looked at."""
 MESSAGE_OVERHEAD_CHARS = 4
 """What each message adds to the input size besides its role and content: the structure around it (the
-"\\n\\n" that joins system messages for Anthropic is 2 of these). Empty messages are not free, so many
-of them can never add up to a large request under a small cap."""
+"\\n\\n" that joins system messages for Anthropic, 4 bytes once JSON-escaped, is paid by these and the
+6 of "system"). Empty messages are not free, so many of them can never add up to a large request under a
+small cap."""
 FRAMING_BYTES_PER_MESSAGE = 16
 """Upper bound on one message's encoding overhead (field tags, length prefixes) in a request."""
 _CHARS_PER_TOKEN = 3  # conservative: real text averages ~4 chars/token, so the char cap is what bites
@@ -349,11 +350,12 @@ class LlmSession:
 
     @property
     def max_request_bytes(self) -> int:
-        """The most bytes an admissible input can take encoded: UTF-8 needs at most 4 bytes a character,
-        and each of at most MAX_MESSAGES messages at most FRAMING_BYTES_PER_MESSAGE of framing."""
+        """The most bytes an admissible input can take encoded: `input_chars` counts every role and content
+        at least as its UTF-8 bytes (what protobuf carries), and each of at most MAX_MESSAGES messages adds
+        at most FRAMING_BYTES_PER_MESSAGE of framing."""
         if not self._policy.enabled:
             return 0
-        return 4 * self._policy.max_input_chars + FRAMING_BYTES_PER_MESSAGE * MAX_MESSAGES + 256
+        return self._policy.max_input_chars + FRAMING_BYTES_PER_MESSAGE * MAX_MESSAGES + 256
 
     def screen(self, *, request_bytes: int | None = None, message_count: int | None = None) -> None:
         """The checks that need no message at all, so a request that cannot pass costs nothing to refuse.
@@ -493,14 +495,43 @@ class LlmSession:
         return reason
 
 
-def input_chars(messages: Sequence[Mapping[str, str]]) -> int:
-    """The input size a call is capped on: every role, every content and MESSAGE_OVERHEAD_CHARS per message.
+_TWO_BYTE_ESCAPES = b'"\\\b\f\n\r\t'
+"""Characters JSON writes as a backslash and one letter."""
+_SIX_BYTE_ESCAPES = bytes(c for c in range(0x20) if c not in _TWO_BYTE_ESCAPES)
+"""The other control characters, which JSON writes as \\u00XX."""
 
-    It bounds what either adapter sends: OpenAI gets each role and content as they are; Anthropic gets the
-    non-system messages as they are plus the non-empty system contents joined by "\\n\\n", which is
-    shorter than their roles, contents and overheads together.
+
+def json_string_bytes(text: str) -> int:
+    """The bytes `text` takes inside a JSON string as both SDKs send it: `json.dumps(text,
+    ensure_ascii=False)[1:-1]` encoded as UTF-8 (openai and anthropic serialize request bodies with
+    `ensure_ascii=False` and send UTF-8, as httpx does), so a control character counts 6 (or 2 for
+    \\b \\f \\n \\r \\t), `"` and `\\` 2, any other character its UTF-8 length (1 to 4).
+
+    Computed without building the escaped text: one UTF-8 encode and two byte deletions, all in C and O(n).
+    Control characters, `"` and `\\` are single bytes in UTF-8 and never occur inside a multi-byte one.
     """
-    return sum(len(m["role"]) + len(m["content"]) + MESSAGE_OVERHEAD_CHARS for m in messages)
+    raw = text.encode("utf-8", "surrogatepass")
+    two = len(raw) - len(raw.translate(None, _TWO_BYTE_ESCAPES))
+    six = len(raw) - len(raw.translate(None, _SIX_BYTE_ESCAPES))
+    return len(raw) + two + 5 * six
+
+
+def input_chars(messages: Sequence[Mapping[str, str]]) -> int:
+    """The input size a call is capped on (`max_input_chars`): every role and every content as the bytes it
+    takes in the request body (`json_string_bytes`: JSON-escaped, UTF-8), plus MESSAGE_OVERHEAD_CHARS per
+    message. For plain ASCII text without quotes, backslashes or control characters that is one per
+    character; text that escaping or UTF-8 makes longer on the wire counts what it sends, so no content
+    shape can make a request several times the cap.
+
+    It bounds what either adapter sends of roles and contents: OpenAI gets each as counted; Anthropic gets
+    the non-system messages as counted plus the non-empty system contents joined by "\\n\\n" (4 bytes
+    escaped), which is less than their roles, contents and overheads together. The rest of the body is
+    JSON structure: at most a fixed ~25 bytes a message besides what is counted, and a few fields.
+    """
+    return sum(
+        json_string_bytes(m["role"]) + json_string_bytes(m["content"]) + MESSAGE_OVERHEAD_CHARS
+        for m in messages
+    )
 
 
 def _validated(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
@@ -528,4 +559,5 @@ __all__ = [
     "LlmRefusal",
     "LlmSession",
     "input_chars",
+    "json_string_bytes",
 ]

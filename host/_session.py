@@ -59,6 +59,12 @@ REFUSAL_BYTES_PER_TOKEN = 64 * 1024
 """A refusal costs one token, plus one for every this many bytes of request the host decoded for it, so
 a flood of big refused requests is throttled by what it costs, not by how many there are."""
 
+HOST_ERROR_LOG_BURST = 5
+"""HOST_ERROR warnings one run may log back to back; past them the host counts instead of logging."""
+HOST_ERROR_LOG_REFILL_PER_SECOND = 1 / 60
+"""How fast a run earns back a HOST_ERROR warning: whatever an agent provokes, its run logs at most
+HOST_ERROR_LOG_BURST lines at once and one a minute after that."""
+
 REASON_METADATA_KEY = "agentnode-reason"
 
 _STATUS: dict[str, grpc.StatusCode] = {
@@ -204,12 +210,31 @@ class RunSession:
     refusals: RefusalBudget = field(default_factory=RefusalBudget)
     throttled: int = 0
     """Calls refused unread (TOO_MANY_REFUSALS) because the refusal budget was empty."""
+    host_errors: int = 0
+    """Calls answered HOST_ERROR (a host fault, never the agent's text); see `note_host_error`."""
     _fetching: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _host_error_log: RefusalBudget = field(init=False)
+    _host_errors_unlogged: int = 0
 
     def __post_init__(self) -> None:
+        self._host_error_log = RefusalBudget(
+            burst=HOST_ERROR_LOG_BURST, per_second=HOST_ERROR_LOG_REFILL_PER_SECOND, clock=self.clock
+        )
         if self.task is not None:
             self.assigned.set()
+
+    def note_host_error(self) -> int | None:
+        """Count a HOST_ERROR answer; None when its warning is not to be logged (the run's log budget is
+        spent), else how many earlier ones went unlogged, so a flood costs the host log a few lines."""
+        with self._lock:
+            self.host_errors += 1
+            if not self._host_error_log.allows():
+                self._host_errors_unlogged += 1
+                return None
+            self._host_error_log.spend()
+            unlogged, self._host_errors_unlogged = self._host_errors_unlogged, 0
+            return unlogged
 
     def assign(self, task: RunTask, tools: ToolGate, llm: LlmSession) -> None:
         """Hand a task to a session built without one; it can happen once."""
@@ -335,11 +360,15 @@ def _abort(context: grpc.ServicerContext, reason: str, message: str) -> NoReturn
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
-def _translate(exc: Exception, context: grpc.ServicerContext, name: str) -> NoReturn:
-    """The one boundary: refusals keep their reason, anything else becomes a generic HOST_ERROR."""
+def _translate(exc: Exception, context: grpc.ServicerContext, name: str, session: RunSession) -> NoReturn:
+    """The one boundary: refusals keep their reason, anything else becomes a generic HOST_ERROR, whose
+    warning (the exception's type, never its text) is rate-limited per run."""
     if isinstance(exc, CallRefusal):
         _abort(context, exc.reason, exc.message)
-    logger.warning("host error in %s: %s", name, type(exc).__name__)
+    unlogged = session.note_host_error()
+    if unlogged is not None:
+        more = f" ({unlogged} more in this run since the last one logged)" if unlogged else ""
+        logger.warning("host error in %s: %s%s", name, type(exc).__name__, more)
     _abort(context, "HOST_ERROR", "the host failed to serve this call")
 
 
@@ -387,7 +416,7 @@ def _unary(session: RunSession, name: str, serve: _Serve, *, throttled: bool) ->
             return serve(raw, call, context)
         except Exception as exc:  # noqa: BLE001 (the one translation boundary)
             _note_refusal(session, call, exc, throttled)
-            _translate(exc, context, name)
+            _translate(exc, context, name, session)
         finally:
             call.finish()
 
@@ -409,7 +438,7 @@ def _unary_stream(
                 yield item
         except Exception as exc:  # noqa: BLE001 (the one translation boundary)
             _note_refusal(session, call, exc, throttled)
-            _translate(exc, context, name)
+            _translate(exc, context, name, session)
         finally:
             call.finish()
 
@@ -418,6 +447,21 @@ def _unary_stream(
 
 def _serialize(message: _Message) -> bytes:
     return message.SerializeToString()
+
+
+class _BadReport(CallRefusal):
+    """A ReportResult that cannot be accepted: refused with `reason`, recorded as `failure_code`."""
+
+    def __init__(self, failure_code: str, reason: str, message: str) -> None:
+        super().__init__(reason, message)
+        self.failure_code = failure_code
+
+
+_AGENT_ERROR_CODES: dict[int, str] = {
+    number: value.name.removeprefix("AGENT_ERROR_CODE_").lower()
+    for number, value in session_pb2.AgentErrorCode.DESCRIPTOR.values_by_number.items()
+} | {session_pb2.AGENT_ERROR_CODE_UNSPECIFIED: "agent_exception"}
+"""Failure codes by wire number; a number outside the enum (an open enum carries any) is agent_exception."""
 
 
 def _malformed(what: str) -> CallRefusal:
@@ -529,42 +573,60 @@ class _RunServices:
     def report_result(
         self, raw: bytes, call: _Call, context: grpc.ServicerContext
     ) -> session_pb2.ReportResultResponse:
+        """The run's one result. Past the state checks every request ends the run, whatever it holds: one
+        that cannot be accepted (too large, not a ReportResultRequest, no outcome, a value that is not
+        strict JSON) is recorded as the run's failure and then refused, and a host fault while reading it
+        records a failure too. So an agent gets exactly one report, and every later ReportResult is a
+        RUN_FINISHED answered before a byte of it is decoded: nothing here repeats at the host's cost."""
         session = self.session
         cap = session.require_reportable().max_result_bytes
+        try:
+            outcome = self._read_report(raw, call, cap)
+        except _BadReport as bad:
+            session.report(RunOutcome(failure_code=bad.failure_code, failure_message=bad.message))
+            raise
+        except Exception:
+            session.report(
+                RunOutcome(
+                    failure_code="result_not_serializable",
+                    failure_message="the host failed to read the report",
+                )
+            )
+            raise
+        call.accept()
+        session.report(outcome)
+        return session_pb2.ReportResultResponse()
+
+    @staticmethod
+    def _read_report(raw: bytes, call: _Call, cap: int) -> RunOutcome:
+        """The outcome a ReportResult request carries, or _BadReport with the failure that stands for it."""
         if len(raw) > cap + REPORT_ENVELOPE_BYTES:
-            self._refuse_result("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
+            raise _BadReport("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
         call.decoded = len(raw)
-        request: session_pb2.ReportResultRequest = _decode(session_pb2.ReportResultRequest, raw, 4)
+        try:
+            request: session_pb2.ReportResultRequest = _decode(session_pb2.ReportResultRequest, raw, 4)
+        except CallRefusal:
+            raise _BadReport(
+                "result_not_serializable", "INVALID_REQUEST", "the report is not a valid ReportResultRequest"
+            ) from None
         which = request.WhichOneof("outcome")
         if which == "value_json":
             text = request.value_json
             if len(text.encode("utf-8")) > cap:
-                self._refuse_result("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
+                raise _BadReport("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
             try:
                 loads_strict(text, max_bytes=cap)
             except JsonRejected:
-                self._refuse_result(
+                raise _BadReport(
                     "result_not_serializable",
                     "INVALID_REQUEST",
                     "the result is not strict JSON (valid, finite numbers, nested at most 64 deep)",
-                )
-            call.accept()
-            session.report(RunOutcome(value_json=text))
-        elif which == "failure":
-            name = session_pb2.AgentErrorCode.Name(request.failure.code)
-            code = name.removeprefix("AGENT_ERROR_CODE_").lower()
-            if code == "unspecified":
-                code = "agent_exception"
-            call.accept()
-            session.report(RunOutcome(failure_code=code, failure_message=request.failure.message[:2000]))
-        else:
-            raise CallRefusal("INVALID_REQUEST", "a result needs value_json or failure")
-        return session_pb2.ReportResultResponse()
-
-    def _refuse_result(self, failure_code: str, reason: str, message: str) -> NoReturn:
-        """A result that cannot be accepted is still the run's one result: record it, then refuse."""
-        self.session.report(RunOutcome(failure_code=failure_code, failure_message=message))
-        raise CallRefusal(reason, message)
+                ) from None
+            return RunOutcome(value_json=text)
+        if which == "failure":
+            code = _AGENT_ERROR_CODES.get(request.failure.code, "agent_exception")
+            return RunOutcome(failure_code=code, failure_message=request.failure.message[:2000])
+        raise _BadReport("result_not_serializable", "INVALID_REQUEST", "a result needs value_json or failure")
 
     # ToolService
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,14 +22,33 @@ import pytest
 
 from host._broker import MAX_MESSAGES
 from host._runner import RunResult, SandboxHost
-from host._session import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN
+from host._session import (
+    HANDSHAKE_TIMEOUT_MS,
+    MAX_CONNECTIONS_PER_RUN,
+    REFUSAL_BURST,
+    REFUSAL_REFILL_PER_SECOND,
+    RunSession,
+    _Call,
+    _RunServices,
+)
 from tests.hostile.conftest import CANARY, STUBS, Lab, Ledger, brief, rss_bytes
 
 pytestmark = pytest.mark.docker
 
 MiB = 1 << 20
-INNOCENT_LATENCY_S = 2.0
-"""The slowest an innocent run's tool call may be while another run attacks (an echo takes ~10 ms)."""
+INNOCENT_SLOWDOWN = 5
+"""How much slower an innocent run's median tool call may be during an attack than the same agent's alone,
+on the same host and runtime just before (the report's harm was 50x)."""
+INNOCENT_MEDIAN_FLOOR_S = 0.03
+"""A median under this passes whatever the baseline: timings on a shared 2-core machine move 2x between
+runs, and 5x a baseline of a few milliseconds would bound noise. An echo takes 2-3 ms alone here (5-7 ms
+at worst during these attacks), so this is ~10-15x the baseline: a 50x slowdown (100-150 ms) fails."""
+INNOCENT_MAX_S = 2.0
+"""The slowest single innocent tool call allowed during an attack. Measured 2-120 ms when this file runs
+alone, but up to ~0.9 s after other tests grew the host process's heap: parsing the attacker's 1 MiB of
+`[[],[],...]` tool arguments creates ~340,000 lists, whose garbage-collector passes scan the whole heap
+while holding the GIL (see SERVED_TOOL_CPU_MAX_S). The median bound is what catches a sustained slowdown;
+this one catches a stall like decoding one 4 MB CallLlm (~24 s in the report)."""
 ACCEPT_SLACK = 2
 """Connections past the bound are accepted and closed at once: a sample can catch one in between."""
 RUN_FDS = 32
@@ -100,6 +120,10 @@ def run(context, **kwargs):
         "max_messages_empty": messages(__MAX__),
         "empty_system_flood": messages(__MAX__ - 1, "system") + messages(1, "user", "hi"),
         "contents_fit_but_not_roles": messages(__MAX__, "user", "x" * 75),  # 19,200 content chars
+        # Characters that fit the cap but not the bytes they are sent as: \u0001 is 6, an emoji 4 (UTF-8).
+        "controls_fit_only_as_chars": messages(1, "user", "\x01" * 4000),
+        "emoji_fit_only_as_chars": messages(1, "user", "\U0001f600" * 6000),
+        "quotes_that_fit_escaped": messages(1, "user", '"' * 9000),  # 18,000 bytes escaped
     }
     out = {name: status(lambda b=body: raw(b, timeout=30)) for name, body in shapes.items()}
     ch.close()
@@ -269,6 +293,7 @@ class HostMeter:
     socket_path: Callable[[], tuple[str, tuple[int, ...]] | None] = lambda: None
     """The attacked run's socket path and its sandbox's processes, once known."""
     cpu_s: float = 0.0
+    wall_s: float = 0.0
     rss_growth: int = 0
     fds_growth: int = 0
     run_connections: int = 0
@@ -278,6 +303,7 @@ class HostMeter:
     @contextmanager
     def measure(self) -> Iterator[HostMeter]:
         rss0, fds0, cpu0 = rss_bytes(), len(os.listdir("/proc/self/fd")), time.process_time()
+        wall0 = time.monotonic()
         peaks = {"rss": rss0, "fds": fds0, "conns": 0}
 
         def sample() -> None:
@@ -299,6 +325,7 @@ class HostMeter:
             self._stop.set()
             sampler.join()
             self.cpu_s = round(time.process_time() - cpu0, 2)
+            self.wall_s = round(time.monotonic() - wall0, 1)
             self.rss_growth = peaks["rss"] - rss0
             self.fds_growth = peaks["fds"] - fds0
             self.run_connections = peaks["conns"]
@@ -306,16 +333,57 @@ class HostMeter:
     def view(self) -> dict[str, Any]:
         return {
             "host_cpu_s": self.cpu_s,
+            "window_s": self.wall_s,
             "host_rss_growth_mib": round(self.rss_growth / MiB, 1),
             "host_fds_growth": self.fds_growth,
         }
 
 
 @dataclass
+class ServedMeter:
+    """Host CPU (the serving thread's own time) of every tool and LLM request a run's server looked at:
+    each that got past the refusal throttle, whatever it was then refused for. The original harm was
+    exactly this cost: ~24 s of CPU decoding one 4 MB CallLlm, ~23 MB parsing one 1 MiB tool call."""
+
+    by_session: dict[int, tuple[RunSession, list[tuple[str, float]]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> ServedMeter:
+        for name in ("run_tool", "call_llm"):
+            real = getattr(_RunServices, name)
+
+            def timed(
+                svc: _RunServices, raw: bytes, call: _Call, context: Any, _real: Any = real, _name: str = name
+            ) -> Any:
+                started = time.thread_time()
+                try:
+                    return _real(svc, raw, call, context)
+                finally:
+                    spent = time.thread_time() - started
+                    with self._lock:
+                        served = self.by_session.setdefault(id(svc.session), (svc.session, []))[1]
+                        served.append((_name, spent))
+
+            monkeypatch.setattr(_RunServices, name, timed)
+        return self
+
+    def of(self, run_id: str) -> tuple[RunSession, list[tuple[str, float]]]:
+        """The run's session and each request it had looked at: the method and its CPU seconds."""
+        with self._lock:
+            return next(
+                (sess, list(cpu))
+                for sess, cpu in self.by_session.values()
+                if sess.task is not None and sess.task.run_id == run_id
+            )
+
+
+@dataclass
 class Bystander:
-    """An innocent run on the same host, started once the attacker's sandbox is up."""
+    """An innocent run on the same host, started once the attacker's sandbox is up, and the same agent's
+    latencies alone on that host just before (its baseline)."""
 
     result: RunResult | None = None
+    baseline: list[float] = field(default_factory=list)
     finished_at: float = 0.0
 
     @property
@@ -323,14 +391,38 @@ class Bystander:
         ok = self.result is not None and self.result.success
         return list(self.result.result["latencies"]) if ok and self.result else []
 
+    @property
+    def median_bound(self) -> float:
+        return max(INNOCENT_SLOWDOWN * statistics.median(self.baseline or [0.0]), INNOCENT_MEDIAN_FLOOR_S)
+
     def ok(self) -> bool:
         lat = self.latencies
-        return bool(lat) and max(lat) < INNOCENT_LATENCY_S
+        return (
+            bool(lat)
+            and bool(self.baseline)
+            and statistics.median(lat) <= self.median_bound
+            and max(lat) <= INNOCENT_MAX_S
+        )
 
     def view(self) -> dict[str, Any]:
+        alone = {"alone_median_s": round(statistics.median(self.baseline), 3) if self.baseline else None}
         if self.result is None or not self.result.success:
-            return {"innocent": None if self.result is None else self.result.error_code}
-        return {"innocent_max_call_s": max(self.latencies), "innocent_calls": len(self.latencies)}
+            return {"innocent": None if self.result is None else self.result.error_code, **alone}
+        lat = self.latencies
+        return {
+            **alone,
+            "innocent_median_s": round(statistics.median(lat), 3),
+            "innocent_max_call_s": max(lat),
+            "median_bound_s": round(self.median_bound, 3),
+            "innocent_calls": len(lat),
+        }
+
+
+INNOCENT_EXPECTED = (
+    f"an innocent run on the same host succeeds during the attack: its median tool call <= max("
+    f"{INNOCENT_SLOWDOWN} x its median alone on the same host just before, {INNOCENT_MEDIAN_FLOOR_S} s), "
+    f"every call <= {INNOCENT_MAX_S} s (the report: 50x slower)"
+)
 
 
 def attack(
@@ -344,9 +436,12 @@ def attack(
     long_running: bool = True,
 ) -> tuple[RunResult, HostMeter, Bystander, float]:
     """Run `slug` while the innocent run makes tool calls; the attacker's result, the meter, the bystander
-    and when the attacker's run ended (monotonic). A `long_running` attacker's sandbox is waited for first,
-    so the innocent run overlaps the attack; a short one simply runs alongside."""
-    bystander = Bystander()
+    and when the attacker's run ended (monotonic). The innocent agent first runs alone on the same host for
+    its baseline (outside the meter). A `long_running` attacker's sandbox is waited for first, so the
+    innocent run overlaps the attack; a short one simply runs alongside."""
+    alone = lab.run("innocent", host=innocent_host or host)  # the baseline: same host, same runtime
+    assert alone.success, (alone.error_code, alone.error)
+    bystander = Bystander(baseline=list(alone.result["latencies"]))
     path: dict[str, tuple[str, tuple[int, ...]]] = {}
     meter = HostMeter(socket_path=lambda: path.get("socket"))
     outcome: dict[str, Any] = {}
@@ -379,36 +474,84 @@ def _innocent(lab: Lab) -> None:
 # --- the attacks ---------------------------------------------------------------------------------------
 
 
-def test_refused_requests_cost_the_host_little(lab: Lab, ledger: Ledger) -> None:
+SERVED_LLM_CPU_MAX_S = 0.01
+"""Host CPU one looked-at CallLlm may cost. An ungranted one is refused before a byte is decoded (~0.05 ms);
+decoding the two million empty messages before the grant check costs ~80 ms here (tried: this test then
+fails), ~0.8 s with their conversion to Python dicts, and the report's path took ~24 s."""
+SERVED_TOOL_CPU_MAX_S = 3.0
+"""Host CPU one looked-at RunTool may cost: 1 MiB of argument JSON decoded, parsed and refused takes
+~130-180 ms when this file runs alone and up to ~0.9 s in a process with a bigger heap (the ~340,000
+lists it creates trigger full garbage collections, which scale with the heap); the refusal budget charges
+it 17 tokens, so a run gets one such call looked at per ~4 s. A loose guard: the tight bound is the LLM's."""
+ATTACK_CPU_S = 15.0
+"""Host CPU over the whole attack window: startup of both runs and the transport of every request, throttled
+ones included (gRPC core receives each 4 MB before the throttle refuses it unread): measured 3.5-5.5 s for
+~6.5 s. The report's ~24 s for each of eight parallel 4 MB calls is ~100 s for the first batch alone (the
+window stretches with it: the attacker waits for each batch)."""
+
+
+def test_refused_requests_cost_the_host_little(
+    lab: Lab, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Finding 2: 4 MB CallLlm requests of two million empty messages from a run without an LLM grant,
     and 1 MiB tool arguments refused after parsing, sent eight at a time for six seconds."""
     lab.agent("cost-attacker", COST_ATTACKER, max_runtime_seconds=120)
     _innocent(lab)
+    served = ServedMeter().install(monkeypatch)
     result, meter, bystander, ended = attack(lab, "cost-attacker", host=lab.host(), kwargs={"seconds": 6})
     assert result.success, (result.error_code, result.error, result.logs[-2000:])
     out = result.result
     record = next(r for r in lab.audit() if r["request_id"] == result.run_id)
-    per_call_ms = round(1000 * meter.cpu_s / max(1, out["calls"]), 1)
+    session, looked = served.of(result.run_id)
+    cpu = [spent for _, spent in looked]
+    llm_cpu = [spent for name, spent in looked if name == "call_llm"]
+    tool_cpu = [spent for name, spent in looked if name == "run_tool"]
+    assert session.tools is not None and session.llm is not None
+    usage = session.llm.usage()
+    # Every request the server looked at was counted by the gate or the LLM session; every one it did not
+    # was either throttled unread (session.throttled) or shed by gRPC before reaching Python.
+    looked_at = session.tools.refusals + session.tools.calls_made + usage["requests"]
+    seen = out["seen"]
+    throttled = seen.get("RESOURCE_EXHAUSTED/TOO_MANY_REFUSALS", 0)
+    # Tokens the attacker could spend: the burst, the refill over the window, a burst of debt, 8 in flight.
+    affordable = 2 * REFUSAL_BURST + REFUSAL_REFILL_PER_SECOND * meter.wall_s + 8
+    cost = {
+        "looked_at": len(cpu),
+        "throttled": session.throttled,
+        "llm_cpu_max_ms": round(1000 * max(llm_cpu, default=0.0), 2),
+        "tool_cpu_max_ms": round(1000 * max(tool_cpu, default=0.0), 1),
+        "served_cpu_mean_ms": round(1000 * statistics.fmean(cpu or [0.0]), 1),
+        "served_cpu_total_s": round(sum(cpu), 2),
+        "host_cpu_ms_per_call": round(1000 * meter.cpu_s / max(1, out["calls"]), 2),
+    }
     allowed = {"INVALID_ARGUMENT/INVALID_REQUEST", "PERMISSION_DENIED/LLM_NOT_GRANTED"}
     allowed |= {"RESOURCE_EXHAUSTED/TOO_MANY_REFUSALS", "RESOURCE_EXHAUSTED/"}
     ledger.attack(
         "cost.refused_requests_before_work",
         expected="4 MB ungranted CallLlm and 1 MiB refused tool calls (8 in parallel, 6 s) are refused "
-        "(grant first; a per-run refusal budget of 32 tokens + 4/s, one a refusal plus one per 64 KiB "
-        "decoded); host CPU < 25 ms a call and RSS growth < 256 MiB "
-        "(the report: ~24 s and ~500 MB a call, ~4 GB for eight); no tool runs",
-        observed=brief({**out, **meter.view(), "host_cpu_ms_per_call": per_call_ms}),
-        ok=set(out["seen"]) <= allowed
-        and out["seen"].get("RESOURCE_EXHAUSTED/TOO_MANY_REFUSALS", 0) > 0
-        and per_call_ms < 25
+        f"(grant first; a per-run refusal budget of {REFUSAL_BURST} tokens + "
+        f"{REFUSAL_REFILL_PER_SECOND:g}/s, one a refusal plus one per 64 KiB decoded; the rest refused "
+        "unread); each request the host looked "
+        f"at costs <= {SERVED_LLM_CPU_MAX_S * 1000:g} ms of host CPU for a CallLlm, <= "
+        f"{SERVED_TOOL_CPU_MAX_S * 1000:g} ms for a RunTool "
+        f"and the whole window <= {ATTACK_CPU_S:g} s, RSS growth < 256 MiB (the report: ~24 s and ~500 MB "
+        "a call, ~4 GB for eight); no tool runs",
+        observed=brief({**cost, **meter.view(), **out}, limit=700),
+        ok=set(seen) <= allowed
+        and throttled > 0
+        and throttled == session.throttled
+        and len(cpu) == looked_at <= affordable
+        and max(llm_cpu, default=0.0) <= SERVED_LLM_CPU_MAX_S
+        and max(tool_cpu, default=0.0) <= SERVED_TOOL_CPU_MAX_S
+        and meter.cpu_s <= ATTACK_CPU_S
         and meter.rss_growth < 256 * MiB
+        and usage["calls"] == 0
         and not [c for c in lab.tool_calls("echo") if "i" not in c.get("keys", [])]
         and record.get("tool_calls", 0) == 0,
     )
     ledger.attack(
         "cost.innocent_run_under_refusal_flood",
-        expected=f"an innocent run on the same host succeeds during the flood, each tool call < "
-        f"{INNOCENT_LATENCY_S} s",
+        expected=INNOCENT_EXPECTED + ", overlapping the flood",
         observed=brief({**bystander.view(), "overlapped": bystander.finished_at < ended}),
         ok=bystander.ok() and bystander.finished_at < ended,
     )
@@ -431,24 +574,37 @@ def test_llm_input_cap_counts_what_is_sent(lab: Lab, ledger: Ledger, provider: s
         body = request.body
         roles_and_contents = sum(len(m["role"]) + len(m["content"]) for m in body["messages"])
         chars = roles_and_contents + len(body.get("system", ""))
-        sent.append({"messages": len(body["messages"]), "chars": chars, "bytes": len(json.dumps(body))})
-    refused = ("two_million_empty", "three_thousand_empty", "contents_fit_but_not_roles")
+        size = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+        sent.append({"messages": len(body["messages"]), "chars": chars, "bytes": size})
+    refused = (
+        "two_million_empty",
+        "three_thousand_empty",
+        "contents_fit_but_not_roles",
+        "controls_fit_only_as_chars",
+        "emoji_fit_only_as_chars",
+    )
     ledger.attack(
         f"cost.llm_input_accounting.{provider}",
-        expected=f"under a {cap}-character cap: 2M and 3000 empty messages and contents that fit only "
-        f"without their roles are LLM_INPUT_TOO_LARGE; at most {MAX_MESSAGES} messages and <= cap "
-        "characters (roles, contents, system text) reach the provider",
+        expected=f"under a {cap}-character cap: 2M and 3000 empty messages, contents that fit only without "
+        "their roles, and control characters or emoji that fit only as characters (not as the JSON-escaped "
+        f"UTF-8 bytes sent) are LLM_INPUT_TOO_LARGE; at most {MAX_MESSAGES} messages, <= cap characters and "
+        "<= cap + 25 a message + 256 bytes of body reach the provider",
         observed=brief({"agent": {k: v.get("reason") or "ok" for k, v in out.items()}, "provider": sent}),
         ok=all(out[name].get("reason") == "LLM_INPUT_TOO_LARGE" for name in refused)
         and out["max_messages_empty"]["ok"]
         and out["empty_system_flood"]["ok"]
-        and len(sent) == 2
-        and all(s["messages"] <= MAX_MESSAGES and s["chars"] <= cap and s["bytes"] < 64 * 1024 for s in sent),
+        and out["quotes_that_fit_escaped"]["ok"]
+        and len(sent) == 3
+        and all(
+            s["messages"] <= MAX_MESSAGES
+            and s["chars"] <= cap
+            and s["bytes"] <= cap + 25 * s["messages"] + 256
+            for s in sent
+        ),
     )
     ledger.attack(
         f"cost.innocent_run_during_llm_flood.{provider}",
-        expected=f"the innocent run succeeds, each tool call < {INNOCENT_LATENCY_S} s; host CPU and RSS "
-        "stay small",
+        expected=INNOCENT_EXPECTED + "; host RSS grows < 256 MiB",
         observed=brief({**bystander.view(), **meter.view()}),
         ok=bystander.ok() and meter.rss_growth < 256 * MiB,
     )
@@ -489,7 +645,7 @@ def test_non_finite_numbers_never_cross(lab: Lab, ledger: Ledger) -> None:
     )
     ledger.attack(
         "cost.innocent_run_during_non_finite",
-        expected=f"the innocent run succeeds, each tool call < {INNOCENT_LATENCY_S} s",
+        expected=INNOCENT_EXPECTED,
         observed=brief({**bystander.view(), **meter.view()}),
         ok=bystander.ok(),
     )
@@ -524,7 +680,7 @@ def test_refused_calls_do_not_keep_a_run_alive(lab: Lab, ledger: Ledger) -> None
     )
     ledger.attack(
         "cost.innocent_run_during_refusal_spam",
-        expected=f"the innocent run succeeds, each tool call < {INNOCENT_LATENCY_S} s",
+        expected=INNOCENT_EXPECTED,
         observed=brief({**bystander.view(), **meter.view()}),
         ok=bystander.ok(),
     )
@@ -558,8 +714,7 @@ def test_a_connection_flood_costs_the_host_bounded_descriptors(lab: Lab, ledger:
     )
     ledger.attack(
         "cost.innocent_run_during_connection_flood",
-        expected=f"an innocent run on the same host succeeds during the flood, each tool call < "
-        f"{INNOCENT_LATENCY_S} s",
+        expected=INNOCENT_EXPECTED + ", overlapping the flood",
         observed=brief({**bystander.view(), "overlapped": bystander.finished_at < ended}),
         ok=bystander.ok() and bystander.finished_at < ended,
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import socket
 import sys
 import threading
@@ -20,6 +22,7 @@ from host._broker import (
     LlmRefusal,
     LlmSession,
     input_chars,
+    json_string_bytes,
 )
 from host._config import LlmHostConfig
 from host._policy import LlmPolicy
@@ -493,6 +496,19 @@ def sent_chars(body: dict[str, Any]) -> int:
     return sum(len(m["role"]) + len(m["content"]) for m in body["messages"]) + len(system)
 
 
+STRUCTURE_BYTES = 25
+"""JSON a message costs in a request body besides its role and content: {"role":"","content":""},"""
+BODY_FIELDS_BYTES = 256
+"""The rest of a body: model, max_tokens, stream flags, the "system" key."""
+
+
+def sent_bytes(request: Any) -> int:
+    """The request body's size as it reached the provider (its Content-Length), checked against the body."""
+    size = int(request.headers["content-length"])
+    assert size == len(json.dumps(request.body, ensure_ascii=False, separators=(",", ":")).encode())
+    return size
+
+
 def shapes(cap: int) -> list[list[dict[str, str]]]:
     """Message lists that probe the accounting at `cap`: empty floods, separator floods, mixed roles."""
     return [
@@ -524,6 +540,7 @@ def test_what_reaches_the_provider_stays_under_the_input_cap(provider: str, srv:
         body = srv.requests[-1].body
         assert sent_chars(body) <= cap, sent_chars(body)
         assert len(body["messages"]) <= MAX_MESSAGES
+        assert sent_bytes(srv.requests[-1]) <= cap + STRUCTURE_BYTES * len(messages) + BODY_FIELDS_BYTES
     assert admitted == len(srv.requests) == 5 and refused_input == 3
     if provider == "anthropic":
         flooded = srv.requests[1].body  # 150 empty system messages are dropped, not joined into "\n\n"s
@@ -560,7 +577,7 @@ def test_screen_refuses_what_needs_no_message_and_counts_like_call(srv: FakeLlmS
     assert ungranted.max_request_bytes == 0
     assert refusal(lambda: ungranted.screen(request_bytes=1)).reason == "LLM_NOT_GRANTED"
     sess = session("openai", srv, grant(max_calls=1, max_input_chars=100))
-    assert sess.max_request_bytes == 4 * 100 + 16 * MAX_MESSAGES + 256
+    assert sess.max_request_bytes == 100 + 16 * MAX_MESSAGES + 256  # input counts at least its UTF-8 bytes
     sess.screen(request_bytes=sess.max_request_bytes, message_count=MAX_MESSAGES)  # passes, counts nothing
     assert sess.usage()["requests"] == 0
     too_big = refusal(lambda: sess.screen(request_bytes=sess.max_request_bytes + 1))
@@ -582,3 +599,78 @@ def test_on_admit_runs_once_an_admitted_call_is_reserved(srv: FakeLlmServer) -> 
     refusal(lambda: sess.call([{"role": "user", "content": "z" * 50}], on_admit=lambda: admitted.append("x")))
     refusal(lambda: sess.call(MESSAGES, on_admit=lambda: admitted.append("y")))  # LLM_CALL_LIMIT
     assert admitted == ["call", "stream"]
+
+
+# --- the input cap counts the bytes that are sent, escaping and UTF-8 included ---------------------------
+
+# One character of each shape and what it takes in the body: "\x01" is written \u0001, '"' and "\\" take
+# a backslash each, an emoji is 4 bytes of UTF-8, "\n" is written \n.
+WIRE_SHAPES = {"control": ("\x01", 6), "quote": ('"', 2), "backslash": ("\\", 2), "newline": ("\n", 2),
+               "emoji": ("\U0001f600", 4), "accented": ("é", 2), "plain": ("x", 1)}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", sorted(WIRE_SHAPES))
+@pytest.mark.parametrize("role", ["user", "system"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_the_input_cap_counts_escaped_utf8_bytes(
+    provider: str, role: str, shape: str, srv: FakeLlmServer
+) -> None:
+    """A 20,000-character cap counted in characters let "\x01" * N send 6 N bytes (12 N with ensure_ascii
+    emoji): the cap now holds for the bytes of the body whatever the content is made of."""
+    char, width = WIRE_SHAPES[shape]
+    cap = 2000
+    question = {"role": "user", "content": "q"}
+    fits = (cap - len(role) - MESSAGE_OVERHEAD_CHARS - input_chars([question])) // width
+
+    def request(n: int) -> list[dict[str, str]]:
+        return [{"role": role, "content": char * n}, question]
+
+    sess = session(provider, srv, grant(max_input_chars=cap))
+    assert refusal(sess.call, request(fits + 1)).reason == "LLM_INPUT_TOO_LARGE"
+    assert refusal(drain, sess, request(fits + 1)).reason == "LLM_INPUT_TOO_LARGE"
+    sess.call(request(fits))
+    drain(sess, request(fits))
+    assert len(srv.requests) == 2 and sess.usage()["refused_input"] == 2
+    for sent in srv.requests:
+        assert sent_bytes(sent) <= cap + 2 * STRUCTURE_BYTES + BODY_FIELDS_BYTES, sent_bytes(sent)
+        assert sent_bytes(sent) > cap - width - 2 * STRUCTURE_BYTES  # the cap is what bounds it, not less
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_many_escaped_messages_stay_under_the_cap_plus_their_structure(
+    provider: str, srv: FakeLlmServer
+) -> None:
+    cap = 20000
+    mixed = '\x01\x1f"\\\n\U0001f600é x' * 40
+    messages = [
+        {"role": ("system", "user", "assistant")[i % 3], "content": mixed} for i in range(MAX_MESSAGES)
+    ]
+    fitting = messages[: max(1, cap // input_chars(messages[:1]))]
+    fitting = fitting[: next(n for n in range(len(fitting), 0, -1) if input_chars(fitting[:n]) <= cap)]
+    sess = session(provider, srv, grant(max_input_chars=cap))
+    assert refusal(sess.call, fitting + messages[:1]).reason == "LLM_INPUT_TOO_LARGE"
+    sess.call(fitting)
+    [request] = srv.requests
+    assert sent_bytes(request) <= cap + STRUCTURE_BYTES * len(fitting) + BODY_FIELDS_BYTES
+
+
+def test_json_string_bytes_is_what_the_sdks_send() -> None:
+    """The count is what both SDKs' own body serializer (ensure_ascii=False, UTF-8) sends, to the byte."""
+    from anthropic._utils._json import openapi_dumps as anthropic_dumps
+    from openai._utils._json import openapi_dumps as openai_dumps
+
+    rng = random.Random(12)
+    alphabet = [chr(c) for c in range(0x80)] + ["é", "\u07ff", "\u0800", "\u2028", "\uffff", "\U0001f600"]
+    texts = ["", "x" * 1000, "\x01" * 1000, '"' * 1000, "\U0001f600" * 1000]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(80))) for _ in range(500)]
+    for text in texts:
+        assert json_string_bytes(text) == len(openai_dumps(text)) - 2 == len(anthropic_dumps(text)) - 2, text
+
+
+def test_json_string_bytes_is_linear_and_cheap() -> None:
+    """No per-character Python: megabytes of the worst shapes are counted in milliseconds."""
+    for char, width in WIRE_SHAPES.values():
+        text = char * 2_000_000
+        started = time.thread_time()
+        assert json_string_bytes(text) == width * 2_000_000
+        assert time.thread_time() - started < 0.25

@@ -410,9 +410,13 @@ def test_invalid_json_result_is_refused_and_recorded(env: Env) -> None:
 
 
 def test_a_result_needs_an_outcome(env: Env) -> None:
+    """A report without an outcome is still the run's one report: recorded as a failure, then refused."""
     run = env.started()
     assert_refused(refused(run.sessions.ReportResult, session_pb2.ReportResultRequest()), "INVALID_REQUEST")
-    assert run.session.outcome is None and not run.session.reported.is_set()
+    outcome = run.session.outcome
+    assert outcome is not None and outcome.failure_code == "result_not_serializable"
+    assert run.session.reported.is_set()
+    assert_refused(refused(run.report, {"late": True}), "RUN_FINISHED")
 
 
 @pytest.mark.parametrize(
@@ -421,6 +425,9 @@ def test_a_result_needs_an_outcome(env: Env) -> None:
         (session_pb2.AGENT_ERROR_CODE_AGENT_EXCEPTION, "agent_exception"),
         (session_pb2.AGENT_ERROR_CODE_IMPORT_FAILED, "import_failed"),
         (session_pb2.AGENT_ERROR_CODE_UNSPECIFIED, "agent_exception"),
+        (session_pb2.AGENT_ERROR_CODE_AGENT_LIMIT, "agent_limit"),
+        (999, "agent_exception"),  # outside the enum (proto3 enums are open): used to be a HOST_ERROR
+        (-1, "agent_exception"),
     ],
 )
 def test_reported_failures_keep_their_code_and_a_bounded_message(env: Env, code: int, expected: str) -> None:
@@ -871,7 +878,7 @@ def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, deco
     )
     assert_refused(raw_call(run.channel, TOOL_METHOD, tool.SerializeToString()), "TOO_LARGE")
     assert run.session.tools.refusals == 1
-    assert run.session.llm.max_request_bytes < 6000  # 4 bytes a character plus framing, no more
+    assert run.session.llm.max_request_bytes < 4500  # the input cap in bytes plus framing, no more
     over = messages_request(1, content="x" * 6000)
     assert_refused(raw_call(run.channel, LLM_METHOD, over), "LLM_INPUT_TOO_LARGE")
     assert_refused(raw_stream(run.channel, STREAM_METHOD, over), "LLM_INPUT_TOO_LARGE")
@@ -909,11 +916,100 @@ def test_malformed_request_bytes_are_invalid_requests(env: Env) -> None:
         (TOOL_METHOD, b"\x0b\x0c"),  # a group: nothing of ours sends one
         (TOOL_METHOD, field(1, b"\xff\xfe")),  # a slug that is not UTF-8
         (LLM_METHOD, b"\x0a\x05ab"),  # a message longer than the request
-        (REPORT_METHOD, b"\x0a"),
     ]:
         assert_refused(raw_call(run.channel, method, payload), "INVALID_REQUEST")
     assert run.session.tools.refusals == 3 and run.session.outcome is None
     assert run.run_tool("word-tools", "echo", {"ok": 1}).success
+
+
+def _report_bytes() -> list[tuple[str, bytes]]:
+    failure = session_pb2.ReportResultRequest(failure=session_pb2.AgentFailure(code=999, message="m"))
+    return [
+        ("truncated", b"\x0a"),
+        ("group", b"\x0b\x0c"),
+        ("value not UTF-8", field(1, b"\xff\xfe")),
+        ("failure message not UTF-8", field(2, b"\x12\x02\xff\xfe")),
+        ("too many fields", field(15, b"") * 5),
+        ("no outcome, 1 MiB unknown field", field(15, b"") + b"\x7a" + _varint(MiB - 64) + b"u" * (MiB - 64)),
+        ("unknown field, then an outcome", field(15, b"x") + failure.SerializeToString()),
+    ]
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while n >= 0x80:
+        out, n = out + bytes([(n & 0x7F) | 0x80]), n >> 7
+    return out + bytes([n])
+
+
+@pytest.mark.parametrize(("shape", "payload"), _report_bytes(), ids=[s for s, _ in _report_bytes()])
+def test_any_report_past_the_state_checks_ends_the_run(
+    env: Env, decodes: list[str], shape: str, payload: bytes
+) -> None:
+    """Issue 12 review: malformed reports, reports without an outcome and unknown failure codes used to be
+    refused (or HOST_ERROR) without ending the run, so an agent could repeat them forever, each decoded
+    and each HOST_ERROR logged. Now the first report ends the run and every later one is refused unread."""
+    run = env.started()
+    decodes.clear()
+    answer = raw_call(run.channel, REPORT_METHOD, payload)
+    outcome = run.session.outcome
+    assert outcome is not None and run.session.reported.is_set()
+    if shape.startswith("unknown field"):
+        assert isinstance(answer, bytes) and outcome.failure_code == "agent_exception"
+    else:
+        assert_refused(answer, "INVALID_REQUEST")
+        assert outcome.failure_code == "result_not_serializable"
+    assert decodes == ["ReportResultRequest"]
+    for _ in range(20):
+        assert_refused(raw_call(run.channel, REPORT_METHOD, payload), "RUN_FINISHED")
+    assert decodes == ["ReportResultRequest"]  # the repeats were never decoded
+    assert run.session.host_errors == 0
+
+
+def test_a_host_fault_while_reading_a_report_still_ends_the_run(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from host import _session
+
+    def broken(text: str, max_bytes: int) -> Any:
+        raise RecursionError(HOST_SECRET)
+
+    monkeypatch.setattr(_session, "loads_strict", broken)
+    run = env.started()
+    assert_refused(refused(run.report, {"a": 1}), "HOST_ERROR")
+    outcome = run.session.outcome
+    assert outcome is not None and outcome.failure_code == "result_not_serializable"
+    assert_refused(refused(run.report, {"a": 1}), "RUN_FINISHED")
+    assert run.session.host_errors == 1 and "secret-ish" not in caplog.text
+
+
+def test_host_error_warnings_are_rate_limited_per_run(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """An agent that can provoke a HOST_ERROR cannot flood the host log: a few lines at once, then one a
+    minute, each saying how many were not logged; every one is counted."""
+    from host._session import HOST_ERROR_LOG_BURST, HOST_ERROR_LOG_REFILL_PER_SECOND, RefusalBudget
+
+    caplog.set_level(logging.WARNING, logger="agentnode.sandbox.session")
+    now = [50.0]
+    run = env.started(
+        gate_class=ExplodingGate, clock=lambda: now[0], refusals=RefusalBudget(clock=lambda: now[0])
+    )
+    other = env.started(gate_class=ExplodingGate)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("host error in")]
+
+    for _ in range(HOST_ERROR_LOG_BURST + 40):
+        assert_refused(refused(run.run_tool, "word-tools", "echo", {}), "HOST_ERROR")
+    assert run.session.host_errors == HOST_ERROR_LOG_BURST + 40
+    assert lines() == ["host error in RunTool: RuntimeError"] * HOST_ERROR_LOG_BURST
+    assert_refused(refused(other.run_tool, "word-tools", "echo", {}), "HOST_ERROR")  # its own budget
+    assert len(lines()) == HOST_ERROR_LOG_BURST + 1
+    now[0] += 1 / HOST_ERROR_LOG_REFILL_PER_SECOND
+    assert_refused(refused(run.run_tool, "word-tools", "echo", {}), "HOST_ERROR")
+    resumed = "host error in RunTool: RuntimeError (40 more in this run since the last one logged)"
+    assert lines()[-1] == resumed
+    assert_refused(refused(run.run_tool, "word-tools", "echo", {}), "HOST_ERROR")
+    assert len(lines()) == HOST_ERROR_LOG_BURST + 2 and "secret-ish" not in caplog.text
 
 
 def test_llm_input_counts_roles_and_overhead_on_the_wire(env: Env) -> None:
@@ -989,7 +1085,6 @@ def test_refused_calls_never_count_as_activity(env: Env) -> None:
         run.call_llm,
         lambda: list(run.stream_llm()),
         run.fetch,
-        lambda: run.sessions.ReportResult(session_pb2.ReportResultRequest(), timeout=10),
         lambda: raw_call(run.channel, TOOL_METHOD, b"\x0b"),
     ]
     samples: list[float | None] = []
@@ -1012,6 +1107,10 @@ def test_refused_calls_never_count_as_activity(env: Env) -> None:
     now[0] = 600.0  # the budget has refilled by now
     assert run.run_tool("word-tools", "echo", {}).success  # an accepted call is activity
     assert run.session.idle_since() == 600.0
+    now[0] = 700.0
+    empty = session_pb2.ReportResultRequest()
+    assert_refused(refused(run.sessions.ReportResult, empty), "INVALID_REQUEST")  # ends the run, unaccepted
+    assert run.session.outcome is not None and run.session.last_activity == 600.0
 
 
 def _outcome_of(call: Callable[[], Any]) -> Any:
