@@ -10,6 +10,9 @@ from typing import Any
 
 DEFAULT_MAX_DEPTH = 64
 """Nesting deeper than this is refused before json's recursion (and the host's stack) pays for it."""
+DEFAULT_MAX_CONTAINERS = 50_000
+"""Arrays and objects one text may hold: each is an object the garbage collector then walks on every full
+pass, holding the GIL, so a megabyte of `[],[],...` would slow the whole host long after it was parsed."""
 
 
 class JsonRejected(ValueError):
@@ -49,7 +52,7 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _depth_ok(text: str, max_depth: int) -> bool:
+def _depth_ok(text: str, max_depth: int, max_containers: int) -> bool:
     """Whether brackets outside strings nest at most `max_depth` deep, without recursion or a Python loop
     per character: strings and everything but brackets are cut in C, then up to a few passes strip the
     innermost pairs (each pass takes exactly one level off; shallow JSON, the common case, ends here).
@@ -58,6 +61,8 @@ def _depth_ok(text: str, max_depth: int) -> bool:
     Text that is not JSON may pass here; it fails in json.loads, which then names it as invalid JSON.
     """
     brackets = _STRING.sub("", text).translate(_BRACKETS_ONLY)
+    if brackets.count("[") > max_containers:
+        raise JsonRejected(f"the JSON text holds more than {max_containers} arrays and objects")
     passes = 0
     while passes < min(max_depth, _QUICK_PASSES):
         stripped = brackets.replace("[]", "")  # one scan, so pairs it exposes wait for the next pass
@@ -69,7 +74,11 @@ def _depth_ok(text: str, max_depth: int) -> bool:
 
 
 def loads_strict(
-    text: str | bytes, *, max_bytes: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH
+    text: str | bytes,
+    *,
+    max_bytes: int | None = None,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_containers: int = DEFAULT_MAX_CONTAINERS,
 ) -> Any:
     """Parse JSON from an untrusted party: size first (before any work), then depth, then finite numbers."""
     if max_bytes is not None:
@@ -82,7 +91,7 @@ def loads_strict(
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise JsonRejected("the JSON text is not UTF-8") from None
-    if not _depth_ok(text, max_depth):
+    if not _depth_ok(text, max_depth, max_containers):
         raise JsonRejected(f"the JSON text nests deeper than {max_depth}")
     # Every number is checked: a float overflows with a long mantissa as well as a big exponent
     # ("1" + 300 zeros + "e9"), so no cheap textual pre-test decides it.

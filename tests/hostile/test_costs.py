@@ -43,12 +43,12 @@ INNOCENT_MEDIAN_FLOOR_S = 0.03
 """A median under this passes whatever the baseline: timings on a shared 2-core machine move 2x between
 runs, and 5x a baseline of a few milliseconds would bound noise. An echo takes 2-3 ms alone here (5-7 ms
 at worst during these attacks), so this is ~10-15x the baseline: a 50x slowdown (100-150 ms) fails."""
-INNOCENT_MAX_S = 2.0
+INNOCENT_MAX_S = 0.5
 """The slowest single innocent tool call allowed during an attack. Measured 2-120 ms when this file runs
-alone, but up to ~0.9 s after other tests grew the host process's heap: parsing the attacker's 1 MiB of
-`[[],[],...]` tool arguments creates ~340,000 lists, whose garbage-collector passes scan the whole heap
-while holding the GIL (see SERVED_TOOL_CPU_MAX_S). The median bound is what catches a sustained slowdown;
-this one catches a stall like decoding one 4 MB CallLlm (~24 s in the report)."""
+alone; it reached ~0.9 s while 1 MiB of `[[],[],...]` tool arguments was still parsed into ~340,000 lists
+(full garbage collections over the whole heap, holding the GIL), which host/_json.py now refuses by
+counting containers before parsing. The median bound is what catches a sustained slowdown; this one
+catches a stall like decoding one 4 MB CallLlm (~24 s in the report)."""
 ACCEPT_SLACK = 2
 """Connections past the bound are accepted and closed at once: a sample can catch one in between."""
 RUN_FDS = 32
@@ -478,11 +478,11 @@ SERVED_LLM_CPU_MAX_S = 0.01
 """Host CPU one looked-at CallLlm may cost. An ungranted one is refused before a byte is decoded (~0.05 ms);
 decoding the two million empty messages before the grant check costs ~80 ms here (tried: this test then
 fails), ~0.8 s with their conversion to Python dicts, and the report's path took ~24 s."""
-SERVED_TOOL_CPU_MAX_S = 3.0
-"""Host CPU one looked-at RunTool may cost: 1 MiB of argument JSON decoded, parsed and refused takes
-~130-180 ms when this file runs alone and up to ~0.9 s in a process with a bigger heap (the ~340,000
-lists it creates trigger full garbage collections, which scale with the heap); the refusal budget charges
-it 17 tokens, so a run gets one such call looked at per ~4 s. A loose guard: the tight bound is the LLM's."""
+SERVED_TOOL_CPU_MAX_S = 1.0
+"""Host CPU one looked-at RunTool may cost: 1 MiB of argument JSON decoded, scanned and refused (its
+~340,000 containers are counted, never built, by host/_json.py); the refusal budget charges it 17 tokens,
+so a run gets one such call looked at per ~4 s. Before the container bound: ~130-180 ms alone, up to
+~0.9 s in a process with a bigger heap. A loose guard: the tight bound is the LLM's."""
 ATTACK_CPU_S = 15.0
 """Host CPU over the whole attack window: startup of both runs and the transport of every request, throttled
 ones included (gRPC core receives each 4 MB before the throttle refuses it unread): measured 3.5-5.5 s for

@@ -167,3 +167,12 @@ def test_a_report_never_carries_non_json() -> None:
     assert fine.success and json.loads(fine.result_json) == {"x": 1.5, "n": [1, None]}
     failed = report_from(RunResult(success=False, error="boom", error_code="agent_error"))
     assert (failed.success, failed.result_json, failed.error_code) == (False, "", "agent_error")
+
+
+def test_the_number_of_containers_is_bounded_before_parsing() -> None:
+    many = "[" + "[]," * 60_000 + "[]]"
+    with pytest.raises(JsonRejected, match="more than 50000 arrays and objects"):
+        loads_strict(many)
+    assert len(loads_strict(many, max_containers=70_000)) == 60_001
+    strings = json.dumps(["[]" * 100_000, "{}" * 100_000])  # brackets inside strings are not containers
+    assert loads_strict(strings) == json.loads(strings)

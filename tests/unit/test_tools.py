@@ -518,18 +518,23 @@ def test_a_refusal_before_parsing_allocates_nothing_for_the_arguments(
 
     strict = make_pack(tmp_path, "strict", schema={"type": "object", "additionalProperties": False})
     gate = gate_for(runner, strict, allowed=("strict", "ghost"))
-    arguments = json.dumps({"x": [[]] * 340_000}, separators=(",", ":"))  # ~1 MiB of tiny lists
-    assert len(arguments) <= 1 << 20
+    swarm = json.dumps({"x": [[]] * 340_000}, separators=(",", ":"))  # ~1 MiB of tiny lists
+    arguments = json.dumps({"x": [[]] * 40_000}, separators=(",", ":"))  # under the container bound
+    assert len(swarm) <= 1 << 20
     tracemalloc.start()
     try:
-        refusal(gate, "ghost", "echo", arguments)
+        refusal(gate, "ghost", "echo", swarm)
         before_parse = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        assert refusal(gate, "strict", "echo", swarm).reason == "INVALID_REQUEST"  # counted, not built
+        counted = tracemalloc.get_traced_memory()[1]
         tracemalloc.reset_peak()
         assert refusal(gate, "strict", "echo", arguments).reason == "TOOL_ARGUMENTS_INVALID"
         after_parse = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert before_parse < 64 * 1024, before_parse
+    assert counted < 8 << 20, counted  # the scan's working copies of the text, not 340,000 lists
     assert after_parse > 1 << 20  # the schema needs the parsed value: the refusal budget bounds this one
 
 
