@@ -250,13 +250,7 @@ class AuditLog:
         A run's end record (`agent_run`) that still fails is kept and written ahead of the next append that
         succeeds, so a transient failure delays it rather than losing it (the caller still gets False).
         """
-        try:
-            entry = dict(record)
-            json.dumps(entry, allow_nan=False)  # a record that cannot be serialized: retrying won't help
-        except (TypeError, ValueError) as exc:
-            logger.warning("audit record not written to %s: %s", self.path, type(exc).__name__)
-            return False
-        return self._write_with_retries(entry, sync=sync)
+        return self._write_with_retries(dict(record), sync=sync)
 
     def _write_with_retries(self, entry: dict[str, Any] | None, *, sync: bool) -> bool:
         cause = ""
@@ -276,6 +270,9 @@ class AuditLog:
                     finally:
                         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 return True
+            except (TypeError, ValueError) as exc:  # a record that cannot be serialized: retrying won't help
+                logger.warning("audit record not written to %s: %s", self.path, type(exc).__name__)
+                return False
             except OSError as exc:
                 cause = os.strerror(exc.errno) if exc.errno else type(exc).__name__
         if entry is not None and entry.get("event") == RUN_EVENT and len(self._pending) < _MAX_PENDING:

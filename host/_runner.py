@@ -332,8 +332,7 @@ class SandboxHost:
             error=f"the audit record of this run could not be written (it ended as {reason.value}), so "
             "its result is withheld",
             error_code=AuditReason.AUDIT_FAILED.value,
-            hint=f"free disk space or fix the permissions of {self.audit.path}, then check: "
-            "agentnode-sandbox audit verify",
+            hint=self._audit_hint(),
             mode_used=result.mode_used,
             run_id=result.run_id,
             timed_out=result.timed_out,
@@ -341,6 +340,13 @@ class SandboxHost:
             logs=result.logs,
             warm=result.warm,
             stages=result.stages,
+        )
+
+    def _audit_hint(self) -> str:
+        """What the operator does when the audit log cannot be written (both audit_failed paths)."""
+        return (
+            f"free disk space or fix the permissions of {self.audit.path}, then check: "
+            "agentnode-sandbox audit verify"
         )
 
     def _audit_start(self, run: _Run) -> None:
@@ -360,8 +366,7 @@ class SandboxHost:
             raise SandboxError(
                 "the audit log cannot be written, so the run was not started",
                 reason=AuditReason.AUDIT_FAILED,
-                hint=f"free disk space or fix the permissions of {self.audit.path}, then check: "
-                "agentnode-sandbox audit verify",
+                hint=self._audit_hint(),
             )
 
     def _audit(self, run: _Run, result: RunResult, reason: AuditReason) -> bool:
@@ -488,13 +493,12 @@ class SandboxHost:
 
     def _pool_retired(self, spec: SandboxSpec) -> None:
         """An uninstalled or replaced pack's pool is gone: drop its volume too, unless a run still uses it."""
-        with self._volumes_lock:
-            self._retired_volumes.add(spec.volume)
-        self._drop_retired_volumes()
+        self._retire_volume(spec.volume)
 
-    def _retire_if_orphaned(self, volume: str) -> None:
-        """After a run: if its pack was uninstalled or replaced meanwhile, nothing else drops the volume."""
-        if volume and volume not in {e.sandbox_volume for e in self.lockfile.entries().values()}:
+    def _retire_volume(self, volume: str) -> None:
+        """Offer a pack volume for removal: it goes only if no lockfile entry names it (after a run, that
+        is when its pack was uninstalled or replaced meanwhile: nothing else would drop it)."""
+        if volume:
             with self._volumes_lock:
                 self._retired_volumes.add(volume)
         self._drop_retired_volumes()
@@ -612,7 +616,7 @@ class SandboxHost:
         if self._reaper is None:
             box.destroy()
             run.mark("teardown")
-            self._retire_if_orphaned(box.spec.volume)
+            self._retire_volume(box.spec.volume)
             return
 
         def destroy() -> None:
@@ -620,7 +624,7 @@ class SandboxHost:
             time.sleep(0.02)
             try:
                 box.destroy()
-                self._retire_if_orphaned(box.spec.volume)
+                self._retire_volume(box.spec.volume)
             except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
                 self.teardown_failures += 1
                 logger.warning("teardown of %s failed: %s", box.name, type(exc).__name__)
