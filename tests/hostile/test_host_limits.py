@@ -17,7 +17,7 @@ import pytest
 
 from host._audit import verify_audit
 from host._client import RunnerClient
-from host._engine import LABEL_SLUG
+from host._engine import LABEL_RUN, LABEL_SLUG
 from host._errors import ManifestError
 from host._runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief, containers_with
@@ -171,10 +171,16 @@ def test_connection_flood_under_serve_hurts_only_the_flooder(lab: Lab, ledger: L
                 r = client.submit("innocent")
             during.append((r.success, r.error_code, round(time.monotonic() - t0, 3), r.warm))
             if n == 0:  # the warm pool refills its member while the flood goes on
+                # The member this run claimed may still be running while it is torn down (seconds under
+                # runsc): only a container of another run is the refill.
                 until = time.monotonic() + 60
                 while time.monotonic() < until and not refilled:
-                    refilled = any(c.status == "running" for c in lab.containers("innocent", all_owners=True))
+                    refilled = any(
+                        c.status == "running" and c.labels.get(LABEL_RUN) != r.run_id
+                        for c in lab.containers("innocent", all_owners=True)
+                    )
                     time.sleep(0.1)
+                time.sleep(0.5)  # the engine reports it running just before the pool records its start
         for attacker in attackers:
             attacker.join(timeout=180)
         serve_cpu = _cpu_seconds(proc.pid) - cpu_before
