@@ -30,7 +30,8 @@ from host._errors import AuditReason, ConfigError, EngineError, SandboxError
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host._image import image_status, verify_pinned_image
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
-from host._policy import Route, route_run
+from host._policy import route_run
+from host._vocab import Route
 from sandbox_wrapper import PROTOCOL_VERSION
 
 # verify_pinned_image refuses in this order; each refusal has its own row.

@@ -12,7 +12,8 @@ from host._config import HostConfig, load_config, sandbox_enabled
 from host._errors import AuditReason, PackError, RefusedError
 from host._manifest import LLM_CAP_KEYS, AgentManifest
 from host._packs import LockEntry, Lockfile
-from host._policy import Route, RouteDecision, RunPolicy, resolve_run_policy, route_run
+from host._policy import RouteDecision, RunPolicy, resolve_run_policy, route_run
+from host._vocab import Route
 
 
 def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,9 +9,8 @@ from typing import Any
 from host._config import HOST_TRUST_POLICIES, AgentSandboxConfig, LlmHostConfig
 from host._errors import AuditReason, ConfigError
 from host._manifest import LLM_CAP_KEYS, AgentManifest, check_llm_access
+from host._vocab import COMMUNITY_TRUST, HOST_TRUST, Route, Trust
 
-COMMUNITY_TRUST = frozenset({"verified", "unverified"})
-HOST_TRUST = frozenset({"trusted", "curated"})
 # Conservative built-in LLM ceilings for borrowed host credentials, used where the host sets none.
 BUILTIN_LLM_CEILINGS: Mapping[str, int] = {
     "max_calls": 20,
@@ -20,19 +18,11 @@ BUILTIN_LLM_CEILINGS: Mapping[str, int] = {
     "max_output_chars": 24_000,
 }
 # Which trust levels each host_trust_policy still lets run on the host; the rest need the sandbox.
-_HOST_ROUTED: Mapping[str, frozenset[str]] = {
+_HOST_ROUTED: Mapping[str, frozenset[Trust]] = {
     "default": HOST_TRUST,
-    "curated_only": frozenset({"curated"}),
+    "curated_only": frozenset({Trust.CURATED}),
     "none": frozenset(),
 }
-
-
-class Route(enum.Enum):
-    """Where a run goes."""
-
-    SANDBOX = "sandbox"
-    HOST = "host"
-    REFUSED = "refused"
 
 
 @dataclass(frozen=True)

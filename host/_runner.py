@@ -39,12 +39,13 @@ from host._image import verify_pinned_image
 from host._json import dumps_strict, loads_strict
 from host._manifest import ToolpackManifest
 from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
-from host._policy import Route, RunPolicy
+from host._policy import RunPolicy
 from host._pool import PoolSettings, WarmPools
 from host._rundir import make_run_dir, orphaned_runs, sweep_run_dirs
 from host._sandbox import CappedSink, Sandbox, SandboxSpec, drain, pool_key
 from host._session import MAX_CONNECTIONS_PER_RUN, RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
+from host._vocab import Route
 
 logger = logging.getLogger("agentnode.sandbox.runner")
 

@@ -13,11 +13,11 @@ from host._manifest import AgentManifest
 from host._policy import (
     HOST_PATH_LLM,
     LlmPolicy,
-    Route,
     resolve_llm_policy,
     resolve_run_policy,
     route_run,
 )
+from host._vocab import Route
 
 SANDBOX, HOST, REFUSED = Route.SANDBOX, Route.HOST, Route.REFUSED
 
