@@ -157,7 +157,7 @@ def _teardown_steps(state: BenchState, host: SandboxHost, runtime: str, *,
     session = RunSession(task=RunTask(run_id=run_id, entrypoint="agent:run", goal="", kwargs_json="{}",
                                       policy=policy, system_prompt=""),
                          tools=gate, llm=host.broker.session(LlmPolicy()))
-    box = Sandbox.launch(host.client(), host.sandbox_spec(entry, runtime), run_id=run_id, owner=host.owner,
+    box = Sandbox.launch(host.client(), host.docker.spec_for(entry, runtime), run_id=run_id, owner=host.owner,
                          env=state.env, session=session)
     out: dict[str, float] = {}
     try:

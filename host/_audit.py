@@ -98,7 +98,7 @@ def run_record(
         "source": source,
         "reason": str(reason),
         "trust": trust,
-        "request_id": run_id,
+        "run_id": run_id,
         "sandbox": bool(sandbox),
         "runtime": runtime,
         "image": image,
@@ -133,7 +133,7 @@ def start_record(
         "slug": slug,
         "source": source,
         "trust": trust,
-        "request_id": run_id,
+        "run_id": run_id,
         "sandbox": bool(sandbox),
         "runtime": runtime,
         "max_runtime_seconds": int(max_runtime_seconds),
@@ -438,13 +438,18 @@ def verify_audit(path: Path, *, now: datetime | None = None) -> VerifyReport:
 
 def _pair(rec: dict[str, Any], where: str, started: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """Match start records with the end record of the same run id."""
-    run_id = rec.get("request_id")
+    run_id = record_run_id(rec)
     if not isinstance(run_id, str):
         return
     if rec.get("event") == START_EVENT:
         started[run_id] = (where, rec)
     elif rec.get("event") == RUN_EVENT:
         started.pop(run_id, None)
+
+
+def record_run_id(rec: Mapping[str, Any]) -> Any:
+    """A record's run id: `run_id`, or `request_id` in records written before the field was renamed."""
+    return rec["run_id"] if "run_id" in rec else rec.get("request_id")
 
 
 def _overdue(rec: dict[str, Any], now: datetime) -> bool:
@@ -669,6 +674,7 @@ __all__ = [
     "START_EVENT",
     "AuditLog",
     "VerifyReport",
+    "record_run_id",
     "run_record",
     "start_record",
     "verify_audit",

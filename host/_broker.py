@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from host._config import LlmHostConfig
 from host._errors import CallRefusal
 from host._policy import LlmPolicy
+from host._vocab import WireReason
 
 if TYPE_CHECKING:
     import anthropic
@@ -64,25 +65,25 @@ _FINISH_REASONS = {
 }
 
 # Fixed wording per wire reason: a refusal can never carry provider text, a key, a URL or the model name.
-_REFUSAL_MESSAGES = {
-    "LLM_NOT_GRANTED": "LLM access is not granted to this run (llm_access.enabled is not declared or "
-    "the host disabled it)",
-    "INVALID_REQUEST": "messages must be a non-empty list of {role, content} with role system, user or "
-    "assistant and string content",
-    "LLM_INPUT_TOO_LARGE": "LLM request exceeds the allowed input size",
-    "LLM_MODEL_NOT_ALLOWED": "the host-configured LLM model is not allowed for this agent",
-    "LLM_CALL_LIMIT": "LLM call limit reached for this run",
-    "LLM_OUTPUT_TOO_LARGE": "LLM response exceeds the allowed output size",
-    "LLM_RATE_LIMITED": "the LLM provider is rate-limiting the host; try again later",
-    "LLM_TIMEOUT": "the LLM provider did not answer in time",
-    "LLM_UNAVAILABLE": "the host's LLM provider is unavailable",
+_REFUSAL_MESSAGES: dict[WireReason, str] = {
+    WireReason.LLM_NOT_GRANTED: "LLM access is not granted to this run (llm_access.enabled is not declared "
+    "or the host disabled it)",
+    WireReason.INVALID_REQUEST: "messages must be a non-empty list of {role, content} with role system, user "
+    "or assistant and string content",
+    WireReason.LLM_INPUT_TOO_LARGE: "LLM request exceeds the allowed input size",
+    WireReason.LLM_MODEL_NOT_ALLOWED: "the host-configured LLM model is not allowed for this agent",
+    WireReason.LLM_CALL_LIMIT: "LLM call limit reached for this run",
+    WireReason.LLM_OUTPUT_TOO_LARGE: "LLM response exceeds the allowed output size",
+    WireReason.LLM_RATE_LIMITED: "the LLM provider is rate-limiting the host; try again later",
+    WireReason.LLM_TIMEOUT: "the LLM provider did not answer in time",
+    WireReason.LLM_UNAVAILABLE: "the host's LLM provider is unavailable",
 }
 
 
 class LlmRefusal(CallRefusal):
     """A refused or failed LLM call; `message` is a fixed generic text per reason, so nothing leaks."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: WireReason) -> None:
         super().__init__(reason, _REFUSAL_MESSAGES[reason])
 
 
@@ -117,7 +118,7 @@ class _Adapter(Protocol):
         """Text pieces as they come, then one Completion with content ""; closing it ends the HTTP stream."""
         ...
 
-    def reason_for(self, exc: Exception) -> str: ...
+    def reason_for(self, exc: Exception) -> WireReason: ...
 
 
 def _text(value: object) -> str:
@@ -200,10 +201,12 @@ class _OpenAiAdapter:
             output_tokens=_tokens(usage.completion_tokens) if usage else 0,
         )
 
-    def reason_for(self, exc: Exception) -> str:
+    def reason_for(self, exc: Exception) -> WireReason:
         if isinstance(exc, self._timeouts):
-            return "LLM_TIMEOUT"
-        return "LLM_RATE_LIMITED" if isinstance(exc, self._rate_limited) else "LLM_UNAVAILABLE"
+            return WireReason.LLM_TIMEOUT
+        if isinstance(exc, self._rate_limited):
+            return WireReason.LLM_RATE_LIMITED
+        return WireReason.LLM_UNAVAILABLE
 
 
 class _AnthropicAdapter:
@@ -268,10 +271,12 @@ class _AnthropicAdapter:
                     output_tokens = _tokens(event.usage.output_tokens)
         yield Completion("", _finished(finish), input_tokens, output_tokens)
 
-    def reason_for(self, exc: Exception) -> str:
+    def reason_for(self, exc: Exception) -> WireReason:
         if isinstance(exc, self._timeouts):
-            return "LLM_TIMEOUT"
-        return "LLM_RATE_LIMITED" if isinstance(exc, self._rate_limited) else "LLM_UNAVAILABLE"
+            return WireReason.LLM_TIMEOUT
+        if isinstance(exc, self._rate_limited):
+            return WireReason.LLM_RATE_LIMITED
+        return WireReason.LLM_UNAVAILABLE
 
 
 def _as_any(messages: list[dict[str, str]]) -> Any:
@@ -364,12 +369,12 @@ class LlmSession:
         MAX_MESSAGES messages. A refusal counts exactly as it would in `call`; passing counts nothing.
         """
         if not self._policy.enabled:
-            self._refuse_request("LLM_NOT_GRANTED", "refused_disabled")
+            self._refuse_request(WireReason.LLM_NOT_GRANTED, "refused_disabled")
         if self.calls_remaining == 0:
-            self._refuse_request("LLM_CALL_LIMIT", "refused_limit")
+            self._refuse_request(WireReason.LLM_CALL_LIMIT, "refused_limit")
         too_many_bytes = request_bytes is not None and request_bytes > self.max_request_bytes
         if too_many_bytes or (message_count is not None and message_count > MAX_MESSAGES):
-            self._refuse_request("LLM_INPUT_TOO_LARGE", "refused_input")
+            self._refuse_request(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
 
     def call(
         self, messages: Sequence[Mapping[str, str]], *, on_admit: Callable[[], None] | None = None
@@ -383,7 +388,7 @@ class LlmSession:
             reason = self._provider_failed(adapter.reason_for(exc), exc)
         else:
             if len(completion.content) > self._policy.max_output_chars:
-                self._refuse("LLM_OUTPUT_TOO_LARGE", "refused_output")
+                self._refuse(WireReason.LLM_OUTPUT_TOO_LARGE, "refused_output")
             self._count("ok")
             return completion
         raise LlmRefusal(reason)  # outside the handler: the provider exception is not chained
@@ -394,7 +399,7 @@ class LlmSession:
         """Text chunks as they arrive, then one Completion with content "" (the text was already sent).
 
         At the output cap it yields text up to exactly `max_output_chars`, closes the provider stream and
-        raises LlmRefusal("LLM_OUTPUT_TOO_LARGE"). Closing this generator closes the provider stream. As a
+        raises LlmRefusal(LLM_OUTPUT_TOO_LARGE). Closing this generator closes the provider stream. As a
         generator, it checks and sends nothing until the first `next()`; `on_admit` is as for `call`.
         """
         adapter, wire, max_tokens = self._admit(messages, on_admit)
@@ -416,7 +421,7 @@ class LlmSession:
                     self._count("refused_output")
                     if room:
                         yield item[:room]
-                    raise LlmRefusal("LLM_OUTPUT_TOO_LARGE")
+                    raise LlmRefusal(WireReason.LLM_OUTPUT_TOO_LARGE)
                 sent += len(item)
                 yield item
         raise LlmRefusal(reason)
@@ -440,33 +445,34 @@ class LlmSession:
         """Run every check, reserve a call slot and return what the provider call needs."""
         self._count("requests")
         if not self._policy.enabled:
-            self._refuse("LLM_NOT_GRANTED", "refused_disabled")
+            self._refuse(WireReason.LLM_NOT_GRANTED, "refused_disabled")
         if isinstance(messages, Sequence) and len(messages) > MAX_MESSAGES:
-            self._refuse("LLM_INPUT_TOO_LARGE", "refused_input")  # before looking at a single message
+            # before looking at a single message
+            self._refuse(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
         wire = _validated(messages)
         if input_chars(wire) > self._policy.max_input_chars:
-            self._refuse("LLM_INPUT_TOO_LARGE", "refused_input")
+            self._refuse(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
         binding = self._broker._binding
         if binding is None:
             logger.warning("LLM call refused: no LLM provider is configured on the host")
-            self._refuse("LLM_UNAVAILABLE", "provider_errors")
+            self._refuse(WireReason.LLM_UNAVAILABLE, "provider_errors")
         with self._lock:
             self._usage["model"] = binding.model
         allowed = self._policy.allowed_models
         if allowed is not None and binding.model not in allowed:
             logger.warning("LLM call refused: the host model is outside the run's allowed_models")
-            self._refuse("LLM_MODEL_NOT_ALLOWED", "refused_model")
+            self._refuse(WireReason.LLM_MODEL_NOT_ALLOWED, "refused_model")
         adapter: _Adapter | None = None
         try:
             adapter = self._broker._client(binding)
         except Exception as exc:  # noqa: BLE001  e.g. the SDK is missing; nothing was spent
-            self._provider_failed("LLM_UNAVAILABLE", exc)
+            self._provider_failed(WireReason.LLM_UNAVAILABLE, exc)
         if adapter is None:
-            raise LlmRefusal("LLM_UNAVAILABLE")
+            raise LlmRefusal(WireReason.LLM_UNAVAILABLE)
         with self._lock:
             if self._usage["calls"] >= self._policy.max_calls:
                 self._usage["refused_limit"] += 1
-                raise LlmRefusal("LLM_CALL_LIMIT")
+                raise LlmRefusal(WireReason.LLM_CALL_LIMIT)
             self._usage["calls"] += 1
         if on_admit is not None:
             on_admit()
@@ -477,18 +483,18 @@ class LlmSession:
         with self._lock:
             self._usage[counter] += 1
 
-    def _refuse(self, reason: str, counter: str) -> NoReturn:
+    def _refuse(self, reason: WireReason, counter: str) -> NoReturn:
         self._count(counter)
         raise LlmRefusal(reason)
 
-    def _refuse_request(self, reason: str, counter: str) -> NoReturn:
+    def _refuse_request(self, reason: WireReason, counter: str) -> NoReturn:
         """A refusal from `screen`: the request is counted here because it never reaches `_admit`."""
         with self._lock:
             self._usage["requests"] += 1
             self._usage[counter] += 1
         raise LlmRefusal(reason)
 
-    def _provider_failed(self, reason: str, exc: Exception) -> str:
+    def _provider_failed(self, reason: WireReason, exc: Exception) -> WireReason:
         """Count and log a provider failure by exception type only: its text may hold the key or prompt."""
         self._count("provider_errors")
         logger.warning("LLM provider call failed (%s): %s", reason, type(exc).__name__)
@@ -535,18 +541,18 @@ def input_chars(messages: Sequence[Mapping[str, str]]) -> int:
 
 
 def _validated(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
-    """Plain {role, content} dicts, or LlmRefusal("INVALID_REQUEST"); other message keys are dropped."""
+    """Plain {role, content} dicts, or LlmRefusal(INVALID_REQUEST); other message keys are dropped."""
     wire: list[dict[str, str]] = []
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise LlmRefusal("INVALID_REQUEST")
+        raise LlmRefusal(WireReason.INVALID_REQUEST)
     for message in messages:
         role = message.get("role") if isinstance(message, Mapping) else None
         content = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(role, str) or role not in _ROLES or not isinstance(content, str):
-            raise LlmRefusal("INVALID_REQUEST")
+            raise LlmRefusal(WireReason.INVALID_REQUEST)
         wire.append({"role": role, "content": content})
     if not wire:
-        raise LlmRefusal("INVALID_REQUEST")
+        raise LlmRefusal(WireReason.INVALID_REQUEST)
     return wire
 
 

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from host._errors import AuditReason, EngineError, PackError, SandboxError
+from host._errors import AuditReason, EngineError, EngineNotFound, PackError, SandboxError
 from host._json import JsonRejected, check_finite, dumps_strict, loads_strict
 from host._terminal import safe_block, safe_line, safe_token
+from host._vocab import Route, Runtime, Trust
 
 if TYPE_CHECKING:
     from host._runner import RunResult
@@ -281,15 +282,16 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 
 def _volume_users(client: Any, name: str) -> int | None:
-    """How many containers use the volume `name`, or None when it no longer exists (or cannot be seen)."""
-    import docker.errors
+    """How many containers use the volume `name`: None when it is gone, 0 when that cannot be seen."""
+    from host._engine import engine_errors
 
     try:
-        client.volumes.get(name)
-        return len(client.api.containers(all=True, filters={"volume": name}))
-    except docker.errors.NotFound:
+        with engine_errors():
+            client.volumes.get(name)
+            return len(client.api.containers(all=True, filters={"volume": name}))
+    except EngineNotFound:
         return None
-    except (OSError, docker.errors.DockerException):
+    except EngineError:
         return 0
 
 
@@ -346,45 +348,10 @@ def cmd_init(args: argparse.Namespace) -> int:
 # -- image --------------------------------------------------------------------------------------------
 
 
-def _pull(client: Any, ref: str, progress: Callable[[str], None], *, bars: bool) -> None:
-    """`docker pull REF` through the SDK, relaying status lines (and progress bars on a TTY)."""
-    import docker.errors
-    import requests.exceptions
-
-    from host._engine import classify_engine_exception
-
-    hint = (
-        "check the reference and that the engine can reach its registry (docker pull REF); "
-        f"without a registry, build the image here: {PROG} image build"
-    )
-    try:
-        for event in client.api.pull(ref, stream=True, decode=True):
-            if "error" in event:
-                raise EngineError(
-                    f"could not pull {ref}: {str(event['error']).strip()[:200]}",
-                    reason=AuditReason.IMAGE_MISSING, hint=hint, check="image",
-                )  # fmt: skip
-            status = str(event.get("status", "")).strip()
-            bar = str(event.get("progress", "")) if bars else ""
-            if status and (bars or not event.get("progressDetail")):
-                layer = f"{event['id']}: " if event.get("id") else ""
-                progress(f"pull: {layer}{status} {bar}".rstrip())
-    except docker.errors.APIError as exc:
-        if exc.status_code in (400, 404, 500):
-            explanation = str(exc.explanation or "").strip()[:200]
-            raise EngineError(
-                f"could not pull {ref} ({exc.status_code}): {explanation}",
-                reason=AuditReason.IMAGE_MISSING, hint=hint, check="image",
-            ) from None  # fmt: skip
-        raise classify_engine_exception(exc) from None
-    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
-        raise classify_engine_exception(exc) from None
-
-
 def cmd_image(args: argparse.Namespace) -> int:
     from host._config import load_config, set_image_pin
     from host._engine import connect
-    from host._image import build_image, image_status, verify_pinned_image
+    from host._image import build_image, image_status, pull_image, verify_pinned_image
 
     cfg = load_config()
     client = connect()
@@ -409,17 +376,15 @@ def cmd_image(args: argparse.Namespace) -> int:
             )
             return EXIT_OK
         if args.image_cmd == "pull":
-            _pull(client, args.ref, _progress(args), bars=sys.stderr.isatty())
-            # A digest reference is itself a pin; a tag is pinned by the id of what was pulled.
-            pin = args.ref if "@sha256:" in args.ref else client.images.get(args.ref).id
-            image = verify_pinned_image(client, pin)
-            set_image_pin(cfg.paths, pin)
+            pulled = pull_image(client, args.ref, progress=_progress(args), bars=sys.stderr.isatty())
+            set_image_pin(cfg.paths, pulled.pin)
             where = str(cfg.paths.config_file)
-            pulled = {"ref": args.ref, "image_id": image.id, "pin": pin, "pinned_in": where}
             _emit(
                 args,
-                pulled,
-                lambda: _say(f"pulled {safe_line(args.ref)}: pinned {safe_line(pin)} in {safe_line(where)}"),
+                {"ref": pulled.ref, "image_id": pulled.image_id, "pin": pulled.pin, "pinned_in": where},
+                lambda: _say(
+                    f"pulled {safe_line(pulled.ref)}: pinned {safe_line(pulled.pin)} in {safe_line(where)}"
+                ),
             )
             return EXIT_OK
         st = image_status(client, cfg.agent_sandbox.image, repo_root=REPO_ROOT)
@@ -501,7 +466,7 @@ def _human_explain(p: Mapping[str, Any]) -> None:
     if not llm["enabled"]:
         line("llm", "not granted (llm_access.enabled is not true, or the host disabled it)")
     else:
-        if p["route"] == "host":
+        if p["route"] == Route.HOST.value:
             line("llm", "host path: llm_access caps do not apply (sanity bounds below)")
         for key in ("max_calls", "max_input_chars", "max_output_chars"):
             lowered = f" (lowered from {safe_line(req['llm'][key])})" if key in llm["clamped"] else ""
@@ -556,7 +521,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             ts, slug, action, reason, duration = (
                 safe_token(r.get(k)) for k in ("ts", "slug", "action", "reason", "duration_ms")
             )
-            run = safe_token(str(r.get("request_id"))[:12])
+            run = safe_token(str(r.get("run_id", r.get("request_id")))[:12])  # request_id: old records
             _say(f"{ts} {slug} {action} {reason} run={run} {duration}ms")
 
     _emit(args, records, human_list)
@@ -588,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("slug")
     r.add_argument("--goal", help="the goal text (default: the manifest's agent.goal)")
     r.add_argument("--arg", action="append", metavar="KEY=JSON", help="a keyword argument for the entrypoint")
-    r.add_argument("--runtime", choices=["runc", "runsc"], help="override agent_sandbox.runtime for this run")
+    runtimes = [runtime.value for runtime in Runtime]
+    r.add_argument("--runtime", choices=runtimes, help="override agent_sandbox.runtime for this run")
     r.add_argument("--via", metavar="SOCKET", help="submit to a running `serve` host via its admin socket")
 
     sv = command("serve", cmd_serve, "run a long-running host with warm pools on an owner-only admin socket")
@@ -598,8 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = command("install", cmd_install, "install an agent pack or toolpack")
     i.add_argument("path")
-    levels = ["curated", "trusted", "verified", "unverified"]
-    i.add_argument("--trust", default="unverified", type=str.lower, choices=levels)
+    levels = [level.value for level in Trust]
+    i.add_argument("--trust", default=Trust.UNVERIFIED.value, type=str.lower, choices=levels)
 
     command("uninstall", cmd_uninstall, "remove an installed pack").add_argument("slug")
     command("list", cmd_list, "list installed packs")

@@ -10,8 +10,8 @@ import grpc
 
 from host._errors import AuditReason, EngineError
 from host._json import JsonRejected, dumps_strict, loads_strict
+from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from host._errors import ConfigError
+from host._vocab import Runtime
 
 _T = TypeVar("_T")
 
 FLAG_ENV = "AGENTNODE_AGENT_SANDBOX"
-RUNTIMES = ("runc", "runsc")
 HOST_TRUST_POLICIES = ("default", "curated_only", "none")
 PROVIDERS = ("openai", "anthropic", "openai_compatible")
 WIRE_UINT32_MAX = 2**32 - 1
@@ -76,7 +76,7 @@ class AgentSandboxConfig:
     enabled: bool = False
     host_trust_policy: str = "default"
     image: str | None = None
-    runtime: str = "runc"
+    runtime: str = Runtime.RUNC.value
     tools_allowed_packages: tuple[str, ...] | None = None
     limits: LimitsCeiling = field(default_factory=LimitsCeiling)
     llm: LlmHostConfig = field(default_factory=LlmHostConfig)
@@ -149,8 +149,11 @@ def set_image_pin(paths: ConfigPaths, image_ref: str) -> None:
     if not isinstance(section, dict):
         raise _error(paths.config_file, "agent_sandbox", "expected an object", section)
     raw["agent_sandbox"] = {**section, "image": image_ref}
-    paths.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=paths.dir)
+    try:
+        paths.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=paths.dir)
+    except OSError as exc:
+        raise _unwritable(paths.config_file, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(raw, indent=2) + "\n")
@@ -159,9 +162,18 @@ def set_image_pin(paths: ConfigPaths, image_ref: str) -> None:
         if paths.config_file.exists():
             os.chmod(tmp, paths.config_file.stat().st_mode & 0o777)
         os.replace(tmp, paths.config_file)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _unwritable(paths.config_file, exc) from None
         raise
+
+
+def _unwritable(path: Path, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"{path}: cannot write the config ({type(exc).__name__})",
+        hint=f"check free space and the permissions of {path.parent}, then try again",
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -274,7 +286,7 @@ class _Validator:
         d = AgentSandboxConfig()
         enabled = self.optional(data, f"{key}.enabled", self.boolean)
         policy = self.optional(data, f"{key}.host_trust_policy", self.choice(HOST_TRUST_POLICIES))
-        runtime = self.optional(data, f"{key}.runtime", self.choice(RUNTIMES))
+        runtime = self.optional(data, f"{key}.runtime", self.choice(tuple(r.value for r in Runtime)))
         idle = self.optional(data, f"{key}.idle_timeout_seconds", self.positive_int)
         tools = self.section(_unset_is_empty(data.get("tools")), f"{key}.tools", ("allowed_packages",))
         return AgentSandboxConfig(

@@ -20,8 +20,8 @@ from host._engine import (
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_WARM,
-    classify_engine_exception,
     connect,
+    engine_errors,
     engine_facts,
     owner_alive,
     require_capable,
@@ -29,9 +29,9 @@ from host._engine import (
 from host._errors import AuditReason, ConfigError, EngineError, SandboxError
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host._image import image_status, verify_pinned_image
-from host._packs import HOST_TRUST, LockEntry, Lockfile, verify_volume
+from host._packs import LockEntry, Lockfile, verify_volume
 from host._policy import route_run
-from host._vocab import Route
+from host._vocab import HOST_TRUST, Route, Trust
 from sandbox_wrapper import PROTOCOL_VERSION
 
 # verify_pinned_image refuses in this order; each refusal has its own row.
@@ -133,9 +133,10 @@ def image_checks(client: docker.DockerClient, pin: str | None) -> list[Check]:
 def leftover_check(client: docker.DockerClient) -> Check:
     """Informational: run containers whose owning host process is gone (the next run sweeps them)."""
     try:
-        found = client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]})
-    except Exception as exc:  # noqa: BLE001 (every engine failure is classified)
-        return _failed("leftover_containers", classify_engine_exception(exc))
+        with engine_errors():
+            found = client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]})
+    except EngineError as exc:
+        return _failed("leftover_containers", exc)
     dead = sum(1 for c in found if not owner_alive((c.get("Labels") or {}).get(LABEL_OWNER, "")))
     warm = sum(1 for c in found if (c.get("Labels") or {}).get(LABEL_WARM) == "1")
     pools = f"; {warm} warm pool member(s) (waiting, or serving their one run)" if warm else ""
@@ -206,7 +207,7 @@ def _flag_check(cfg: HostConfig, env: Mapping[str, str], route: Route | None, sl
     if route is Route.HOST:
         return Check("feature_flag", True, f"off, and not needed: {slug} runs on the host")
     policy = cfg.agent_sandbox.host_trust_policy
-    off = route_run("unverified", sandbox_enabled=False, host_trust_policy=policy)
+    off = route_run(Trust.UNVERIFIED, sandbox_enabled=False, host_trust_policy=policy)
     return Check(
         "feature_flag", False, "off: verified and unverified agents are refused", refusal_error(off).hint
     )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ from typing import Any
 import docker
 import docker.constants
 import docker.errors
-import requests.exceptions
+import urllib3.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
-from host._errors import AuditReason, EngineError
+from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
+from host._vocab import Runtime
 
 logger = logging.getLogger("agentnode.sandbox.engine")
 
@@ -36,8 +38,13 @@ LABEL_PROTOCOL = "io.agentnode.sandbox.protocol"
 LABEL_ARTIFACT = "io.agentnode.sandbox.artifact-hash"
 LABEL_WARM = "io.agentnode.sandbox.warm"
 
-RUNTIMES = ("runc", "runsc")
 ENGINE_POOL_SIZE = 128
+ENGINE_FAILURES: tuple[type[Exception], ...] = (
+    docker.errors.DockerException,
+    OSError,  # requests' exceptions are OSErrors too
+    urllib3.exceptions.HTTPError,  # a streamed answer (pull, build) cut off mid-read
+)
+"""What a call through the SDK raises when the engine fails or refuses: classified by `engine_errors`."""
 
 _FIX_ENGINE = (
     "start the engine (as root on Debian: scripts/provision-engine), or point DOCKER_HOST at a "
@@ -105,8 +112,8 @@ def _reach_unix_socket(docker_host: str, timeout: float) -> None:
             probe.connect(docker_host.removeprefix("unix://"))
 
 
-def classify_engine_exception(exc: BaseException) -> EngineError:
-    """Turn a low-level engine failure into an EngineError with a fixed reason and a way out."""
+def _diagnosis(exc: BaseException) -> tuple[str, AuditReason, str]:
+    """Message, reason and hint of an engine failure, from its exception chain (never from its text)."""
     chain: list[BaseException] = []
     cur: BaseException | None = exc
     while cur is not None and len(chain) < 10:
@@ -116,35 +123,59 @@ def classify_engine_exception(exc: BaseException) -> EngineError:
         if isinstance(item, PermissionError) or (
             isinstance(item, OSError) and item.errno in (errno.EACCES, errno.EPERM)
         ):
-            return EngineError(
+            return (
                 "not permitted to use the container engine socket",
-                reason=AuditReason.ENGINE_PERMISSION_DENIED,
-                hint="run as a user allowed to use the engine (root, or the docker group), "
+                AuditReason.ENGINE_PERMISSION_DENIED,
+                "run as a user allowed to use the engine (root, or the docker group), "
                 "or set DOCKER_HOST to a socket you may use; check with: agentnode-sandbox doctor",
-                check="engine",
             )
     # The SDK wraps a refused version probe (`from_env`) in a plain DockerException: look down the chain.
     if any(isinstance(item, docker.errors.APIError) and item.status_code in (401, 403) for item in chain):
-        return EngineError(
+        return (
             "the container engine refused the request",
-            reason=AuditReason.ENGINE_PERMISSION_DENIED,
-            hint="check the engine's authorization plugins; check with: agentnode-sandbox doctor",
-            check="engine",
+            AuditReason.ENGINE_PERMISSION_DENIED,
+            "check the engine's authorization plugins; check with: agentnode-sandbox doctor",
         )
-    return EngineError(
-        "no container engine answers",
-        reason=AuditReason.ENGINE_UNAVAILABLE,
-        hint=_FIX_ENGINE,
-        check="engine",
+    return "no container engine answers", AuditReason.ENGINE_UNAVAILABLE, _FIX_ENGINE
+
+
+def classify_engine_exception(exc: BaseException) -> EngineError:
+    """The one classification of engine failures: an SDK or connection exception in, its EngineError out.
+
+    The reason (permission denied or unavailable) and the way out are fixed; the exception's text is never
+    copied. An answer with an error status (the SDK's APIError) comes back as EngineRejected carrying the
+    status, as EngineNotFound for a 404 and as EngineImageNotFound when the 404 names an image, so a caller
+    can tell "absent" from "failing"; uncaught, each reads like any other engine failure.
+    """
+    message, reason, hint = _diagnosis(exc)
+    if not isinstance(exc, docker.errors.APIError):
+        return EngineError(message, reason=reason, hint=hint, check="engine")
+    kind = (
+        EngineImageNotFound
+        if isinstance(exc, docker.errors.ImageNotFound)
+        else EngineNotFound
+        if isinstance(exc, docker.errors.NotFound)
+        else EngineRejected
     )
+    explanation = str(exc.explanation or "").strip()
+    return kind(message, status=exc.status_code, explanation=explanation, reason=reason, hint=hint)
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """The engine boundary: an SDK or connection failure (ENGINE_FAILURES) raised in the block leaves it as
+    its classified EngineError, without the chain. The host's own errors pass unchanged, and so does any
+    other exception: that is a bug, not an engine failure."""
+    try:
+        yield
+    except ENGINE_FAILURES as exc:
+        raise classify_engine_exception(exc) from None
 
 
 def engine_facts(client: docker.DockerClient) -> EngineFacts:
     """Read what the engine supports; an unreachable engine is classified, never raised raw."""
-    try:
+    with engine_errors():
         info: dict[str, Any] = client.info()
-    except Exception as exc:  # noqa: BLE001 (classified below)
-        raise classify_engine_exception(exc) from None
     return EngineFacts(
         server_version=str(info.get("ServerVersion", "")),
         runtimes=frozenset((info.get("Runtimes") or {}).keys()),
@@ -155,11 +186,11 @@ def engine_facts(client: docker.DockerClient) -> EngineFacts:
 
 def require_capable(facts: EngineFacts, runtime: str) -> None:
     """Fail closed unless the engine can run `runtime` and enforce the memory+swap ceiling."""
-    if runtime not in RUNTIMES:
+    if runtime not in tuple(Runtime):
         raise EngineError(
             f"unknown runtime {runtime!r}",
             reason=AuditReason.CONFIG_INVALID,
-            hint="set agent_sandbox.runtime to runc or runsc",
+            hint=f"set agent_sandbox.runtime to {' or '.join(Runtime)}",
             check="runtime",
         )
     if runtime not in facts.runtimes:
@@ -171,8 +202,8 @@ def require_capable(facts: EngineFacts, runtime: str) -> None:
                 'runtimeArgs ["--network=none", "--host-uds=open"] (scripts/provision-engine does both), '
                 "or set agent_sandbox.runtime to runc; check with: docker info --format '{{.Runtimes}}'"
             )
-            if runtime == "runsc"
-            else "use a Docker-compatible engine with the runc runtime; check with: docker info",
+            if runtime == Runtime.RUNSC
+            else f"use a Docker-compatible engine with the {Runtime.RUNC} runtime; check with: docker info",
             check="runtime",
         )
     if not (facts.memory_limit and facts.swap_limit):
@@ -200,15 +231,23 @@ def container_spec(
     import_root: str,
     socket_dir: str,
     limits: ContainerLimits = ContainerLimits(),
+    warm: bool = False,
 ) -> dict[str, Any]:
-    """The `containers.create` keyword arguments of one run: every hardening decision, as plain data."""
+    """The `containers.create` keyword arguments of one run: every hardening decision, as plain data.
+
+    `warm` marks a warm pool member (LABEL_WARM: counted by doctor, swept like any run container); it is
+    the only difference between a warm and a cold spec.
+    """
     tmpfs_opts = "rw,noexec,nosuid,nodev"
+    labels = {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]}
+    if warm:
+        labels[LABEL_WARM] = "1"
     return {
         "image": image,
         "command": ["/usr/bin/python3", "-s", "-m", "sandbox_wrapper"],
         "entrypoint": [],
         "name": name,
-        "labels": {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]},
+        "labels": labels,
         "runtime": runtime,
         "network_mode": "none",
         "read_only": True,
@@ -380,14 +419,13 @@ def remove_and_verify(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            client.api.remove_container(container_id, force=True, v=False)
-        except docker.errors.NotFound:
+            with engine_errors():
+                client.api.remove_container(container_id, force=True, v=False)
+        except EngineNotFound:
             pass
-        except docker.errors.APIError as exc:
-            # "removal already in progress" is fine; anything else is retried until the deadline.
-            logger.debug("remove %s: %s", container_id[:12], type(exc).__name__)
-        except requests.exceptions.RequestException as exc:
-            raise classify_engine_exception(exc) from None
+        except EngineRejected as exc:
+            # "removal already in progress" (409) is fine; anything else is retried until the deadline.
+            logger.debug("remove %s: engine answered %s", container_id[:12], exc.status)
         if not _exists(client, container_id) and not _exists(client, name):
             return
         if time.monotonic() > deadline:
@@ -402,8 +440,9 @@ def remove_and_verify(
 
 def _exists(client: docker.DockerClient, ref: str) -> bool:
     try:
-        client.api.inspect_container(ref)
-    except docker.errors.NotFound:
+        with engine_errors():
+            client.api.inspect_container(ref)
+    except EngineNotFound:
         return False
     return True
 
@@ -411,7 +450,9 @@ def _exists(client: docker.DockerClient, ref: str) -> bool:
 def sweep_containers(client: docker.DockerClient) -> list[str]:
     """Remove run containers whose owning host process is gone; nothing without our labels is touched."""
     removed: list[str] = []
-    for c in client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]}):
+    with engine_errors():
+        found = client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]})
+    for c in found:
         labels = c.get("Labels") or {}
         owner = labels.get(LABEL_OWNER, "")
         if not owner or owner_alive(owner):
@@ -426,6 +467,7 @@ def sweep_containers(client: docker.DockerClient) -> list[str]:
 
 
 __all__ = [
+    "ENGINE_FAILURES",
     "ContainerLimits",
     "EngineFacts",
     "MemoryProbe",
@@ -433,6 +475,7 @@ __all__ = [
     "classify_engine_exception",
     "connect",
     "container_spec",
+    "engine_errors",
     "engine_facts",
     "owner_alive",
     "owner_token",

@@ -1,8 +1,17 @@
-"""One documented error tree and the fixed audit reason set, so every failure maps to a stable reason."""
+"""The host's error tree and the fixed audit reason set, so every failure maps to a stable reason.
+
+Every failure the host reports to its callers (the CLI, `serve`, SandboxHost) is a SandboxError: its class
+names the area, `reason` is one AuditReason and `hint` the operator's way out. Outside the tree, on purpose:
+CallRefusal, which fails one call from the sandbox and never leaves its run; ValueError and TypeError for an
+argument no validated input produces (a caller's bug); and KeyboardInterrupt. Anything else that escapes is
+a bug, which the CLI reports as `host_loop_error`.
+"""
 
 from __future__ import annotations
 
 import enum
+
+from host._vocab import WireReason
 
 
 class AuditReason(enum.StrEnum):
@@ -49,7 +58,7 @@ class CallRefusal(Exception):
     It fails that call only, never the run; `message` is host-written and safe to send into the sandbox.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: WireReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -100,6 +109,36 @@ class EngineError(SandboxError):
         self.check = check
 
 
+class EngineRejected(EngineError):
+    """The engine answered a request with an error status (the SDK's APIError), classified like any failure.
+
+    `status` is the HTTP status (None when the SDK had no response); `explanation` is the engine's own text,
+    engine-written and unbounded: a caller that shows it bounds it. The message and hint never quote it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None,
+        explanation: str = "",
+        reason: AuditReason | None = None,
+        hint: str = "",
+        check: str = "engine",
+    ) -> None:
+        super().__init__(message, reason=reason, hint=hint, check=check)
+        self.status = status
+        self.explanation = explanation
+
+
+class EngineNotFound(EngineRejected):
+    """The engine has no such object (404): the caller decides what a missing container or volume means."""
+
+
+class EngineImageNotFound(EngineNotFound):
+    """The engine has no such image (a 404 that names the image)."""
+
+
 class RefusedError(SandboxError):
     """Routing refused the run (feature flag off, unknown trust level)."""
 
@@ -112,6 +151,9 @@ __all__ = [
     "CallRefusal",
     "ConfigError",
     "EngineError",
+    "EngineImageNotFound",
+    "EngineNotFound",
+    "EngineRejected",
     "ManifestError",
     "PackError",
     "RefusedError",

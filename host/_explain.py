@@ -13,7 +13,7 @@ from host._errors import AuditReason, PackError, RefusedError
 from host._manifest import LLM_CAP_KEYS, AgentManifest
 from host._packs import LockEntry, Lockfile
 from host._policy import RouteDecision, RunPolicy, resolve_run_policy, route_run
-from host._vocab import Route
+from host._vocab import Route, Trust
 
 
 def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:
@@ -23,7 +23,7 @@ def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:
         raise PackError(
             f"{slug} is not installed",
             reason=AuditReason.NOT_INSTALLED,
-            hint="install it: agentnode-sandbox install PATH --trust unverified",
+            hint=f"install it: agentnode-sandbox install PATH --trust {Trust.UNVERIFIED}",
         )
     if entry.package_type != "agent":
         raise PackError(
@@ -39,7 +39,8 @@ def refusal_error(decision: RouteDecision) -> RefusedError:
     hint = (
         "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
         if decision.reason == AuditReason.REFUSED_FLAG_OFF
-        else "reinstall with a known trust level: agentnode-sandbox install <path-to-pack> --trust unverified"
+        else "reinstall with a known trust level: agentnode-sandbox install <path-to-pack> "
+        f"--trust {Trust.UNVERIFIED}"
     )
     return RefusedError(decision.message, reason=AuditReason(decision.reason), hint=hint)
 
@@ -49,7 +50,7 @@ def host_copy_error(slug: str) -> PackError:
     return PackError(
         f"{slug} has no host copy",
         reason=AuditReason.NOT_INSTALLED,
-        hint=f"reinstall it with --trust trusted: agentnode-sandbox install <path-to-{slug}>",
+        hint=f"reinstall it with --trust {Trust.TRUSTED}: agentnode-sandbox install <path-to-{slug}>",
     )
 
 

@@ -70,6 +70,15 @@ class FdBudget:
         self._held = 0
         self.refused = 0
 
+    @classmethod
+    def for_host(cls, *, connections_per_run: int, warm_members: int) -> FdBudget:
+        """A host's budget: each run may hold its connections plus its own overhead, and warm members,
+        which hold their sockets before any run claims them, have their share kept in reserve."""
+        return cls(
+            per_run=connections_per_run + PER_RUN_OVERHEAD_FDS,
+            reserve=RESERVED_FDS + warm_members * (PER_RUN_OVERHEAD_FDS + 1),
+        )
+
     @property
     def capacity(self) -> int:
         """How many runs fit when the host holds nothing else (for messages and doctor)."""

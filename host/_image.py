@@ -22,13 +22,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import docker
-import docker.errors
-import requests.exceptions
 from docker.models.images import Image
 
-from host._config import ConfigPaths, set_image_pin
-from host._engine import LABEL_PROTOCOL, classify_engine_exception
-from host._errors import AuditReason, EngineError
+from host._engine import LABEL_PROTOCOL, engine_errors
+from host._errors import AuditReason, EngineError, EngineRejected
 from sandbox_wrapper import PROTOCOL_VERSION
 
 Progress = Callable[[str], None]
@@ -39,6 +36,10 @@ LATEST_TAG = f"{REPOSITORY}:latest"
 LABEL_INPUTS_HASH = "io.agentnode.sandbox.inputs-hash"
 LABEL_ROOTFS_HASH = "io.agentnode.sandbox.rootfs-hash"
 BUILD_HINT = "run `agentnode-sandbox image build` (it records the new pin)"
+PULL_HINT = (
+    "check the reference and that the engine can reach its registry (docker pull REF); "
+    "without a registry, build the image here: agentnode-sandbox image build"
+)
 
 DOCKER_INPUTS = ("Dockerfile", "requirements.txt", "rootfs.packages", "agentnode.pth")
 """The files under docker/ that shape the image (README.md does not)."""
@@ -75,9 +76,6 @@ DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 WHEEL_PYTHON = "3.11"
 BYTECODE_VERSION = (3, 11)
 
-_ENGINE_FAILURES = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
-"""What talking to the engine can raise; each becomes a classified EngineError."""
-
 _ID_PIN = re.compile(r"sha256:[0-9a-f]{64}")
 _DIGEST_PIN = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
 
@@ -90,6 +88,15 @@ class BuildResult:
     tag: str
     inputs_hash: str
     built: bool
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """What `pull_image` got; `pin` is what the caller records (agent_sandbox.image)."""
+
+    ref: str
+    image_id: str
+    pin: str
 
 
 @dataclass(frozen=True)
@@ -261,13 +268,12 @@ def _build_failed(message: str, hint: str = BUILD_HINT) -> EngineError:
 def _get_image(client: docker.DockerClient, ref: str) -> Image | None:
     """The local image for `ref`, or None when absent (or `ref` is not a valid reference); never pulls."""
     try:
-        image: Image = client.images.get(ref)
-    except docker.errors.APIError as exc:
-        if exc.status_code in (400, 404):
+        with engine_errors():
+            image: Image = client.images.get(ref)
+    except EngineRejected as exc:
+        if exc.status in (400, 404):
             return None
-        raise classify_engine_exception(exc) from None
-    except _ENGINE_FAILURES as exc:
-        raise classify_engine_exception(exc) from None
+        raise
     return image
 
 
@@ -277,10 +283,8 @@ def _labels(image: Image) -> dict[str, str]:
 
 def daemon_arch(client: docker.DockerClient) -> str:
     """The daemon's CPU architecture in wheel terms; refuses ones the image has no wheels for."""
-    try:
+    with engine_errors():
         arch = str(client.info().get("Architecture", ""))
-    except _ENGINE_FAILURES as exc:
-        raise classify_engine_exception(exc) from None
     if arch not in DEBIAN_ARCH:
         raise _build_failed(
             f"no sandbox image recipe for engine architecture {arch!r}",
@@ -325,15 +329,13 @@ def _ensure_base(
         if code != 0:
             raise _build_failed(f"mmdebstrap failed with exit code {code} (see the rootfs: lines)")
         progress(f"import: {tar.stat().st_size // 2**20} MiB rootfs as {tag}")
-        try:
+        with engine_errors():
             client.api.import_image_from_file(
                 str(tar),
                 repository=BASE_REPOSITORY,
                 tag=fs_hash[:12],
                 changes=[f"LABEL {LABEL_ROOTFS_HASH}={fs_hash}"],
             )
-        except _ENGINE_FAILURES as exc:
-            raise classify_engine_exception(exc) from None
     return tag
 
 
@@ -345,7 +347,14 @@ def wheel_cache_dir() -> Path:
 def fetch_wheels(repo_root: Path, arch: str, cache_dir: Path, progress: Progress) -> list[Path]:
     """The hash-verified wheels for `arch`, from the cache or `pip download --require-hashes`."""
     requirements = repo_root / "docker" / "requirements.txt"
-    pins = parse_requirements(requirements.read_text())
+    try:
+        pins = parse_requirements(requirements.read_text())
+    except ValueError as exc:
+        raise _build_failed(
+            f"docker/requirements.txt cannot be used: {exc}",
+            hint="pin every wheel as `name==version --hash=sha256:...` in docker/requirements.txt, "
+            "then rerun the build",
+        ) from None
     found = cached_wheels(pins, cache_dir, arch)
     if found is None:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -459,13 +468,20 @@ def build_image(
     cache_dir: Path | None = None,
 ) -> BuildResult:
     """Build the sandbox image from docker/ (or reuse it when its inputs hash is unchanged)."""
+    if not (repo_root / "docker").is_dir():
+        raise _build_failed(
+            f"{repo_root} has no docker/ directory to build the image from",
+            hint="build from a source checkout of agentnode-sandbox, or pull a published image: "
+            "agentnode-sandbox image pull REF",
+        )
     inputs_hash = image_inputs_hash(repo_root)
     tag = f"{REPOSITORY}:{inputs_hash[:12]}"
     cache = cache_dir or wheel_cache_dir()
     with _build_lock(cache, progress):
         existing = _get_image(client, tag)
         if existing is not None and not force and _labels(existing).get(LABEL_INPUTS_HASH) == inputs_hash:
-            existing.tag(REPOSITORY, "latest")
+            with engine_errors():
+                existing.tag(REPOSITORY, "latest")
             progress(f"build: {tag} is up to date ({existing.id})")
             return BuildResult(image_id=existing.id, tag=tag, inputs_hash=inputs_hash, built=False)
         image_id = _build(
@@ -505,9 +521,15 @@ def _build(
     wheels = fetch_wheels(repo_root, arch, cache_dir, progress)
     with tempfile.TemporaryDirectory(prefix="agentnode-build-") as tmp:
         ctx = Path(tmp)
-        prepare_context(repo_root, ctx, wheels)
-        progress(f"build: {tag} from {base}")
         try:
+            prepare_context(repo_root, ctx, wheels)
+        except (OSError, ValueError) as exc:  # ValueError: a wheel holds an unsafe path
+            raise _build_failed(
+                f"cannot lay out the build context ({type(exc).__name__}: {exc})",
+                hint="check free space in the temporary directory (TMPDIR), then rerun the build",
+            ) from None
+        progress(f"build: {tag} from {base}")
+        with engine_errors():
             image_id = _build_stream(
                 client.api.build(
                     path=str(ctx), dockerfile="Dockerfile", tag=tag, buildargs={"BASE": base},
@@ -517,8 +539,6 @@ def _build(
                 progress,
             )  # fmt: skip
             client.images.get(image_id).tag(REPOSITORY, "latest")
-        except _ENGINE_FAILURES as exc:
-            raise classify_engine_exception(exc) from None
     return image_id
 
 
@@ -589,17 +609,48 @@ def verify_pinned_image(client: docker.DockerClient, pin: str | None) -> Image:
     return image
 
 
-def pin_image(paths: ConfigPaths, image_id: str) -> None:
-    """Record a built image's id as the pin sandboxed runs must use (agent_sandbox.image)."""
-    set_image_pin(paths, image_id)
+def _pull_failed(message: str) -> EngineError:
+    return EngineError(message, reason=AuditReason.IMAGE_MISSING, hint=PULL_HINT, check="image")
+
+
+def pull_image(
+    client: docker.DockerClient, ref: str, *, progress: Progress, bars: bool = False
+) -> PullResult:
+    """`docker pull REF` through the SDK, relaying status lines (and progress bars with `bars`), then the pin
+    it makes, verified like any pin: a digest reference is itself a pin, a tag is pinned by the id of what
+    was pulled. Recording the pin is the caller's (set_image_pin)."""
+    try:
+        with engine_errors():
+            for event in client.api.pull(ref, stream=True, decode=True):
+                if "error" in event:
+                    raise _pull_failed(f"could not pull {ref}: {str(event['error']).strip()[:200]}")
+                status = str(event.get("status", "")).strip()
+                bar = str(event.get("progress", "")) if bars else ""
+                if status and (bars or not event.get("progressDetail")):
+                    layer = f"{event['id']}: " if event.get("id") else ""
+                    progress(f"pull: {layer}{status} {bar}".rstrip())
+    except EngineRejected as exc:
+        if exc.status in (400, 404, 500):
+            raise _pull_failed(f"could not pull {ref} ({exc.status}): {exc.explanation[:200]}") from None
+        raise
+    if "@sha256:" in ref:
+        pin = ref
+    else:
+        pulled = _get_image(client, ref)
+        if pulled is None:
+            raise _pull_failed(f"{ref} was pulled but the engine does not have it")
+        pin = str(pulled.id)
+    image = verify_pinned_image(client, pin)
+    return PullResult(ref=ref, image_id=str(image.id), pin=pin)
 
 
 __all__ = [
     "BuildResult",
     "ImageStatus",
+    "PullResult",
     "build_image",
     "image_inputs_hash",
     "image_status",
-    "pin_image",
+    "pull_image",
     "verify_pinned_image",
 ]

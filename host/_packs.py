@@ -24,11 +24,20 @@ from pathlib import Path
 from typing import IO, Any
 
 import docker
-import docker.errors
+import docker.types
+from docker.models.volumes import Volume
 
 from host._config import ConfigPaths
-from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, classify_engine_exception
-from host._errors import AuditReason, ManifestError, PackError
+from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
+from host._errors import (
+    AuditReason,
+    EngineError,
+    EngineImageNotFound,
+    EngineNotFound,
+    EngineRejected,
+    ManifestError,
+    PackError,
+)
 from host._manifest import (
     MANIFEST_NAME,
     AgentManifest,
@@ -38,10 +47,9 @@ from host._manifest import (
     parse_manifest,
 )
 from host._terminal import safe_line
+from host._vocab import HOST_TRUST, Trust
 
 LOCKFILE_VERSION = 1
-TRUST_LEVELS = ("curated", "trusted", "verified", "unverified")
-HOST_TRUST = frozenset({"curated", "trusted"})
 LABEL_PACK = "io.agentnode.sandbox.pack"
 LABEL_PACK_VERSION = "io.agentnode.sandbox.pack-version"
 MAX_PACK_BYTES = 64 * 1024 * 1024
@@ -399,13 +407,23 @@ class Lockfile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(f"{self.path}.lck", "a") as fh:
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock = open(f"{self.path}.lck", "a")  # closed by the `with` below
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        with lock as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _unwritable(self, exc: OSError) -> PackError:
+        return PackError(
+            f"{self.path}: cannot write the lockfile ({type(exc).__name__})",
+            hint=f"check free space and the permissions of {self.path.parent}, then try again",
+        )
 
     def _too_big(self, size: int) -> PackError:
         return PackError(
@@ -453,9 +471,14 @@ class Lockfile:
                 hint="uninstall packs that are no longer needed, then install again",
             )
         tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(text)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise self._unwritable(exc) from None
 
     def entries(self) -> dict[str, LockEntry]:
         return {slug: LockEntry.from_json(e) for slug, e in self._read()["packages"].items()}
@@ -507,48 +530,70 @@ def populate_volume(
             f"refusing volume name {_show(name)!r}", hint="reinstall the pack with a valid version"
         )
     try:
-        try:
-            vol = client.volumes.get(name)
-            if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) == digest:
-                return
-            vol.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        client.volumes.create(
-            name=name,
-            labels={LABEL_ARTIFACT: digest, LABEL_PACK: slug, LABEL_PACK_VERSION: version},
-        )
-        holder = client.api.create_container(
-            image,
-            command=["/bin/true"],
-            entrypoint=[],
-            network_disabled=True,
-            labels={LABEL_PACK: slug},
-            host_config=client.api.create_host_config(
-                mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
-                network_mode="none",
-            ),
-        )
-        try:
-            archive.seek(0)  # streamed from disk, never read into memory whole
-            if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
-                raise PackError("the engine refused the pack files", hint="check the engine's storage")
-        finally:
-            client.api.remove_container(holder["Id"], force=True)
-    except docker.errors.ImageNotFound:
+        with engine_errors():
+            _fill_volume(
+                client, image=image, name=name, digest=digest, slug=slug, version=version, archive=archive
+            )
+    except EngineImageNotFound:
         raise PackError(
             "the pinned sandbox image is missing, so the pack volume cannot be populated",
             reason=AuditReason.IMAGE_MISSING,
             hint="build it first: agentnode-sandbox image build",
         ) from None
-    except docker.errors.APIError as exc:
+    except EngineRejected as exc:
         raise PackError(
-            f"the engine failed while creating the pack volume ({exc.status_code})",
+            f"the engine failed while creating the pack volume ({exc.status})",
             reason=AuditReason.ENGINE_UNAVAILABLE,
             hint="check with: agentnode-sandbox doctor",
         ) from None
-    except (OSError, docker.errors.DockerException) as exc:
-        raise classify_engine_exception(exc) from None
+
+
+def _volume(client: docker.DockerClient, name: str) -> Volume | None:
+    """The volume `name`, or None when the engine has none by that name."""
+    try:
+        with engine_errors():
+            return client.volumes.get(name)
+    except EngineNotFound:
+        return None
+
+
+def _fill_volume(
+    client: docker.DockerClient,
+    *,
+    image: str,
+    name: str,
+    digest: str,
+    slug: str,
+    version: str,
+    archive: IO[bytes],
+) -> None:
+    """populate_volume's engine calls; their failures are classified by the caller's boundary."""
+    vol = _volume(client, name)
+    if vol is not None:
+        if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) == digest:
+            return
+        vol.remove(force=True)
+    client.volumes.create(
+        name=name,
+        labels={LABEL_ARTIFACT: digest, LABEL_PACK: slug, LABEL_PACK_VERSION: version},
+    )
+    holder = client.api.create_container(
+        image,
+        command=["/bin/true"],
+        entrypoint=[],
+        network_disabled=True,
+        labels={LABEL_PACK: slug},
+        host_config=client.api.create_host_config(
+            mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
+            network_mode="none",
+        ),
+    )
+    try:
+        archive.seek(0)  # streamed from disk, never read into memory whole
+        if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
+            raise PackError("the engine refused the pack files", hint="check the engine's storage")
+    finally:
+        client.api.remove_container(holder["Id"], force=True)
 
 
 def _host_copy(packs_dir: Path, manifest: AgentManifest | ToolpackManifest, snap: _Snapshot) -> Path:
@@ -600,10 +645,10 @@ def install_pack(
         raise PackError(
             f"{pack_dir}: no agentnode.yaml", hint="point at a pack directory (see: agentnode-sandbox init)"
         )
-    trust = trust.strip().lower()
-    if trust not in TRUST_LEVELS:
+    level = Trust.parse(trust)
+    if level is None:
         raise PackError(
-            f"unknown trust level {_show(trust)!r}", hint=f"use one of: {', '.join(TRUST_LEVELS)}"
+            f"unknown trust level {_show(trust.strip().lower())!r}", hint=f"use one of: {', '.join(Trust)}"
         )
     manifest = load_manifest(pack_dir)
     if manifest.dependencies:
@@ -620,14 +665,14 @@ def install_pack(
         raise _entry_too_big(manifest.slug, stored_size)
     is_agent = isinstance(manifest, AgentManifest)
     if is_agent:
-        if client is None and trust not in HOST_TRUST:
+        if client is None and level not in HOST_TRUST:
             raise PackError(
                 "community agents are installed into a sandbox volume, which needs the container engine",
                 reason=AuditReason.ENGINE_UNAVAILABLE,
                 hint="start the engine (scripts/provision-engine), then install again; "
                 "check with: agentnode-sandbox doctor",
             )
-        if client is not None and not image and trust not in HOST_TRUST:
+        if client is not None and not image and level not in HOST_TRUST:
             raise PackError(
                 "community agents are installed into a sandbox volume, which needs the pinned image",
                 reason=AuditReason.IMAGE_NOT_PINNED,
@@ -649,13 +694,13 @@ def install_pack(
                 version=manifest.version,
                 archive=snap.archive,
             )
-        if trust in HOST_TRUST:
+        if level in HOST_TRUST:
             host_path = str(_host_copy(paths.packs_dir, manifest, snap))
     entry = LockEntry(
         slug=manifest.slug,
         version=manifest.version,
         package_type="agent" if is_agent else "toolpack",
-        trust_level=trust,
+        trust_level=level.value,
         artifact_hash=snap.digest,
         import_subdir="src" if "src" in snap.dirs else "",
         sandbox_volume=volume,
@@ -682,7 +727,7 @@ def _forget_copies(
         and client is not None
         and _is_pack_volume(old.sandbox_volume)
     ):
-        with contextlib.suppress(docker.errors.DockerException):
+        with contextlib.suppress(EngineError), engine_errors():
             client.volumes.get(old.sandbox_volume).remove(force=True)
     if old.host_path != keep.host_path:
         copy = _owned_host_copy(old.host_path, old.slug, packs_dir)
@@ -696,7 +741,7 @@ def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient
     if entry is None:
         raise PackError(f"{slug} is not installed", hint="see: agentnode-sandbox list")
     if client is not None and _is_pack_volume(entry.sandbox_volume):
-        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # in use by a run: stays
+        with contextlib.suppress(EngineRejected), engine_errors():  # in use by a run: stays
             client.volumes.get(entry.sandbox_volume).remove(force=True)
     copy = _owned_host_copy(entry.host_path, entry.slug, paths.packs_dir)
     if copy is not None:
@@ -713,16 +758,13 @@ def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
             reason=AuditReason.VOLUME_STALE if entry.sandbox_volume else AuditReason.VOLUME_MISSING,
             hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
         )
-    try:
-        vol = client.volumes.get(expected)
-    except docker.errors.NotFound:
+    vol = _volume(client, expected)
+    if vol is None:
         raise PackError(
             f"the sandbox volume of {entry.slug} is missing",
             reason=AuditReason.VOLUME_MISSING,
             hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
-        ) from None
-    except (OSError, docker.errors.DockerException) as exc:
-        raise classify_engine_exception(exc) from None
+        )
     if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) != entry.artifact_hash:
         raise PackError(
             f"the sandbox volume of {entry.slug} does not match the installed artifact",
@@ -733,8 +775,7 @@ def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
 
 
 __all__ = [
-    "HOST_TRUST",
-    "TRUST_LEVELS",
+    "HOST_TRUST",  # re-exported from host._vocab for host._runner
     "LockEntry",
     "Lockfile",
     "artifact_hash",

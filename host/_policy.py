@@ -9,7 +9,7 @@ from typing import Any
 from host._config import HOST_TRUST_POLICIES, AgentSandboxConfig, LlmHostConfig
 from host._errors import AuditReason, ConfigError
 from host._manifest import LLM_CAP_KEYS, AgentManifest, check_llm_access
-from host._vocab import COMMUNITY_TRUST, HOST_TRUST, Route, Trust
+from host._vocab import HOST_TRUST, Route, Trust
 
 # Conservative built-in LLM ceilings for borrowed host credentials, used where the host sets none.
 BUILTIN_LLM_CEILINGS: Mapping[str, int] = {
@@ -73,8 +73,8 @@ def route_run(trust: str | None, *, sandbox_enabled: bool, host_trust_policy: st
             f"got {host_trust_policy!r}",
             hint="Edit agent_sandbox.host_trust_policy in the host config.",
         )
-    level = (trust or "").strip().lower()
-    if level not in COMMUNITY_TRUST | HOST_TRUST:
+    level = Trust.parse(trust)
+    if level is None:
         return RouteDecision(
             Route.REFUSED,
             AuditReason.REFUSED_TRUST,

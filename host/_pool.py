@@ -8,9 +8,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from host._errors import SandboxError
-from host._sandbox import Sandbox, SandboxSpec
+
+if TYPE_CHECKING:  # annotations only: the Docker backend owns its pools
+    from host._sandbox import Sandbox, SandboxSpec
 
 logger = logging.getLogger("agentnode.sandbox.pool")
 

@@ -1,4 +1,4 @@
-"""One launched sandbox: run directory, socket server, container, exit watcher and log drain; used once."""
+"""The Docker backend: a run's workload is a hardened container; engine client, spec checks, volumes."""
 
 from __future__ import annotations
 
@@ -6,63 +6,38 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import docker
 import docker.errors
-import grpc
 
+from host._admission import Admission
 from host._engine import (
-    LABEL_WARM,
     SANDBOX_GID,
     SANDBOX_UID,
     ContainerLimits,
+    EngineFacts,
     MemoryProbe,
     PidsProbe,
     classify_engine_exception,
     container_spec,
+    engine_facts,
     remove_and_verify,
+    require_capable,
 )
 from host._errors import AuditReason, EngineError
-from host._rundir import RunDir, make_run_dir
-from host._session import RunSession, build_run_server
+from host._image import verify_pinned_image
+from host._packs import LockEntry, Lockfile, verify_volume
+from host._pool import PoolSettings, WarmPools
+from host._session import RunSession
+from host._workload import LOG_CAP_BYTES, CappedSink, Workload, drain
 
 logger = logging.getLogger("agentnode.sandbox.sandbox")
 
-LOG_CAP_BYTES = 64 * 1024
-"""How much of an agent's stdout/stderr the host keeps; the rest is read and dropped."""
-
-
-class CappedSink:
-    """Keeps the first `cap` bytes of a stream and drops the rest, so a flooding agent costs no memory."""
-
-    def __init__(self, cap: int = LOG_CAP_BYTES) -> None:
-        self.cap = cap
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.dropped = 0
-
-    def feed(self, chunk: bytes) -> None:
-        room = self.cap - self.size
-        if room > 0:
-            self.parts.append(chunk[:room])
-            self.size += min(room, len(chunk))
-        self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def text(self) -> str:
-        out = b"".join(self.parts).decode("utf-8", "replace")
-        if self.dropped:
-            out += f"\n[agentnode: {self.dropped} more bytes of output dropped]"
-        return out
-
-
-def drain(chunks: Iterable[bytes], sink: CappedSink) -> None:
-    """Read a stream to its end into a capped sink; a broken stream just ends the drain."""
-    with contextlib.suppress(Exception):
-        for chunk in chunks:
-            sink.feed(chunk)
+_ENGINE_FACTS_TTL = 30.0
 
 
 @dataclass(frozen=True)
@@ -88,27 +63,15 @@ def pool_key(slug: str, artifact_hash: str, runtime: str, pin: str) -> tuple[str
     return (slug, artifact_hash, runtime, pin)
 
 
-@dataclass
-class Sandbox:
+@dataclass(kw_only=True)
+class Sandbox(Workload):
     """A started container wired to its own socket; it serves exactly one run and is then destroyed."""
 
-    run_id: str
-    name: str
     spec: SandboxSpec
-    session: RunSession
-    rundir: RunDir
-    server: grpc.Server
     client: docker.DockerClient
     container_id: str | None = None
-    launched_at: float = field(default_factory=time.monotonic)
-    sink: CappedSink = field(default_factory=CappedSink)
-    exit_info: dict[str, Any] = field(default_factory=dict)
     probes: list[PidsProbe] = field(default_factory=list)
     memory: list[MemoryProbe] = field(default_factory=list)
-    stages: dict[str, float] = field(default_factory=dict)
-    _destroyed: bool = False
-    _drainer: threading.Thread | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def launch(
@@ -133,14 +96,7 @@ class Sandbox:
         t0 = time.monotonic()
         warm = session is None
         session = session or RunSession()
-        rundir = make_run_dir(run_id, owner, env)
-        if run_info is not None:  # before anything starts, so a host crash from here on is audited
-            rundir.record_run(run_info)
-        try:
-            server = build_run_server(session, str(rundir.socket_path))
-        except Exception:
-            rundir.remove()
-            raise
+        rundir, server = cls.open_socket(run_id, owner, env, session, run_info)
         box = cls(
             run_id=run_id,
             name=f"agentnode-run-{run_id[:20]}",
@@ -154,7 +110,7 @@ class Sandbox:
         try:
             server.start()
             rundir.grant(SANDBOX_UID, SANDBOX_GID)
-            box._mark("socket_ready", t0)
+            box.mark("socket_ready")
             kwargs = container_spec(
                 image=spec.image_id,
                 run_id=run_id,
@@ -166,15 +122,14 @@ class Sandbox:
                 import_root=spec.import_root,
                 socket_dir=str(rundir.path),
                 limits=spec.limits,
+                warm=warm,
             )
-            if warm:
-                kwargs["labels"][LABEL_WARM] = "1"  # counted by doctor; swept like any run container
             try:
                 container = client.containers.create(**kwargs)
                 box.container_id = container.id
-                box._mark("created", t0)
+                box.mark("created")
                 container.start()
-                box._mark("started", t0)
+                box.mark("started")
             except docker.errors.APIError as exc:
                 raise EngineError(
                     f"the sandbox container could not be started ({exc.status_code})",
@@ -188,12 +143,8 @@ class Sandbox:
             box.destroy()
             raise
         threading.Thread(target=box._watch_exit, daemon=True, name=f"exit-{box.name}").start()
-        box._drainer = threading.Thread(target=box._drain_logs, daemon=True, name=f"logs-{box.name}")
-        box._drainer.start()
+        box.start_drain(box._log_stream)
         return box
-
-    def _mark(self, stage: str, t0: float) -> None:
-        self.stages[stage] = round((time.monotonic() - t0) * 1000, 2)
 
     def _watch_exit(self) -> None:
         cid = self.container_id
@@ -203,29 +154,10 @@ class Sandbox:
             self.probes.append(PidsProbe(pid))
         with contextlib.suppress(Exception):
             self.exit_info.update(self.client.api.wait(cid))
-        self.exit_info.setdefault("StatusCode", -1)
-        self.session.reported.set()
+        self.exited_with(-1)
 
-    def _drain_logs(self) -> None:
-        with contextlib.suppress(Exception):
-            drain(
-                self.client.api.logs(self.container_id, stream=True, follow=True, stdout=True, stderr=True),
-                self.sink,
-            )
-
-    @property
-    def ready(self) -> bool:
-        """The wrapper is connected and waiting for its task."""
-        return self.session.inflight > 0 and not self.exited
-
-    @property
-    def exited(self) -> bool:
-        return bool(self.exit_info)
-
-    def settle_logs(self, timeout: float) -> None:
-        """Give the log drain a moment to reach the end: the wrapper exits right after it reports."""
-        if self._drainer is not None:
-            self._drainer.join(timeout)
+    def _log_stream(self) -> Any:
+        return self.client.api.logs(self.container_id, stream=True, follow=True, stdout=True, stderr=True)
 
     def poll(self) -> None:
         """Read the host-side cgroup counters (pids and memory): small file reads, every 50 ms of a run."""
@@ -235,7 +167,6 @@ class Sandbox:
             pids.poll()
 
     def pids_hits(self) -> int:
-        """How often the pids limit refused a process or thread, as of now."""
         self.poll()
         return max((p.hits for p in self.probes), default=0)
 
@@ -250,22 +181,174 @@ class Sandbox:
             return bool(self.client.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
         return False
 
-    def destroy(self) -> None:
-        """Kill and remove the container (verified by id and name), stop the server, remove the run dir."""
+    def _kill(self) -> None:
+        """Kill and remove the container, verified by id and name."""
+        if self.container_id is not None:
+            remove_and_verify(self.client, self.container_id, self.name)
+        else:
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                remove_and_verify(self.client, self.name, self.name)
+
+
+class DockerBackend:
+    """Sandboxed runs on a Docker engine: one lazily connected client, cached engine facts, fail-closed
+    spec checks, and the pack volumes a teardown may retire."""
+
+    def __init__(
+        self,
+        client_factory: Callable[[], docker.DockerClient],
+        *,
+        owner: str,
+        env: Mapping[str, str],
+        lockfile: Lockfile,
+        image_pin: str | None,
+        limits: ContainerLimits,
+        pool: PoolSettings | None = None,
+        before_member: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._client_factory = client_factory
+        self._client: docker.DockerClient | None = None
+        self._facts: tuple[float, EngineFacts] | None = None
+        self._lock = threading.Lock()
+        self.owner = owner
+        self.env = env
+        self.lockfile = lockfile
+        self.image_pin = image_pin
+        self.limits = limits
+        self._retired_volumes: set[str] = set()
+        self._volumes_lock = threading.Lock()
+        self._before_member = before_member
+        self.pools = (
+            WarmPools(self._launch_member, pool, is_current=self.is_current, retired=self.retire_pool)
+            if pool is not None and pool.size > 0
+            else None
+        )
+
+    def client(self) -> docker.DockerClient:
         with self._lock:
-            if self._destroyed:
-                return
-            self._destroyed = True
-        self.session.cancel()
-        try:
-            self.server.stop(grace=None)
-            if self.container_id is not None:
-                remove_and_verify(self.client, self.container_id, self.name)
-            else:
-                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-                    remove_and_verify(self.client, self.name, self.name)
-        finally:
-            self.rundir.remove()
+            if self._client is None:
+                self._client = self._client_factory()
+            return self._client
+
+    def facts(self) -> EngineFacts:
+        now = time.monotonic()
+        cached = self._facts
+        if cached is not None and now - cached[0] < _ENGINE_FACTS_TTL:
+            return cached[1]
+        facts = engine_facts(self.client())
+        self._facts = (now, facts)
+        return facts
+
+    def spec_for(self, entry: LockEntry, runtime: str) -> SandboxSpec:
+        """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed."""
+        client = self.client()
+        require_capable(self.facts(), runtime)
+        image = verify_pinned_image(client, self.image_pin)
+        volume = verify_volume(client, entry)
+        return SandboxSpec(
+            slug=entry.slug,
+            artifact_hash=entry.artifact_hash,
+            runtime=runtime,
+            pin=self.image_pin or "",
+            image_id=image.id,
+            volume=volume,
+            import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
+            limits=self.limits,
+        )
+
+    def claim(self, admission: Admission) -> Sandbox | None:
+        """A warm member of this run's pool (same pack version, runtime and image pin), if there is one."""
+        a = admission
+        if self.pools is None or not (a.entry and a.runtime and a.image):
+            return None
+        return self.pools.claim(pool_key(a.entry.slug, a.entry.artifact_hash, a.runtime, a.image))
+
+    def prepare(self, admission: Admission) -> SandboxSpec:
+        """The verified spec of a cold run; its pool (if pools are on) starts filling for the next run."""
+        assert admission.entry is not None and admission.runtime is not None
+        spec = self.spec_for(admission.entry, admission.runtime)
+        if self.pools is not None:
+            self.pools.want(spec)
+        return spec
+
+    def prewarm(self, entry: LockEntry, runtime: str) -> None:
+        """Start a warm pool for an installed community agent (no-op without pools)."""
+        if self.pools is not None and entry.package_type == "agent":
+            self.pools.want(self.spec_for(entry, runtime))
+
+    def _launch_member(self, spec: SandboxSpec) -> Sandbox:
+        self._before_member()  # e.g. the host's descriptor budget: a refill must not eat into its reserve
+        return self.launch(spec, run_id=uuid.uuid4().hex)
+
+    def launch(
+        self,
+        spec: SandboxSpec,
+        *,
+        run_id: str,
+        session: RunSession | None = None,
+        run_info: Mapping[str, object] | None = None,
+    ) -> Sandbox:
+        return Sandbox.launch(
+            self.client(),
+            spec,
+            run_id=run_id,
+            owner=self.owner,
+            env=self.env,
+            session=session,
+            run_info=run_info,
+        )
+
+    def teardown(self, workload: Workload) -> None:
+        """Destroy a used sandbox, then offer its pack volume for removal (see `retire_volume`)."""
+        workload.destroy()
+        if isinstance(workload, Sandbox):
+            self.retire_volume(workload.spec.volume)
+
+    def is_current(self, spec: SandboxSpec) -> bool:
+        """Is this pool's pack version still the installed one (same artifact, same volume)?"""
+        e = self.lockfile.get(spec.slug)
+        return bool(e and e.package_type == "agent" and e.artifact_hash == spec.artifact_hash
+                    and e.sandbox_volume == spec.volume)  # fmt: skip
+
+    def retire_pool(self, spec: SandboxSpec) -> None:
+        """An uninstalled or replaced pack's pool is gone: drop its volume too, unless a run still uses it."""
+        self.retire_volume(spec.volume)
+
+    def retire_volume(self, volume: str) -> None:
+        """Offer a pack volume for removal: it goes only if no lockfile entry names it (after a run, that
+        is when its pack was uninstalled or replaced meanwhile: nothing else would drop it)."""
+        if volume:
+            with self._volumes_lock:
+                self._retired_volumes.add(volume)
+        self.drop_retired_volumes()
+
+    def drop_retired_volumes(self) -> None:
+        """Remove retired pack volumes no lockfile entry names; one still in use is retried after a run."""
+        if not self._retired_volumes:
+            return
+        with self._volumes_lock:
+            used = {e.sandbox_volume for e in self.lockfile.entries().values()}
+            for name in list(self._retired_volumes):
+                if name in used:
+                    self._retired_volumes.discard(name)
+                    continue
+                try:
+                    self.client().volumes.get(name).remove()
+                except docker.errors.NotFound:
+                    pass
+                except (OSError, docker.errors.DockerException):
+                    continue  # in use by a run still going: its teardown retries
+                self._retired_volumes.discard(name)
+
+    def close(self) -> None:
+        """Destroy the warm pools, drop retired volumes, close the engine client."""
+        if self.pools is not None:
+            self.pools.close()
+        with contextlib.suppress(Exception):
+            self.drop_retired_volumes()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
 
 
-__all__ = ["LOG_CAP_BYTES", "CappedSink", "Sandbox", "SandboxSpec", "drain", "pool_key"]
+__all__ = ["LOG_CAP_BYTES", "CappedSink", "DockerBackend", "Sandbox", "SandboxSpec", "drain", "pool_key"]

@@ -10,14 +10,16 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._pool import PoolSettings
+from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult, SandboxHost
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
+from host._session import REASON_METADATA_KEY
+from host._vocab import Runtime, WireReason
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 
@@ -55,6 +57,14 @@ def report_from(result: RunResult) -> runner_pb2.RunReport:
     )
 
 
+def _invalid(context: grpc.ServicerContext, message: str) -> NoReturn:
+    """Refuse a malformed request in errors.proto's model: INVALID_ARGUMENT, reason INVALID_REQUEST."""
+    reason = WireReason.INVALID_REQUEST
+    context.set_trailing_metadata(((REASON_METADATA_KEY, reason.value),))
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{reason.value}: {message}")
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
 def _kwargs(raw: str, context: grpc.ServicerContext) -> dict[str, Any]:
     """The run's kwargs: a strict JSON object (finite numbers, bounded depth), or the call is refused."""
     if not raw:
@@ -64,11 +74,11 @@ def _kwargs(raw: str, context: grpc.ServicerContext) -> dict[str, Any]:
     except JsonRejected:
         value = None
     if not isinstance(value, dict):
-        context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_REQUEST: kwargs_json must be a strict JSON object (finite numbers only)",
-        )
-    return value  # type: ignore[no-any-return]
+        _invalid(context, "kwargs_json must be a strict JSON object (finite numbers only)")
+    return value
+
+
+_RunRequest = runner_pb2.SubmitRunRequest | runner_pb2.StreamRunRequest
 
 
 class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
@@ -77,16 +87,22 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     def __init__(self, host: SandboxHost) -> None:
         self.host = host
 
+    @staticmethod
+    def _validated(request: _RunRequest, context: grpc.ServicerContext) -> dict[str, Any]:
+        """The request's kwargs once the request is valid; else the RPC is refused (on the handler's own
+        thread: `context.abort` raises there, before any run starts or any event is sent)."""
+        if request.runtime not in ("", *Runtime):
+            _invalid(context, "runtime must be runc or runsc")
+        return _kwargs(request.kwargs_json, context)
+
     def _run(
         self,
-        request: runner_pb2.SubmitRunRequest | runner_pb2.StreamRunRequest,
+        request: _RunRequest,
+        kwargs: dict[str, Any],
         context: grpc.ServicerContext,
         on_stage: Callable[[str], None] | None = None,
         on_start: Callable[[str], None] | None = None,
     ) -> RunResult:
-        if request.runtime not in ("", "runc", "runsc"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST: runtime must be runc or runsc")
-        kwargs = _kwargs(request.kwargs_json, context)
         run_ids: list[str] = []
 
         def started(run_id: str) -> None:
@@ -111,17 +127,20 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     def SubmitRun(
         self, request: runner_pb2.SubmitRunRequest, context: grpc.ServicerContext
     ) -> runner_pb2.SubmitRunResponse:
-        return runner_pb2.SubmitRunResponse(report=report_from(self._run(request, context)))
+        kwargs = self._validated(request, context)
+        return runner_pb2.SubmitRunResponse(report=report_from(self._run(request, kwargs, context)))
 
     def StreamRun(
         self, request: runner_pb2.StreamRunRequest, context: grpc.ServicerContext
     ) -> Iterator[runner_pb2.StreamRunResponse]:
+        kwargs = self._validated(request, context)
         events: queue.Queue[runner_pb2.StreamRunResponse | None] = queue.Queue()
 
         def work() -> None:
             try:
                 result = self._run(
                     request,
+                    kwargs,
                     context,
                     on_stage=lambda s: events.put(runner_pb2.StreamRunResponse(stage=s)),
                     on_start=lambda r: events.put(runner_pb2.StreamRunResponse(started_run_id=r)),

@@ -17,14 +17,19 @@ from host._errors import CallRefusal
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._policy import RunPolicy
 from host._tools import ToolGate, ToolRefusal
+from host._vocab import WireReason
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
 
 logger = logging.getLogger("agentnode.sandbox.session")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-"""gRPC message cap, both directions: larger than any legal payload, small enough to bound host memory.
-Each method has a tighter cap of its own, checked before the request is decoded."""
+"""The run server's gRPC message cap, both directions (the wrapper's channel allows 8 MiB, so this one
+binds): it bounds what one request makes the host hold. Each method has its own cap, checked before the
+request is decoded and, at the default limits, far below this one: FETCH_REQUEST_MAX_BYTES, a result of
+max_result_bytes plus REPORT_ENVELOPE_BYTES, a tool request of MAX_REQUEST_BYTES (host/_tools.py), an LLM
+request of max_input_chars plus framing. A larger message never reaches a method: gRPC refuses it with a
+bare RESOURCE_EXHAUSTED (no reason)."""
 
 MAX_RESULT_BYTES = 1024 * 1024
 """Largest JSON result a run may report."""
@@ -67,47 +72,47 @@ HOST_ERROR_LOG_BURST lines at once and one a minute after that."""
 
 REASON_METADATA_KEY = "agentnode-reason"
 
-_STATUS: dict[str, grpc.StatusCode] = {
-    "TASK_ALREADY_FETCHED": grpc.StatusCode.FAILED_PRECONDITION,
-    "TASK_NOT_FETCHED": grpc.StatusCode.FAILED_PRECONDITION,
-    "RUN_FINISHED": grpc.StatusCode.FAILED_PRECONDITION,
-    "INVALID_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
-    "TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "TOOL_NOT_ALLOWED": grpc.StatusCode.PERMISSION_DENIED,
-    "TOOL_CALL_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "TOOL_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-    "TOOL_PACK_UNTRUSTED": grpc.StatusCode.PERMISSION_DENIED,
-    "TOOL_ARGUMENTS_INVALID": grpc.StatusCode.INVALID_ARGUMENT,
-    "LLM_NOT_GRANTED": grpc.StatusCode.PERMISSION_DENIED,
-    "LLM_CALL_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "LLM_INPUT_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "LLM_OUTPUT_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "LLM_MODEL_NOT_ALLOWED": grpc.StatusCode.PERMISSION_DENIED,
-    "LLM_RATE_LIMITED": grpc.StatusCode.UNAVAILABLE,
-    "LLM_TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "LLM_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
-    "RUN_DEADLINE": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "HOST_ERROR": grpc.StatusCode.INTERNAL,
-    "TOO_MANY_REFUSALS": grpc.StatusCode.RESOURCE_EXHAUSTED,
+_STATUS: dict[WireReason, grpc.StatusCode] = {
+    WireReason.TASK_ALREADY_FETCHED: grpc.StatusCode.FAILED_PRECONDITION,
+    WireReason.TASK_NOT_FETCHED: grpc.StatusCode.FAILED_PRECONDITION,
+    WireReason.RUN_FINISHED: grpc.StatusCode.FAILED_PRECONDITION,
+    WireReason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    WireReason.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WireReason.TOOL_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,
+    WireReason.TOOL_CALL_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WireReason.TOOL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    WireReason.TOOL_PACK_UNTRUSTED: grpc.StatusCode.PERMISSION_DENIED,
+    WireReason.TOOL_ARGUMENTS_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    WireReason.LLM_NOT_GRANTED: grpc.StatusCode.PERMISSION_DENIED,
+    WireReason.LLM_CALL_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WireReason.LLM_INPUT_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WireReason.LLM_OUTPUT_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WireReason.LLM_MODEL_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,
+    WireReason.LLM_RATE_LIMITED: grpc.StatusCode.UNAVAILABLE,
+    WireReason.LLM_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    WireReason.LLM_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    WireReason.RUN_DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    WireReason.HOST_ERROR: grpc.StatusCode.INTERNAL,
+    WireReason.TOO_MANY_REFUSALS: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 # Refusals that report the run's state, its spent budget or the provider, not a bad request: answered
 # before any decoding (or after a call slot was spent), they never drain the refusal budget. Every other
 # reason does, including any added later.
-_UNMETERED = frozenset(
+_UNMETERED: frozenset[WireReason] = frozenset(
     {
-        "TASK_ALREADY_FETCHED",
-        "TASK_NOT_FETCHED",
-        "RUN_FINISHED",
-        "RUN_DEADLINE",
-        "TOOL_CALL_LIMIT",
-        "LLM_CALL_LIMIT",
-        "LLM_OUTPUT_TOO_LARGE",
-        "LLM_RATE_LIMITED",
-        "LLM_TIMEOUT",
-        "LLM_UNAVAILABLE",
-        "HOST_ERROR",
-        "TOO_MANY_REFUSALS",
+        WireReason.TASK_ALREADY_FETCHED,
+        WireReason.TASK_NOT_FETCHED,
+        WireReason.RUN_FINISHED,
+        WireReason.RUN_DEADLINE,
+        WireReason.TOOL_CALL_LIMIT,
+        WireReason.LLM_CALL_LIMIT,
+        WireReason.LLM_OUTPUT_TOO_LARGE,
+        WireReason.LLM_RATE_LIMITED,
+        WireReason.LLM_TIMEOUT,
+        WireReason.LLM_UNAVAILABLE,
+        WireReason.HOST_ERROR,
+        WireReason.TOO_MANY_REFUSALS,
     }
 )
 
@@ -281,21 +286,21 @@ class RunSession:
             with self._lock:
                 self.throttled += 1
             raise CallRefusal(
-                "TOO_MANY_REFUSALS", "too many refused requests in a short time; wait and retry"
+                WireReason.TOO_MANY_REFUSALS, "too many refused requests in a short time; wait and retry"
             )
 
     def _check_open(self) -> None:
         if self.cancelled:
-            raise CallRefusal("RUN_FINISHED", "the run was cancelled")
+            raise CallRefusal(WireReason.RUN_FINISHED, "the run was cancelled")
         if self.outcome is not None:
-            raise CallRefusal("RUN_FINISHED", "the run already reported its result")
+            raise CallRefusal(WireReason.RUN_FINISHED, "the run already reported its result")
 
     def require_open(self) -> tuple[ToolGate, LlmSession]:
         """Refuse calls before the task was fetched or after the result was reported."""
         with self._lock:
             self._check_open()
             if not self.fetched or self.tools is None or self.llm is None:
-                raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
+                raise CallRefusal(WireReason.TASK_NOT_FETCHED, "fetch the task first")
             return self.tools, self.llm
 
     def require_fetchable(self) -> None:
@@ -303,14 +308,14 @@ class RunSession:
         with self._lock:
             self._check_open()
             if self._fetching:
-                raise CallRefusal("TASK_ALREADY_FETCHED", "the task can be fetched once per run")
+                raise CallRefusal(WireReason.TASK_ALREADY_FETCHED, "the task can be fetched once per run")
 
     def require_reportable(self) -> RunTask:
         """The state checks of ReportResult; the task (its result cap) once they pass."""
         with self._lock:
             self._check_open()
             if not self.fetched or self.task is None:
-                raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
+                raise CallRefusal(WireReason.TASK_NOT_FETCHED, "fetch the task first")
             return self.task
 
     def fetch(
@@ -324,10 +329,10 @@ class RunSession:
         with self._lock:
             self._check_open()
             if self._fetching:
-                raise CallRefusal("TASK_ALREADY_FETCHED", "the task can be fetched once per run")
+                raise CallRefusal(WireReason.TASK_ALREADY_FETCHED, "the task can be fetched once per run")
             if protocol_version != PROTOCOL_VERSION:
                 raise CallRefusal(
-                    "INVALID_REQUEST",
+                    WireReason.INVALID_REQUEST,
                     f"protocol version {protocol_version} is not the host's {PROTOCOL_VERSION}",
                 )
             self._fetching = True
@@ -335,7 +340,7 @@ class RunSession:
             on_admit()
         while not self.assigned.wait(0.5):
             if not is_active():
-                raise CallRefusal("RUN_FINISHED", "the caller went away before a task was assigned")
+                raise CallRefusal(WireReason.RUN_FINISHED, "the caller went away before a task was assigned")
         with self._lock:
             self._check_open()
             assert self.task is not None
@@ -346,7 +351,7 @@ class RunSession:
         with self._lock:
             self._check_open()
             if not self.fetched:
-                raise CallRefusal("TASK_NOT_FETCHED", "fetch the task first")
+                raise CallRefusal(WireReason.TASK_NOT_FETCHED, "fetch the task first")
             self.outcome = outcome
         self.reported.set()
 
@@ -354,8 +359,8 @@ class RunSession:
 # --- the wire boundary ---------------------------------------------------------------------------------
 
 
-def _abort(context: grpc.ServicerContext, reason: str, message: str) -> NoReturn:
-    context.set_trailing_metadata(((REASON_METADATA_KEY, reason),))
+def _abort(context: grpc.ServicerContext, reason: WireReason, message: str) -> NoReturn:
+    context.set_trailing_metadata(((REASON_METADATA_KEY, str(reason)),))
     context.abort(_STATUS.get(reason, grpc.StatusCode.INTERNAL), f"{reason}: {message}")
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
@@ -369,7 +374,7 @@ def _translate(exc: Exception, context: grpc.ServicerContext, name: str, session
     if unlogged is not None:
         more = f" ({unlogged} more in this run since the last one logged)" if unlogged else ""
         logger.warning("host error in %s: %s%s", name, type(exc).__name__, more)
-    _abort(context, "HOST_ERROR", "the host failed to serve this call")
+    _abort(context, WireReason.HOST_ERROR, "the host failed to serve this call")
 
 
 class _Call:
@@ -452,7 +457,7 @@ def _serialize(message: _Message) -> bytes:
 class _BadReport(CallRefusal):
     """A ReportResult that cannot be accepted: refused with `reason`, recorded as `failure_code`."""
 
-    def __init__(self, failure_code: str, reason: str, message: str) -> None:
+    def __init__(self, failure_code: str, reason: WireReason, message: str) -> None:
         super().__init__(reason, message)
         self.failure_code = failure_code
 
@@ -465,7 +470,7 @@ _AGENT_ERROR_CODES: dict[int, str] = {
 
 
 def _malformed(what: str) -> CallRefusal:
-    return CallRefusal("INVALID_REQUEST", f"the request is not a valid {what}")
+    return CallRefusal(WireReason.INVALID_REQUEST, f"the request is not a valid {what}")
 
 
 def _varint(raw: bytes, pos: int, what: str) -> tuple[int, int]:
@@ -543,7 +548,9 @@ class _RunServices:
     ) -> session_pb2.FetchTaskResponse:
         self.session.require_fetchable()
         if len(raw) > FETCH_REQUEST_MAX_BYTES:
-            raise CallRefusal("TOO_LARGE", f"a FetchTask request is at most {FETCH_REQUEST_MAX_BYTES} bytes")
+            raise CallRefusal(
+                WireReason.TOO_LARGE, f"a FetchTask request is at most {FETCH_REQUEST_MAX_BYTES} bytes"
+            )
         call.decoded = len(raw)
         request: session_pb2.FetchTaskRequest = _decode(session_pb2.FetchTaskRequest, raw, 4)
         task = self.session.fetch(request.protocol_version, context.is_active, on_admit=call.accept)
@@ -601,32 +608,36 @@ class _RunServices:
     def _read_report(raw: bytes, call: _Call, cap: int) -> RunOutcome:
         """The outcome a ReportResult request carries, or _BadReport with the failure that stands for it."""
         if len(raw) > cap + REPORT_ENVELOPE_BYTES:
-            raise _BadReport("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
+            raise _BadReport("result_too_large", WireReason.TOO_LARGE, "the result exceeds the size cap")
         call.decoded = len(raw)
         try:
             request: session_pb2.ReportResultRequest = _decode(session_pb2.ReportResultRequest, raw, 4)
         except CallRefusal:
             raise _BadReport(
-                "result_not_serializable", "INVALID_REQUEST", "the report is not a valid ReportResultRequest"
+                "result_not_serializable",
+                WireReason.INVALID_REQUEST,
+                "the report is not a valid ReportResultRequest",
             ) from None
         which = request.WhichOneof("outcome")
         if which == "value_json":
             text = request.value_json
             if len(text.encode("utf-8")) > cap:
-                raise _BadReport("result_too_large", "TOO_LARGE", "the result exceeds the size cap")
+                raise _BadReport("result_too_large", WireReason.TOO_LARGE, "the result exceeds the size cap")
             try:
                 loads_strict(text, max_bytes=cap)
             except JsonRejected:
                 raise _BadReport(
                     "result_not_serializable",
-                    "INVALID_REQUEST",
+                    WireReason.INVALID_REQUEST,
                     "the result is not strict JSON (valid, finite numbers, nested at most 64 deep)",
                 ) from None
             return RunOutcome(value_json=text)
         if which == "failure":
             code = _AGENT_ERROR_CODES.get(request.failure.code, "agent_exception")
             return RunOutcome(failure_code=code, failure_message=request.failure.message[:2000])
-        raise _BadReport("result_not_serializable", "INVALID_REQUEST", "a result needs value_json or failure")
+        raise _BadReport(
+            "result_not_serializable", WireReason.INVALID_REQUEST, "a result needs value_json or failure"
+        )
 
     # ToolService
 

@@ -28,6 +28,7 @@ from host._errors import CallRefusal
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._manifest import ToolpackManifest, ToolSpec
 from host._tool_worker import MAX_RESULT_BYTES
+from host._vocab import HOST_TRUST, WireReason
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ MAX_REQUEST_BYTES = MAX_ARGUMENTS_BYTES + 4096
 """The most a tool request may take encoded: its arguments plus slug, tool name and framing. The RPC layer
 refuses anything larger as TOO_LARGE before decoding it."""
 DEFAULT_TOOL_TIMEOUT = 60.0
-HOST_TRUST_LEVELS = frozenset({"trusted", "curated"})
 MODE_HOST_WORKER = "host_worker"
 
 _SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -67,7 +67,7 @@ ToolpackLookup = Callable[[str], InstalledToolpack | None]
 class ToolRefusal(CallRefusal):
     """The gate refused a call before anything ran; the message is capped."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: WireReason, message: str) -> None:
         super().__init__(reason, message[:_MAX_MESSAGE])
 
     def __str__(self) -> str:
@@ -98,14 +98,14 @@ def _parse_arguments(arguments_json: str) -> dict[str, Any]:
         len(arguments_json) > MAX_ARGUMENTS_BYTES
         or len(arguments_json.encode("utf-8", "surrogatepass")) > MAX_ARGUMENTS_BYTES
     ):
-        raise ToolRefusal("TOO_LARGE", f"arguments_json exceeds {MAX_ARGUMENTS_BYTES} bytes")
+        raise ToolRefusal(WireReason.TOO_LARGE, f"arguments_json exceeds {MAX_ARGUMENTS_BYTES} bytes")
     try:
         arguments = loads_strict(arguments_json)
     except JsonRejected as exc:
-        raise ToolRefusal("INVALID_REQUEST", f"arguments_json is not strict JSON ({exc})") from None
+        raise ToolRefusal(WireReason.INVALID_REQUEST, f"arguments_json is not strict JSON ({exc})") from None
     if not isinstance(arguments, dict):
         del arguments  # a refusal's traceback keeps this frame: drop the parsed value now
-        raise ToolRefusal("INVALID_REQUEST", "arguments_json must be a JSON object")
+        raise ToolRefusal(WireReason.INVALID_REQUEST, "arguments_json must be a JSON object")
     return arguments
 
 
@@ -208,11 +208,11 @@ def _select_tool(slug: str, manifest: ToolpackManifest, tool_name: str) -> ToolS
         if tool.name == tool_name or (not tool_name and len(tools) == 1):
             return tool
     if not tools:
-        raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' has no tools")
+        raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no tools")
     names = ", ".join(tool.name for tool in tools)
     if tool_name:
-        raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' has no such tool; available: {names}")
-    raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' has several tools; name one of: {names}")
+        raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no such tool; available: {names}")
+    raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has several tools; name one of: {names}")
 
 
 class ToolGate:
@@ -271,11 +271,12 @@ class ToolGate:
         """The checks that need no request at all, run by the RPC layer before it decodes one: a run with
         no allowlist or no calls left, or a request larger than MAX_REQUEST_BYTES, is refused (counted)."""
         if not self._allowed:
-            raise self.refused(ToolRefusal("TOOL_NOT_ALLOWED", "this run's tool allowlist is empty"))
+            raise self.refused(ToolRefusal(WireReason.TOOL_NOT_ALLOWED, "this run's tool allowlist is empty"))
         if self.remaining == 0:
             raise self.refused(_call_limit())
         if request_bytes > MAX_REQUEST_BYTES:
-            raise self.refused(ToolRefusal("TOO_LARGE", f"the request exceeds {MAX_REQUEST_BYTES} bytes"))
+            too_large = f"the request exceeds {MAX_REQUEST_BYTES} bytes"
+            raise self.refused(ToolRefusal(WireReason.TOO_LARGE, too_large))
 
     def call(
         self,
@@ -301,29 +302,31 @@ class ToolGate:
         self, slug: str, tool_name: str, arguments_json: str
     ) -> tuple[InstalledToolpack, ToolSpec, dict[str, Any], float]:
         if not _SLUG.fullmatch(slug):
-            raise ToolRefusal("INVALID_REQUEST", "package_slug is empty or not a package slug")
+            raise ToolRefusal(WireReason.INVALID_REQUEST, "package_slug is empty or not a package slug")
         if slug not in self._allowed:
-            raise ToolRefusal("TOOL_NOT_ALLOWED", f"package '{slug}' is not on this run's tool allowlist")
+            raise ToolRefusal(
+                WireReason.TOOL_NOT_ALLOWED, f"package '{slug}' is not on this run's tool allowlist"
+            )
         if self.remaining == 0:
             raise _call_limit()
         pack = self._lookup(slug)
         if pack is None:
-            raise ToolRefusal("TOOL_NOT_FOUND", f"package '{slug}' is not installed on this host")
-        if pack.trust not in HOST_TRUST_LEVELS:
-            raise ToolRefusal("TOOL_PACK_UNTRUSTED", "community tool packs never run on the host")
+            raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' is not installed on this host")
+        if pack.trust not in HOST_TRUST:
+            raise ToolRefusal(WireReason.TOOL_PACK_UNTRUSTED, "community tool packs never run on the host")
         tool = _select_tool(slug, pack.manifest, tool_name)
         if self._deadline - time.monotonic() <= 0:
-            raise ToolRefusal("RUN_DEADLINE", "the run's time budget is spent")
+            raise ToolRefusal(WireReason.RUN_DEADLINE, "the run's time budget is spent")
         with self._parsing:  # the first step whose cost grows with the request
             arguments = _parse_arguments(arguments_json)
             if tool.input_schema is not None and (error := schema_error(tool.input_schema, arguments)):
                 del arguments  # freed inside the slot (a refusal's traceback keeps this frame)
                 raise ToolRefusal(
-                    "TOOL_ARGUMENTS_INVALID", f"arguments do not match the tool's schema: {error}"
+                    WireReason.TOOL_ARGUMENTS_INVALID, f"arguments do not match the tool's schema: {error}"
                 )
         timeout = min(self._tool_timeout, self._deadline - time.monotonic())
         if timeout <= 0:
-            raise ToolRefusal("RUN_DEADLINE", "the run's time budget is spent")
+            raise ToolRefusal(WireReason.RUN_DEADLINE, "the run's time budget is spent")
         with self._lock:
             if self._calls_made >= self._max_tool_calls:
                 raise _call_limit()
@@ -332,7 +335,7 @@ class ToolGate:
 
 
 def _call_limit() -> ToolRefusal:
-    return ToolRefusal("TOOL_CALL_LIMIT", "this run's tool-call cap is used up")
+    return ToolRefusal(WireReason.TOOL_CALL_LIMIT, "this run's tool-call cap is used up")
 
 
 # --- the runner --------------------------------------------------------------------------------------
@@ -554,7 +557,6 @@ def _outcome(reply: dict[str, Any]) -> ToolOutcome:
 
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT",
-    "HOST_TRUST_LEVELS",
     "MAX_ARGUMENTS_BYTES",
     "MAX_REQUEST_BYTES",
     "MAX_RESULT_BYTES",

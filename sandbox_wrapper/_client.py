@@ -9,7 +9,8 @@ import grpc
 from sandbox_wrapper._errors import HostUnavailableError
 
 MAX_MESSAGE_BYTES = 8 * 2**20
-"""Largest gRPC message either side sends; the host's size caps sit below it."""
+"""Largest gRPC message this channel sends or accepts. It is not the binding limit: the host's run server
+takes and sends at most 4 MiB a message, and each method caps its requests lower still."""
 
 REASON_KEY = "agentnode-reason"
 

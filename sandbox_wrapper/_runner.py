@@ -26,7 +26,8 @@ FETCH_TIMEOUT_SECONDS = 5.0
 MESSAGE_CHARS = 500
 EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
 
-# The result must also fit in one gRPC message next to the envelope.
+# The result must also fit in one message this channel sends, next to the envelope. The host's own cap
+# (max_result_bytes, which it always sends) is lower, so this ceiling only binds a host that sends none.
 _RESULT_CEILING = MAX_MESSAGE_BYTES - 1024
 MAX_RESULT_DEPTH = 64
 """How deep a result may nest: the host refuses deeper JSON, so the wrapper reports it as unserializable."""

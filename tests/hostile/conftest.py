@@ -17,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import textwrap
 import threading
 import time
 from collections import Counter
@@ -36,18 +35,22 @@ from host._engine import LABEL_OWNER, LABEL_SLUG, owner_token
 from host._runner import RunResult, SandboxHost
 from host._tools import ToolGate
 from tests.conftest import REQUIRE_DOCKER
-from tests.integration.conftest import (
-    REPO,
-    HostState,
+from tests.support import fake_llm
+from tests.support.engine import (
+    RUNSC_MISSING,
+    containers_with,
     docker_client,
+    leftover_containers,
     pinned_image,
     runsc_available,
     runtime,
 )
-from tests.support import fake_llm
 from tests.support.fake_llm import FakeLlmServer
+from tests.support.host_state import HostState
+from tests.support.packs import write_agent
+from tests.support.paths import REPO
 
-__all__ = ["docker_client", "pinned_image", "runtime"]  # fixtures shared with the integration suite
+__all__ = ["docker_client", "pinned_image", "runtime"]  # fixtures from tests.support.engine
 
 CANARY = "sk-canary-hostile-4c1f9e07d2b8a6"
 """The host's API key in every hostile test: any sighting outside the provider request is a leak."""
@@ -393,22 +396,18 @@ class Lab:
         llm_calls: int | None = None,
     ) -> str:
         """Install an agent pack (unverified: always sandboxed) whose `agent.run` is `source`."""
-        pack = self.root / "packs" / slug
-        pack.mkdir(parents=True)
-        (pack / "agent.py").write_text(textwrap.dedent(source))
         llm = (
             f"  llm_access: {{enabled: true, max_calls: {llm_calls}, max_input_chars: 20000, "
             "max_output_chars: 20000}\n"
             if llm_calls
             else ""
         )
-        (pack / "agentnode.yaml").write_text(
-            f'package_id: {slug}\nversion: "1.0.0"\npackage_type: agent\n'
-            'agent:\n  entrypoint: "agent:run"\n  goal: hostile\n'
+        agent = (
             f"  tool_access: {{allowed_packages: [{TOOLPACK}]}}\n"
             f"  limits: {{max_tool_calls: {max_tool_calls}, max_runtime_seconds: {max_runtime_seconds}}}\n"
             + llm
         )
+        pack = write_agent(self.root / "packs", slug, source, goal="hostile", agent=agent)
         entry = self.state.install(pack)
         if entry.sandbox_volume:
             self.volumes.add(entry.sandbox_volume)
@@ -526,7 +525,7 @@ def runtime_pair(docker_client: docker.DockerClient) -> tuple[str, ...]:
     if runsc_available(docker_client):
         return ("runc", "runsc")
     if REQUIRE_DOCKER:
-        pytest.fail("runsc is not registered with the engine (scripts/provision-engine registers it)")
+        pytest.fail(RUNSC_MISSING)
     return ("runc",)
 
 
@@ -541,27 +540,12 @@ def short_tool_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
 def _no_leftover_containers(request: pytest.FixtureRequest) -> Iterator[None]:
     """Containers this process created are gone after each test; a leftover fails the test and is counted."""
     yield
-    if "docker_client" not in request.fixturenames:
-        return
-    client: docker.DockerClient = request.getfixturevalue("docker_client")
-    leftovers = containers_with(client, [f"{LABEL_OWNER}={owner_token()}"])
-    for c in leftovers:
-        with contextlib.suppress(docker.errors.NotFound):
-            c.remove(force=True)
+    leftovers = leftover_containers(request)
     _METRICS["leftovers"] += len(leftovers)
-    assert not leftovers, f"containers left behind: {[c.name for c in leftovers]}"
+    assert not leftovers, f"containers left behind: {leftovers}"
 
 
 # --- small helpers shared by the test modules ------------------------------------------------------------
-
-
-def containers_with(client: docker.DockerClient, labels: list[str]) -> list[Any]:
-    """Containers carrying all `labels`, skipping any removed while being listed (runs end concurrently)."""
-    found = []
-    for summary in client.api.containers(all=True, filters={"label": labels}):
-        with contextlib.suppress(docker.errors.NotFound):
-            found.append(client.containers.get(summary["Id"]))
-    return found
 
 
 class HostListener:

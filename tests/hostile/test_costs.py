@@ -501,7 +501,7 @@ def test_refused_requests_cost_the_host_little(
     result, meter, bystander, ended = attack(lab, "cost-attacker", host=lab.host(), kwargs={"seconds": 6})
     assert result.success, (result.error_code, result.error, result.logs[-2000:])
     out = result.result
-    record = next(r for r in lab.audit() if r["request_id"] == result.run_id)
+    record = next(r for r in lab.audit() if r["run_id"] == result.run_id)
     session, looked = served.of(result.run_id)
     cpu = [spent for _, spent in looked]
     llm_cpu = [spent for name, spent in looked if name == "call_llm"]

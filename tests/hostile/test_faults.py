@@ -104,7 +104,7 @@ def _gone(client: docker.DockerClient, *refs: str) -> bool:
 
 def _closed(lab: Lab, result: RunResult, slug: str, reason: str) -> tuple[bool, dict[str, Any]]:
     """Whether one run failed closed with `reason`: its code, its one audit record, nothing left behind."""
-    audit = [r["reason"] for r in lab.audit() if r["request_id"] == result.run_id]
+    audit = [r["reason"] for r in lab.audit() if r["run_id"] == result.run_id]
     left = lab.run_dirs() + [c.name for c in lab.containers(slug)]
     facts = {"code": result.error_code or "completed", "audit": audit, "left": left}
     return not result.success and result.error_code == reason and audit == [reason] and not left, facts
@@ -218,7 +218,7 @@ def test_socket_dir_removed_between_calls(lab: Lab, ledger: Ledger) -> None:
         shutil.rmtree(path)
     thread.join()
     result = box["result"]
-    records = [r for r in lab.audit() if r["request_id"] == result.run_id]
+    records = [r for r in lab.audit() if r["run_id"] == result.run_id]
     ledger.fault(
         "fault.socket_dir_removed",
         expected="the run fails closed with a named reason and one audit record; nothing left behind",
@@ -260,7 +260,7 @@ def test_audit_file_unwritable(lab: Lab, ledger: Ledger) -> None:
                 "first": [first.success, first.error_code, "started" in first.stages],
                 "audit_failures": failures,
                 "second": [second.success, second.result],
-                "audited_after": [r["request_id"][:8] for r in lab.audit()],
+                "audited_after": [r["run_id"][:8] for r in lab.audit()],
             }
         ),
         ok=not first.success
@@ -270,7 +270,7 @@ def test_audit_file_unwritable(lab: Lab, ledger: Ledger) -> None:
         and failures == 1
         and second.success
         and host.audit_failures == 1
-        and [r["request_id"] for r in lab.audit()] == [first.run_id, second.run_id],
+        and [r["run_id"] for r in lab.audit()] == [first.run_id, second.run_id],
     )
 
 
@@ -290,7 +290,7 @@ def test_host_killed_mid_run_then_swept(lab: Lab, ledger: Ledger, docker_client:
         orphaned = {"container": container.status, "run_dirs": len(lab.live_run_dirs())}
         assert orphaned == {"container": "running", "run_dirs": 1}, orphaned  # the fault really left debris
         swept = lab.host().startup_sweep()
-        records = [r for r in lab.audit() if r["request_id"] == run_id]
+        records = [r for r in lab.audit() if r["run_id"] == run_id]
         ledger.fault(
             "fault.host_killed_and_restarted",
             expected="a restarted host's startup_sweep removes the orphaned container (by id and name) and "

@@ -20,8 +20,10 @@ from host._client import RunnerClient
 from host._engine import LABEL_RUN, LABEL_SLUG
 from host._errors import ManifestError
 from host._runner import RunResult
-from tests.hostile.conftest import Lab, Ledger, brief, containers_with
-from tests.unit.test_cli import BIN, cli, json_out
+from tests.hostile.conftest import Lab, Ledger, brief
+from tests.support.cli import cli, json_out
+from tests.support.engine import containers_with
+from tests.support.paths import BIN
 
 pytestmark = pytest.mark.docker
 
@@ -187,7 +189,7 @@ def test_connection_flood_under_serve_hurts_only_the_flooder(lab: Lab, ledger: L
         watching.set()
         watcher.join()
         made = sum(f.result.get("connected", 0) for f in flood_results if isinstance(f.result, dict))
-        records = {r["request_id"]: r for r in lab.audit()}
+        records = {r["run_id"]: r for r in lab.audit()}
         report = verify_audit(lab.state.dir / "audit.jsonl")
     ledger.attack(
         "serve.connection_flood.admin_and_neighbours",

@@ -186,4 +186,4 @@ def test_exceptions_and_exits_are_named(lab: Lab, ledger: Ledger) -> None:
     healthy = lab.run("outcomes", host=host, kwargs={"mode": "ok"})
     audit = lab.audit()
     assert healthy.success and healthy.result == "healthy"
-    assert len(audit) == len(EXITS) + 2 and len({r["request_id"] for r in audit}) == len(audit)
+    assert len(audit) == len(EXITS) + 2 and len({r["run_id"] for r in audit}) == len(audit)

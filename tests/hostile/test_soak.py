@@ -67,7 +67,7 @@ def _record(
         observed=brief({"succeeded": len(results) - len(failed), "first_failures": failed[:3]}),
         ok=not failed,
     )
-    audit_ids = [r["request_id"] for r in lab.audit()]
+    audit_ids = [r["run_id"] for r in lab.audit()]
     run_ids = [r.run_id for r in results]
     ledger.soak(
         f"soak.{label}.one_audit_record_per_run",

@@ -27,7 +27,7 @@ import pytest
 
 from host._packs import Lockfile
 from tests.hostile.conftest import STUBS, Lab, Ledger, brief
-from tests.unit.test_cli import cli
+from tests.support.cli import cli
 
 pytestmark = pytest.mark.docker
 

@@ -16,8 +16,9 @@ import pytest
 
 from host._errors import ManifestError
 from host._runner import RunResult
-from tests.integration.conftest import REPO, HostState
 from tests.support.fake_llm import FakeLlmServer
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.docker
 
@@ -314,7 +315,7 @@ def test_each_failure_mode_has_its_own_error_code(
     assert text in result.error
     assert result.mode_used == "agent_sandbox" and result.result is None
     (rec,) = host_state.audit()
-    assert rec["action"] == "deny" and rec["request_id"] == result.run_id and rec["sandbox"] is True
+    assert rec["action"] == "deny" and rec["run_id"] == result.run_id and rec["sandbox"] is True
     assert rec["reason"] == ("exited_before_result" if code == "exited_before_result" else "agent_error")
     assert "secret-agent-text" not in json.dumps(rec)
 

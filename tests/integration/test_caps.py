@@ -20,8 +20,8 @@ import pytest
 
 from host._audit import verify_audit
 from host._runner import RunResult
-from tests.integration.conftest import HostState
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
+from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
 
@@ -153,7 +153,7 @@ def _seen(result: RunResult) -> list[Any]:
 
 def _record(state: HostState, result: RunResult) -> dict[str, Any]:
     audit = state.audit()
-    assert len(audit) == 1 and audit[0]["request_id"] == result.run_id
+    assert len(audit) == 1 and audit[0]["run_id"] == result.run_id
     assert verify_audit(state.dir / "audit.jsonl").ok
     return audit[0]
 

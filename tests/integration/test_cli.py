@@ -20,9 +20,11 @@ import pytest
 
 from host._image import BUILD_HINT
 from host._packs import Lockfile
-from tests.integration.conftest import REPO, HostState
+from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.fake_llm import FakeLlmServer
-from tests.unit.test_cli import assert_error_lines, check_schema, cli, json_out
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
+from tests.support.schema import check_schema
 
 pytestmark = pytest.mark.docker
 
@@ -109,7 +111,7 @@ def test_install_and_run_the_example_agent(state: HostState, fake_llm: FakeLlmSe
     records = json_out(cli(env, "audit", "--json", "--slug", "hello-agent"))
     check_schema("audit", records)
     (rec,) = records
-    assert rec["request_id"] == out["run_id"] and rec["tool_calls"] == 1 and rec["llm"]["ok"] == 1
+    assert rec["run_id"] == out["run_id"] and rec["tool_calls"] == 1 and rec["llm"]["ok"] == 1
     verified = cli(env, "audit", "verify", "--json")
     report = json_out(verified)  # the run's start and end records, and no run left open
     assert verified.returncode == 0 and report["records"] == 2 and report["open_runs"] == []
@@ -269,7 +271,7 @@ def test_policy_explain_agrees_with_what_a_run_enforces(
     }  # fmt: skip
     assert len(fake_llm.requests) == 2
     rec = json_out(cli(env, "audit", "--json", "--last", "1"))[0]
-    assert rec["request_id"] == out["run_id"] and rec["tool_calls"] == 3 and rec["llm"]["ok"] == 2
+    assert rec["run_id"] == out["run_id"] and rec["tool_calls"] == 3 and rec["llm"]["ok"] == 2
     assert rec["llm"]["max_calls"] == 2 and rec["llm"]["refused_limit"] == 1
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.integration.conftest import HostState
-from tests.unit.test_cli import BIN, check_schema, cli, json_out
+from tests.support.cli import cli, json_out
+from tests.support.host_state import HostState
+from tests.support.paths import BIN
+from tests.support.schema import check_schema
 
 pytestmark = pytest.mark.docker
 

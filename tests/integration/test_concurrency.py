@@ -13,8 +13,9 @@ import pytest
 from host._audit import verify_audit
 from host._engine import LABEL_OWNER, owner_token
 from host._runner import RunResult
-from tests.integration.conftest import REPO, HostState
 from tests.support.fake_llm import Behaviour, FakeLlmServer
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.docker
 
@@ -86,8 +87,8 @@ def test_64_concurrent_runs_each_succeed_with_one_verified_audit_line(
     everything = [json.loads(line) for line in lines]
     records = [r for r in everything if r["event"] == "agent_run"]
     starts = [r for r in everything if r["event"] == "agent_run_start"]
-    assert {r["request_id"] for r in starts} == {r["request_id"] for r in records}
-    assert {r["request_id"] for r in records} == {r.run_id for r in results}
+    assert {r["run_id"] for r in starts} == {r["run_id"] for r in records}
+    assert {r["run_id"] for r in records} == {r.run_id for r in results}
     assert len({r.run_id for r in results}) == RUNS
     assert all(r["action"] == "allow" and r["reason"] == "agent_completed" for r in records)
     assert all(r["sandbox"] is True and r["runtime"] == runtime for r in records)

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from host._audit import verify_audit
-from tests.integration.conftest import REPO, HostState
 from tests.support.fake_llm import FakeLlmServer
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.docker
 
@@ -53,7 +54,7 @@ def test_example_agent_runs_sandboxed_end_to_end(
     rec = audit[0]
     assert rec["event"] == "agent_run" and rec["action"] == "allow" and rec["reason"] == "agent_completed"
     assert rec["source"] == "agent_sandbox" and rec["sandbox"] is True and rec["runtime"] == runtime
-    assert rec["request_id"] == result.run_id and rec["tool_calls"] == 1 and rec["llm"]["ok"] == 1
+    assert rec["run_id"] == result.run_id and rec["tool_calls"] == 1 and rec["llm"]["ok"] == 1
     assert CANARY not in json.dumps(rec) and "count these five words" not in json.dumps(rec)
     assert verify_audit(host_state.dir / "audit.jsonl").ok
 
@@ -101,6 +102,6 @@ def test_timeout_kills_and_removes_container(
         bystander.reload()
         assert bystander.status == "running"
         rec = host_state.audit()[-1]
-        assert rec["reason"] == "timeout" and rec["timed_out"] is True and rec["request_id"] == result.run_id
+        assert rec["reason"] == "timeout" and rec["timed_out"] is True and rec["run_id"] == result.run_id
     finally:
         bystander.remove(force=True)

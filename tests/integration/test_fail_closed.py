@@ -27,7 +27,8 @@ from host._packs import LABEL_ARTIFACT, Lockfile
 from host._policy import LlmPolicy
 from host._rundir import run_root
 from host._runner import RunResult, SandboxHost
-from tests.integration.conftest import REPO, HostState
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
 from tests.unit.test_engine import FakeEngine
 
 pytestmark = pytest.mark.docker
@@ -102,7 +103,7 @@ class Case:
         audit = self.state.audit()
         assert len(audit) == 1, audit
         record = audit[0]
-        assert record["event"] == "agent_run" and record["request_id"] == result.run_id
+        assert record["event"] == "agent_run" and record["run_id"] == result.run_id
         assert record["reason"] == reason and record["action"] == "deny"
         assert not self.marker.exists(), "the agent ran on the host"
         assert self.containers() == []

@@ -9,7 +9,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.integration.conftest import HostState
+from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
 
@@ -255,5 +255,5 @@ def test_fork_bomb_is_contained(host_state: HostState, make_agent: Callable[...,
     assert contained or result.error_code in named, (result.error_code, result.error)
     assert after.success and after.result == "still fine"
     audit = host_state.audit()
-    assert [r["request_id"] for r in audit] == [result.run_id, after.run_id]
+    assert [r["run_id"] for r in audit] == [result.run_id, after.run_id]
     assert audit[0]["reason"] == (result.error_code or "agent_completed")

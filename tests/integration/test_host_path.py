@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from host._audit import verify_audit
-from tests.integration.conftest import REPO, HostState
 from tests.support.fake_llm import FakeLlmServer
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.docker
 
@@ -98,7 +99,7 @@ def test_trusted_agent_runs_as_a_local_process_with_the_same_services(
 
     (rec,) = host_state.audit()
     assert rec["source"] == "agent_host" and rec["sandbox"] is False and rec["reason"] == "agent_completed"
-    assert rec["request_id"] == result.run_id and rec["tool_calls"] == 1
+    assert rec["run_id"] == result.run_id and rec["tool_calls"] == 1
     assert rec["llm"]["ok"] == 3 and rec["llm"]["calls"] == 3
     assert CANARY not in json.dumps(rec)
     assert verify_audit(host_state.dir / "audit.jsonl").ok

@@ -10,9 +10,10 @@ import docker
 import pytest
 import yaml
 
-from tests.integration.conftest import HostState
 from tests.integration.test_cli import OWN, install, remove_own_volumes
-from tests.unit.test_cli import check_schema, cli, json_out
+from tests.support.cli import cli, json_out
+from tests.support.host_state import HostState
+from tests.support.schema import check_schema
 
 pytestmark = pytest.mark.docker
 

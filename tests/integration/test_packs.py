@@ -20,7 +20,7 @@ from docker.types import Mount
 from host._engine import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG, owner_token
 from host._errors import PackError
 from host._packs import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
-from tests.integration.conftest import HostState
+from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
 

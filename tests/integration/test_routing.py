@@ -18,7 +18,7 @@ import pytest
 
 from host._audit import verify_audit
 from host._runner import RunResult
-from tests.integration.conftest import HostState
+from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
 
@@ -104,7 +104,7 @@ def _one_record(state: HostState, result: RunResult) -> dict[str, Any]:
     audit = state.audit()
     assert len(audit) == 1, audit
     rec = audit[0]
-    assert rec["event"] == "agent_run" and rec["request_id"] == result.run_id and rec["slug"] == "probe"
+    assert rec["event"] == "agent_run" and rec["run_id"] == result.run_id and rec["slug"] == "probe"
     assert verify_audit(state.dir / "audit.jsonl").ok
     return rec
 

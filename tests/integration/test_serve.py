@@ -19,7 +19,8 @@ from host._client import RunnerClient
 from host._doctor import leftover_check
 from host._engine import LABEL_OWNER, LABEL_RUN
 from host._serve import serve
-from tests.integration.conftest import REPO, HostState
+from tests.support.host_state import HostState
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.docker
 
@@ -127,7 +128,7 @@ def test_warm_runs_never_share_state(
     for r in results:
         _wait_for(lambda r=r: not _labelled(docker_client, f"{LABEL_RUN}={r.run_id}"))
     audit = host_state.audit()
-    assert [a["request_id"] for a in audit] == [r.run_id for r in results]
+    assert [a["run_id"] for a in audit] == [r.run_id for r in results]
 
 
 def test_cancel_kills_the_run(

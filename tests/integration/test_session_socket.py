@@ -16,7 +16,7 @@ import pytest
 
 from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, SOCKET_NAME
 from host._rundir import run_root
-from tests.integration.conftest import HostState
+from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
 

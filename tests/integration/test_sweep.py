@@ -14,7 +14,7 @@ import pytest
 from host._engine import LABEL_OWNER, LABEL_RUN, LABEL_SLUG, owner_alive, owner_token
 from host._rundir import make_run_dir
 from host._runner import SandboxHost
-from tests.integration.conftest import HostState
+from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
 

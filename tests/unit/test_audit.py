@@ -87,12 +87,12 @@ def filled(tmp_path: Path, count: int = 5) -> Path:
 def test_run_record_has_exactly_the_documented_fields() -> None:
     rec = record()
     assert list(rec) == [
-        "event", "slug", "action", "source", "reason", "trust", "request_id", "sandbox", "runtime",
+        "event", "slug", "action", "source", "reason", "trust", "run_id", "sandbox", "runtime",
         "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
     ]
     assert rec["event"] == "agent_run"
     assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str
-    assert rec["request_id"] == "run-1"
+    assert rec["run_id"] == "run-1"
     assert rec["llm"] == {**FULL_LLM, "allowed_models": ["gpt-a", "gpt-b"]}
     assert json.loads(json.dumps(rec)) == rec
 
@@ -370,9 +370,9 @@ def test_tail_returns_last_records_oldest_first_across_rotations(tmp_path: Path)
     for i in range(12):
         assert log.append(record(slug="even" if i % 2 == 0 else "odd", run_id=f"r{i}"))
     assert (tmp_path / "audit.jsonl.2").exists()
-    assert [r["request_id"] for r in log.tail(3)] == ["r9", "r10", "r11"]
-    assert [r["request_id"] for r in log.tail(4, slug="odd")] == ["r5", "r7", "r9", "r11"]
-    assert [r["request_id"] for r in log.tail(100, slug="even")] == [f"r{i}" for i in range(0, 12, 2)]
+    assert [r["run_id"] for r in log.tail(3)] == ["r9", "r10", "r11"]
+    assert [r["run_id"] for r in log.tail(4, slug="odd")] == ["r5", "r7", "r9", "r11"]
+    assert [r["run_id"] for r in log.tail(100, slug="even")] == [f"r{i}" for i in range(0, 12, 2)]
     assert log.tail(5, slug="nobody") == []
     assert log.tail(0) == []
 
@@ -402,7 +402,7 @@ def test_start_record_carries_only_typed_fields() -> None:
         "slug": "demo-agent",
         "source": "agent_sandbox",
         "trust": "unverified",
-        "request_id": "run-1",
+        "run_id": "run-1",
         "sandbox": True,
         "runtime": "runc",
         "max_runtime_seconds": 60,
@@ -428,6 +428,29 @@ def test_a_start_without_an_end_is_open_then_a_problem_once_overdue(tmp_path: Pa
     assert len(stale.problems) == 1
     assert "run lost" in stale.problems[0] and "no end record" in stale.problems[0]
     assert log.append(record(run_id="lost", reason=AuditReason.HOST_LOST))  # what a restarted host writes
+    assert verify_audit(path, now=later).ok
+
+
+def old_style(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record as hosts wrote it before the run id field was renamed: `request_id`, no `run_id`."""
+    return {("request_id" if k == "run_id" else k): v for k, v in rec.items()}
+
+
+def test_records_written_before_the_rename_still_verify_and_pair(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    assert log.append(old_style(start("old-ended")), sync=False)
+    assert log.append(old_style(record(run_id="old-ended")))
+    assert log.append(old_style(start("old-open")), sync=False)
+    assert log.append(old_style(start("upgraded")), sync=False)  # the host was upgraded while it ran
+    assert log.append(record(run_id="upgraded"))
+    assert "run_id" not in lines(path)[0].decode() and '"request_id":"old-ended"' in lines(path)[0].decode()
+    fresh = verify_audit(path)
+    assert fresh.ok and fresh.open_runs == ["old-open"], fresh.problems
+    later = datetime.now(UTC) + timedelta(seconds=60 + END_GRACE_SECONDS + 5)
+    stale = verify_audit(path, now=later)
+    assert not stale.ok and len(stale.problems) == 1 and "run old-open" in stale.problems[0]
+    assert log.append(record(run_id="old-open", reason=AuditReason.HOST_LOST))  # a new host closes it
     assert verify_audit(path, now=later).ok
 
 
@@ -492,7 +515,7 @@ def test_another_writer_rotating_the_file_is_followed(tmp_path: Path) -> None:
     for n in range(12):
         assert (one if n % 3 else two).append(record(run_id=f"r{n}"))
     assert verify_audit(path).ok
-    assert [r["request_id"] for r in one.tail(12)][-3:] == ["r9", "r10", "r11"]
+    assert [r["run_id"] for r in one.tail(12)][-3:] == ["r9", "r10", "r11"]
 
 
 def test_tail_can_select_events(tmp_path: Path) -> None:
@@ -513,7 +536,7 @@ def test_a_failed_end_record_is_written_with_the_next_append(tmp_path: Path) -> 
     path.rmdir()
     assert log.append(record(run_id="b"))
     assert log.pending == 0
-    assert [r["request_id"] for r in log.tail(5)] == ["a", "b"]
+    assert [r["run_id"] for r in log.tail(5)] == ["a", "b"]
     assert verify_audit(path).ok
 
 
@@ -524,4 +547,4 @@ def test_close_flushes_what_is_pending(tmp_path: Path) -> None:
     assert not log.append(record(run_id="late"))
     path.rmdir()
     log.close()
-    assert [r["request_id"] for r in AuditLog(path).tail(5)] == ["late"]
+    assert [r["run_id"] for r in AuditLog(path).tail(5)] == ["late"]

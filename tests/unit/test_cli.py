@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,84 +32,19 @@ from host._image import BUILD_HINT
 from host._manifest import AgentManifest, ToolpackManifest, load_manifest
 from host._packs import Lockfile
 from host._tools import InstalledToolpack, ToolRunner
+from tests.support.cli import assert_error_lines, cli, json_out
+from tests.support.packs import write_agent as write_pack
+from tests.support.paths import REPO
+from tests.support.schema import check_schema, documented_schema, schema_names
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = REPO / ".venv" / "bin" / "agentnode-sandbox"
-DOC = REPO / "docs" / "cli.md"
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 CANARY = "sk-canary-cli-8d7e6f5a4b"
 
-# -- the documented schemas ---------------------------------------------------------------------------
-
-_TYPES: dict[str, Any] = {
-    "string": str,
-    "integer": int,
-    "boolean": bool,
-    "null": type(None),
-    "object": dict,
-    "array": list,
-}
-
-
-def documented_schema(name: str) -> dict[str, tuple[frozenset[str], bool]]:
-    """`path -> (types, optional)` from the table after `<!-- schema: name -->` in docs/cli.md."""
-    lines = DOC.read_text().splitlines()
-    start = lines.index(f"<!-- schema: {name} -->") + 3  # skip the marker, the header and the rule
-    schema: dict[str, tuple[frozenset[str], bool]] = {}
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        field, typ = (cell.strip() for cell in line.strip("|").split("|")[:2])
-        optional = typ.endswith(", optional")
-        types = frozenset(t.strip() for t in typ.removesuffix(", optional").split(" or "))
-        assert types <= {*_TYPES, "any"}, f"{name}: {field}: unknown type {typ!r}"
-        schema[field.strip("`")] = (types, optional)
-    assert schema, f"no schema table for {name}"
-    return schema
-
-
-def _type_ok(value: Any, types: frozenset[str]) -> bool:
-    if "any" in types:
-        return True
-    if isinstance(value, bool):
-        return "boolean" in types
-    return any(isinstance(value, _TYPES[t]) for t in types if t != "boolean")
-
-
-def check_schema(name: str, value: Any) -> None:
-    """Fail unless `value` has exactly the documented keys (optional ones aside) with the documented types."""
-    schema = documented_schema(name)
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, list):
-            for item in node:
-                walk(item, prefix + "[]")
-            return
-        if not isinstance(node, dict):
-            return
-        children = {}
-        for path, spec in schema.items():
-            parent, _, key = path.rpartition(".")
-            if parent == prefix:
-                children[key] = spec
-        if not children:
-            return  # a free-form object
-        where = f"{name}: {prefix or '(top)'}"
-        assert set(node) <= set(children), f"{where}: undocumented keys {set(node) - set(children)}"
-        required = {k for k, (_, optional) in children.items() if not optional}
-        assert required <= set(node), f"{where}: missing keys {required - set(node)}"
-        for key, item in node.items():
-            path = f"{prefix}.{key}" if prefix else key
-            types = children[key][0]
-            assert _type_ok(item, types), f"{name}: {path}: {item!r} is not {sorted(types)}"
-            walk(item, path)
-
-    walk(value, "")
+# -- the documented schemas (checked by tests/support/schema.py) ----------------------------------------
 
 
 def test_every_documented_schema_parses() -> None:
-    names = [line[len("<!-- schema: ") : -len(" -->")] for line in DOC.read_text().splitlines()
-             if line.startswith("<!-- schema: ")]  # fmt: skip
+    names = schema_names()
     assert sorted(names) == sorted(
         ["run", "error", "install", "uninstall", "list", "image-build", "image-pull", "image-status",
          "doctor", "policy-explain", "audit", "audit-verify"]
@@ -145,43 +79,15 @@ def cli_env(root: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def cli(env: dict[str, str], *args: str | Path, cwd: Path | None = None, timeout: float = 180) -> Any:
-    """Run the installed console script; returns the CompletedProcess."""
-    return subprocess.run(
-        [str(BIN), *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        check=False,
-    )  # fmt: skip
-
-
-def json_out(proc: Any) -> Any:
-    """The one JSON value on stdout (and nothing else there)."""
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 1, (proc.stdout, proc.stderr)
-    return json.loads(lines[0])
-
-
-def assert_error_lines(proc: Any, code: int) -> None:
-    """The contract's error shape: `error: …` then `hint: …` on stderr, no traceback."""
-    assert proc.returncode == code, (proc.stdout, proc.stderr)
-    err = [line for line in proc.stderr.splitlines() if not line.startswith("WARNING ")]
-    assert err[0].startswith("error: ") and err[1].startswith("hint: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return cli_env(tmp_path)
 
 
 def write_agent(root: Path, slug: str, extra: str = "", source: str | None = None) -> Path:
-    d = root / slug
-    d.mkdir(parents=True)
-    (d / "agent.py").write_text(source or "def run(context, **kwargs):\n    return {'goal': context.goal}\n")
-    (d / "agentnode.yaml").write_text(
-        f'package_id: {slug}\nversion: "1.0.0"\npackage_type: agent\n'
-        f"agent:\n  entrypoint: agent:run\n  goal: probe\n{extra}"
-    )
-    return d
+    """An agent pack under `root` (by default it returns its goal); `extra` goes under `agent:`."""
+    source = source or "def run(context, **kwargs):\n    return {'goal': context.goal}\n"
+    return write_pack(root, slug, source, agent=extra)
 
 
 def set_trust(env: dict[str, str], slug: str, trust: str) -> None:
@@ -361,7 +267,7 @@ def test_run_on_the_host_path_prints_one_documented_json_object(env: dict[str, s
 
     records = json_out(cli(env, "audit", "--json", "--slug", "echoer"))
     check_schema("audit", records)
-    assert len(records) == 2 and records[0]["request_id"] == out["run_id"]
+    assert len(records) == 2 and records[0]["run_id"] == out["run_id"]
 
 
 def test_a_failed_run_exits_1_with_the_full_run_object(env: dict[str, str], tmp_path: Path) -> None:
@@ -695,9 +601,9 @@ def test_audit_show_and_verify_on_a_handmade_log(env: dict[str, str]) -> None:
 
     last = json_out(cli(env, "audit", "--json", "--last", "1"))
     check_schema("audit", last)
-    assert [r["request_id"] for r in last] == ["r3"]
+    assert [r["run_id"] for r in last] == ["r3"]
     only_a = json_out(cli(env, "audit", "show", "--json", "--slug", "a"))
-    assert [r["request_id"] for r in only_a] == ["r1", "r3"]
+    assert [r["run_id"] for r in only_a] == ["r1", "r3"]
     assert "r2" in cli(env, "audit").stdout
 
     proc = cli(env, "audit", "verify", "--json")
@@ -716,6 +622,15 @@ def test_audit_show_and_verify_on_a_handmade_log(env: dict[str, str]) -> None:
     assert report["ok"] is False and any("audit.jsonl:3" in p for p in report["problems"])
     human = cli(env, "audit", "verify")
     assert human.returncode == 1 and human.stdout.startswith("FAILED")
+
+
+def test_audit_shows_the_run_id_of_records_written_before_the_rename(env: dict[str, str]) -> None:
+    log = AuditLog(load_config(env).paths.audit_file)
+    old = {("request_id" if k == "run_id" else k): v for k, v in _record("a", "old-run").items()}
+    assert log.append(old) and log.append(_record("a", "new-run"))
+    proc = cli(env, "audit")
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split(" run=")[1].split()[0] for line in proc.stdout.splitlines()] == ["old-run", "new-run"]
 
 
 def test_audit_on_empty_state(env: dict[str, str]) -> None:
@@ -937,7 +852,7 @@ def test_list_uninstall_and_audit_show_lockfile_and_audit_text_escaped(
     audit = load_config().paths.audit_file
     audit.parent.mkdir(parents=True, exist_ok=True)
     record = {"event": "agent_run", "ts": "t", "slug": HOSTILE, "action": "deny", "reason": "x\u202e",
-              "request_id": "\x9b" * 20, "duration_ms": 1}  # fmt: skip
+              "run_id": "\x9b" * 20, "duration_ms": 1}  # fmt: skip
     audit.write_text(json.dumps(record) + "\n")
     assert main(["audit"]) == 0
     out, _ = capsys.readouterr()

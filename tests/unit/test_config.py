@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -254,6 +255,20 @@ def test_set_image_pin_rejects_non_object_section(tmp_path: Path) -> None:
     env = _write(tmp_path, {"agent_sandbox": ["x"]})
     with pytest.raises(ConfigError, match=r"^agent_sandbox: expected an object"):
         set_image_pin(config_paths(env), "sha256:1")
+
+
+def test_set_image_pin_that_cannot_be_written_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    paths = config_paths({"AGENTNODE_CONFIG": str(tmp_path)})
+    monkeypatch.setattr("host._config.os.fsync", disk_full)
+    with pytest.raises(ConfigError) as info:
+        set_image_pin(paths, "sha256:1")
+    assert info.value.message == f"{paths.config_file}: cannot write the config (OSError)"
+    assert str(tmp_path) in info.value.hint and list(tmp_path.iterdir()) == []  # no temporary file left
 
 
 def test_set_image_pin_rejects_empty_ref(tmp_path: Path) -> None:

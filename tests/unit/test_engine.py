@@ -25,24 +25,34 @@ import docker.errors
 import pytest
 import requests
 import requests.exceptions
+import urllib3.exceptions
 
 from host._engine import (
     HOME_IN_CONTAINER,
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_SLUG,
+    LABEL_WARM,
     ContainerLimits,
     EngineFacts,
     PidsProbe,
     classify_engine_exception,
     connect,
     container_spec,
+    engine_errors,
     engine_facts,
     owner_alive,
     owner_token,
     require_capable,
 )
-from host._errors import AuditReason, EngineError
+from host._errors import (
+    AuditReason,
+    EngineError,
+    EngineImageNotFound,
+    EngineNotFound,
+    EngineRejected,
+    PackError,
+)
 
 MiB = 1024 * 1024
 WRAPPER_ENV = {
@@ -251,6 +261,16 @@ def test_spec_is_pure() -> None:
     assert spec()["entrypoint"] == []
 
 
+def test_a_warm_spec_is_the_cold_spec_plus_the_warm_label() -> None:
+    cold, warm = spec(), spec(warm=True)
+    assert cold == spec(warm=False)
+    assert LABEL_WARM not in cold["labels"]
+    labels = {LABEL_RUN: "run123", LABEL_OWNER: "4242:777", LABEL_SLUG: "probe-agent", LABEL_WARM: "1"}
+    assert warm["labels"] == labels
+    assert warm == {**cold, "labels": {**cold["labels"], LABEL_WARM: "1"}}  # the whole spec, every key
+    assert set(warm) == set(cold)
+
+
 # --- require_capable ---------------------------------------------------------------------------------
 
 CAPABLE = EngineFacts(
@@ -372,6 +392,105 @@ def test_a_cyclic_chain_terminates() -> None:
     a, b = RuntimeError("a"), RuntimeError("b")
     a.__cause__, b.__cause__ = b, a
     assert classify_engine_exception(a).reason is AuditReason.ENGINE_UNAVAILABLE
+
+
+def api_error(kind: type[docker.errors.APIError], status: int | None, explanation: str = "") -> BaseException:
+    response = FakeResponse(status) if status is not None else None
+    return kind("engine said no", response=response, explanation=explanation or None)
+
+
+UNAVAILABLE = ("no container engine answers", AuditReason.ENGINE_UNAVAILABLE)
+SOCKET_DENIED = ("not permitted to use the container engine socket", AuditReason.ENGINE_PERMISSION_DENIED)
+REFUSED = ("the container engine refused the request", AuditReason.ENGINE_PERMISSION_DENIED)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "status", "expected"),
+    [
+        # no answer: the connection failed somewhere below the SDK
+        (FileNotFoundError(errno.ENOENT, "gone"), EngineError, None, UNAVAILABLE),
+        (requests.exceptions.ConnectionError("aborted"), EngineError, None, UNAVAILABLE),
+        (urllib3.exceptions.ProtocolError("Connection broken"), EngineError, None, UNAVAILABLE),
+        (docker.errors.DockerException("fetching server API version"), EngineError, None, UNAVAILABLE),
+        (PermissionError(errno.EACCES, "denied"), EngineError, None, SOCKET_DENIED),
+        (
+            chained(docker.errors.DockerException("version probe"), api_error(docker.errors.APIError, 403)),
+            EngineError, None, REFUSED,
+        ),
+        # an answer with an error status: the status is kept, 404s are told apart
+        (api_error(docker.errors.NotFound, 404, "no such volume: v"), EngineNotFound, 404, UNAVAILABLE),
+        (api_error(docker.errors.ImageNotFound, 404, "No such image"), EngineImageNotFound, 404, UNAVAILABLE),
+        (api_error(docker.errors.APIError, 409, "removal in progress"), EngineRejected, 409, UNAVAILABLE),
+        (api_error(docker.errors.APIError, 500, "boom"), EngineRejected, 500, UNAVAILABLE),
+        (api_error(docker.errors.APIError, 403, "authorization denied"), EngineRejected, 403, REFUSED),
+        (api_error(docker.errors.APIError, 401), EngineRejected, 401, REFUSED),
+        (api_error(docker.errors.APIError, None), EngineRejected, None, UNAVAILABLE),
+    ],
+)  # fmt: skip
+def test_the_classifier_as_data(
+    exc: BaseException, kind: type[EngineError], status: int | None, expected: tuple[str, AuditReason]
+) -> None:
+    err = classify_engine_exception(exc)
+    assert type(err) is kind
+    assert (err.message, err.reason, err.check) == (*expected, "engine")
+    assert "agentnode-sandbox doctor" in err.hint
+    if isinstance(err, EngineRejected):
+        assert err.status == status
+        assert err.explanation == str(getattr(exc, "explanation", None) or "").strip()
+        assert not err.explanation or err.explanation not in err.message + err.hint  # kept, never quoted
+
+
+def test_uncaught_a_rejection_reads_like_any_engine_failure() -> None:
+    """Telling "absent" from "failing" is the caller's choice; left alone, a 404 is just a failing engine."""
+    plain = classify_engine_exception(ConnectionRefusedError(errno.ECONNREFUSED, "refused"))
+    missing = classify_engine_exception(api_error(docker.errors.NotFound, 404, "no such container"))
+    assert (missing.message, missing.reason, missing.hint) == (plain.message, plain.reason, plain.hint)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        requests.exceptions.ConnectionError("aborted"),
+        api_error(docker.errors.NotFound, 404),
+        docker.errors.DockerException("x"),
+        OSError(errno.EIO, "io"),
+        urllib3.exceptions.ReadTimeoutError(None, "/x", "read timed out"),
+    ],
+)
+def test_the_boundary_classifies_every_engine_failure_without_its_chain(exc: BaseException) -> None:
+    with pytest.raises(EngineError) as info, engine_errors():
+        raise exc
+    assert type(info.value) is type(classify_engine_exception(exc))
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        PackError("the host's own error"),
+        classify_engine_exception(api_error(docker.errors.NotFound, 404)),  # an inner boundary's answer
+        KeyError("a bug is not an engine failure"),
+    ],
+)
+def test_the_boundary_passes_everything_else_unchanged(exc: Exception) -> None:
+    with pytest.raises(type(exc)) as info, engine_errors():
+        raise exc
+    assert info.value is exc
+
+
+def test_callers_tell_absent_from_failing() -> None:
+    def lookup(exc: BaseException) -> str | None:
+        try:
+            with engine_errors():
+                raise exc
+        except EngineNotFound:
+            return None
+        return "found"
+
+    assert lookup(api_error(docker.errors.NotFound, 404)) is None
+    with pytest.raises(EngineRejected) as info:
+        lookup(api_error(docker.errors.APIError, 500))
+    assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
 
 
 # --- connect / engine_facts against a real HTTP server on a Unix socket -------------------------------------

@@ -19,19 +19,26 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import docker
+import docker.errors
 import pytest
+import requests
+import requests.exceptions
+from docker.models.images import Image
 
 from host import _image
 from host._errors import AuditReason, EngineError
 from host._image import (
+    PULL_HINT,
     ImageStatus,
     PinnedWheel,
+    PullResult,
     cached_wheels,
     copy_wrapper,
     image_inputs_hash,
     image_labels,
     image_status,
     parse_requirements,
+    pull_image,
     read_packages,
     rootfs_hash,
     unpack_wheel,
@@ -418,3 +425,115 @@ def test_image_status_reads_the_labels(
     assert (unpinned.present, unpinned.image_id, unpinned.matches_pin) == (True, GOOD, False)
     missing = image_status(engine, "sha256:" + "8" * 64, repo_root=repo)
     assert missing == ImageStatus(False, None, None, None, False, current, False)
+
+
+# --- pull_image: the pull, its progress lines and the pin it makes, against a stub client ----------------
+
+
+class _FakeResponse(requests.Response):
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status_code = status
+
+
+class _StubPullClient:
+    """Just what pull_image asks of an SDK client: `api.pull` (streamed events) and `images.get`."""
+
+    def __init__(
+        self, events: list[dict[str, Any]] | None = None, error: BaseException | None = None
+    ) -> None:
+        self.events, self.error = events or [], error
+        self.api, self.images = self, self
+
+    def pull(self, ref: str, *, stream: bool, decode: bool) -> Iterator[dict[str, Any]]:
+        assert stream and decode
+        if self.error is not None:
+            raise self.error
+        yield from self.events
+
+    def get(self, ref: str) -> Image:
+        if ref not in IMAGES:
+            raise docker.errors.ImageNotFound("no such image", response=_FakeResponse(404))
+        return Image(attrs=IMAGES[ref])
+
+
+PULL_EVENTS: list[dict[str, Any]] = [
+    {"status": "Pulling from agentnode-sandbox", "id": "latest"},
+    {"status": "Downloading", "id": "abc", "progressDetail": {"current": 1}, "progress": "[=>  ]"},
+    {"status": "Status: Downloaded newer image"},
+]
+
+
+@pytest.mark.parametrize(
+    ("bars", "lines"),
+    [
+        (False, ["pull: latest: Pulling from agentnode-sandbox", "pull: Status: Downloaded newer image"]),
+        (
+            True,
+            [
+                "pull: latest: Pulling from agentnode-sandbox",
+                "pull: abc: Downloading [=>  ]",
+                "pull: Status: Downloaded newer image",
+            ],
+        ),
+    ],
+)
+def test_a_pulled_tag_is_pinned_by_the_id_of_what_was_pulled(bars: bool, lines: list[str]) -> None:
+    seen: list[str] = []
+    client = _StubPullClient(PULL_EVENTS)
+    pulled = pull_image(client, "agentnode-sandbox:latest", progress=seen.append, bars=bars)
+    assert pulled == PullResult(ref="agentnode-sandbox:latest", image_id=GOOD, pin=GOOD)
+    assert seen == lines
+
+
+def test_a_pulled_digest_is_its_own_pin() -> None:
+    pulled = pull_image(_StubPullClient(), DIGEST, progress=lambda _: None)
+    assert pulled == PullResult(ref=DIGEST, image_id=GOOD, pin=DIGEST)
+
+
+@pytest.mark.parametrize(
+    ("client", "reason", "check", "message"),
+    [
+        (_StubPullClient([{"error": "  manifest unknown\n"}]), AuditReason.IMAGE_MISSING, "image",
+         "could not pull r:1: manifest unknown"),
+        (_StubPullClient(error=docker.errors.NotFound("x", _FakeResponse(404), " not found: r ")),
+         AuditReason.IMAGE_MISSING, "image", "could not pull r:1 (404): not found: r"),
+        (_StubPullClient(error=docker.errors.APIError("x", _FakeResponse(500), "x" * 300)),
+         AuditReason.IMAGE_MISSING, "image", f"could not pull r:1 (500): {'x' * 200}"),
+        (_StubPullClient(error=docker.errors.APIError("x", _FakeResponse(403), "denied")),
+         AuditReason.ENGINE_PERMISSION_DENIED, "engine", "the container engine refused the request"),
+        (_StubPullClient(error=requests.exceptions.ConnectionError("aborted")),
+         AuditReason.ENGINE_UNAVAILABLE, "engine", "no container engine answers"),
+    ],
+)  # fmt: skip
+def test_a_failed_pull_says_why(
+    client: _StubPullClient, reason: AuditReason, check: str, message: str
+) -> None:
+    with pytest.raises(EngineError) as err:
+        pull_image(client, "r:1", progress=lambda _: None)
+    assert (err.value.reason, err.value.check, err.value.message) == (reason, check, message)
+    if check == "image":
+        assert err.value.hint == PULL_HINT
+
+
+def test_a_pulled_image_is_verified_like_any_pin() -> None:
+    with pytest.raises(EngineError) as err:
+        pull_image(_StubPullClient(), "sha256:" + "5" * 64, progress=lambda _: None)
+    assert err.value.reason is AuditReason.IMAGE_MISMATCH
+
+
+# --- a build refuses with an EngineError, never a raw ValueError or OSError --------------------------------
+
+
+def test_a_malformed_requirements_file_fails_the_build_with_its_reason(repo: Path, tmp_path: Path) -> None:
+    (repo / "docker" / "requirements.txt").write_text("grpcio>=1.0\n")
+    with pytest.raises(EngineError) as err:
+        _image.fetch_wheels(repo, "x86_64", tmp_path / "cache", lambda _: None)
+    assert (err.value.reason, err.value.check) == (AuditReason.IMAGE_MISSING, "image")
+    assert "docker/requirements.txt" in err.value.message and "name==version" in err.value.hint
+
+
+def test_a_build_without_docker_inputs_says_where_images_come_from(tmp_path: Path) -> None:
+    with pytest.raises(EngineError) as err:
+        _image.build_image(None, repo_root=tmp_path, progress=lambda _: None)
+    assert err.value.reason is AuditReason.IMAGE_MISSING and "image pull" in err.value.hint

@@ -138,6 +138,9 @@ class _Aborted(Exception):
 class _Context:
     """What `_kwargs` needs of a servicer context: abort raises, as gRPC's does."""
 
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.metadata = metadata
+
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise _Aborted(code, details)
 

@@ -181,6 +181,17 @@ def test_a_damaged_lockfile_is_a_pack_error(tmp_path: Path, content: str) -> Non
     assert str(path) in info.value.message and info.value.hint
 
 
+@pytest.mark.parametrize("write", ["put", "remove"])
+def test_an_unwritable_lockfile_is_a_pack_error(tmp_path: Path, write: str) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    path = blocker / "agentnode.lock"  # its directory cannot exist, whoever runs the test
+    with pytest.raises(PackError) as info:
+        getattr(Lockfile(path), write)(entry() if write == "put" else "alpha")
+    assert info.value.message.startswith(f"{path}: cannot write the lockfile")
+    assert str(blocker) in info.value.hint
+
+
 # --- install / uninstall without an engine ---------------------------------------------------------------
 
 

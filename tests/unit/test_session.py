@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import socket
 import tempfile
@@ -29,6 +28,7 @@ from host._session import MAX_MESSAGE_BYTES, RefusalBudget, RunSession, RunTask,
 from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
+    errors_pb2,
     llm_pb2,
     llm_pb2_grpc,
     session_pb2,
@@ -39,7 +39,6 @@ from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 from tests.support.run_server_probe import ServerProbe
 
-REPO = Path(__file__).resolve().parents[2]
 CANARY = "sk-canary-session-8c1f20"
 HOST_SECRET = "secret-ish text /srv/host/private.key"
 REASON_KEY = "agentnode-reason"
@@ -60,10 +59,16 @@ TOOL_MODULE = textwrap.dedent(
 
 
 def proto_status_codes() -> dict[str, grpc.StatusCode]:
-    """The canonical status of every reason, read from the comments in errors.proto (the contract)."""
-    text = (REPO / "protos/agentnode/sandbox/v1/errors.proto").read_text()
-    pairs = re.findall(r"//\s*([A-Z_]+):[^\n]*\n\s*ERROR_REASON_([A-Z_]+)\s*=", text)
-    return {reason: grpc.StatusCode[code] for code, reason in pairs}
+    """The canonical status of every reason, read from the generated ErrorReason enum (the contract): each
+    value's `grpc_status` option names it. UNSPECIFIED, which is never sent, names none."""
+    table: dict[str, grpc.StatusCode] = {}
+    for value in errors_pb2.ErrorReason.DESCRIPTOR.values:
+        status = value.GetOptions().Extensions[errors_pb2.grpc_status]
+        if value.number != errors_pb2.ERROR_REASON_UNSPECIFIED:
+            table[value.name.removeprefix("ERROR_REASON_")] = grpc.StatusCode[status]
+        else:
+            assert status == "", "UNSPECIFIED is never sent, so it has no status"
+    return table
 
 
 PROTO_STATUS = proto_status_codes()
@@ -256,8 +261,6 @@ def assert_refused(err: grpc.RpcError, expected: str) -> None:
 
 
 def test_errors_proto_names_a_status_for_every_reason() -> None:
-    from sandbox_wrapper._proto.agentnode.sandbox.v1 import errors_pb2
-
     names = {n.removeprefix("ERROR_REASON_") for n in errors_pb2.ErrorReason.keys()} - {"UNSPECIFIED"}
     assert set(PROTO_STATUS) == names and len(names) == 21
 

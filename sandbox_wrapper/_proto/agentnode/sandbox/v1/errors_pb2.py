@@ -22,15 +22,58 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n8sandbox_wrapper/_proto/agentnode/sandbox/v1/errors.proto\x12\x14\x61gentnode.sandbox.v1*\x82\x06\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12%\n!ERROR_REASON_TASK_ALREADY_FETCHED\x10\x01\x12!\n\x1d\x45RROR_REASON_TASK_NOT_FETCHED\x10\x02\x12\x1d\n\x19\x45RROR_REASON_RUN_FINISHED\x10\x03\x12 \n\x1c\x45RROR_REASON_INVALID_REQUEST\x10\x04\x12\x1a\n\x16\x45RROR_REASON_TOO_LARGE\x10\x05\x12!\n\x1d\x45RROR_REASON_TOOL_NOT_ALLOWED\x10\x06\x12 \n\x1c\x45RROR_REASON_TOOL_CALL_LIMIT\x10\x07\x12\x1f\n\x1b\x45RROR_REASON_TOOL_NOT_FOUND\x10\x08\x12$\n ERROR_REASON_TOOL_PACK_UNTRUSTED\x10\t\x12\'\n#ERROR_REASON_TOOL_ARGUMENTS_INVALID\x10\n\x12 \n\x1c\x45RROR_REASON_LLM_NOT_GRANTED\x10\x0b\x12\x1f\n\x1b\x45RROR_REASON_LLM_CALL_LIMIT\x10\x0c\x12$\n ERROR_REASON_LLM_INPUT_TOO_LARGE\x10\r\x12%\n!ERROR_REASON_LLM_OUTPUT_TOO_LARGE\x10\x0e\x12&\n\"ERROR_REASON_LLM_MODEL_NOT_ALLOWED\x10\x0f\x12!\n\x1d\x45RROR_REASON_LLM_RATE_LIMITED\x10\x10\x12\x1c\n\x18\x45RROR_REASON_LLM_TIMEOUT\x10\x11\x12 \n\x1c\x45RROR_REASON_LLM_UNAVAILABLE\x10\x12\x12\x1d\n\x19\x45RROR_REASON_RUN_DEADLINE\x10\x13\x12\x1b\n\x17\x45RROR_REASON_HOST_ERROR\x10\x14\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_REFUSALS\x10\x15\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n8sandbox_wrapper/_proto/agentnode/sandbox/v1/errors.proto\x12\x14\x61gentnode.sandbox.v1\x1a google/protobuf/descriptor.proto*\xd2\t\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12>\n!ERROR_REASON_TASK_ALREADY_FETCHED\x10\x01\x1a\x17\x8a\xb5\x18\x13\x46\x41ILED_PRECONDITION\x12:\n\x1d\x45RROR_REASON_TASK_NOT_FETCHED\x10\x02\x1a\x17\x8a\xb5\x18\x13\x46\x41ILED_PRECONDITION\x12\x36\n\x19\x45RROR_REASON_RUN_FINISHED\x10\x03\x1a\x17\x8a\xb5\x18\x13\x46\x41ILED_PRECONDITION\x12\x36\n\x1c\x45RROR_REASON_INVALID_REQUEST\x10\x04\x1a\x14\x8a\xb5\x18\x10INVALID_ARGUMENT\x12\x32\n\x16\x45RROR_REASON_TOO_LARGE\x10\x05\x1a\x16\x8a\xb5\x18\x12RESOURCE_EXHAUSTED\x12\x38\n\x1d\x45RROR_REASON_TOOL_NOT_ALLOWED\x10\x06\x1a\x15\x8a\xb5\x18\x11PERMISSION_DENIED\x12\x38\n\x1c\x45RROR_REASON_TOOL_CALL_LIMIT\x10\x07\x1a\x16\x8a\xb5\x18\x12RESOURCE_EXHAUSTED\x12.\n\x1b\x45RROR_REASON_TOOL_NOT_FOUND\x10\x08\x1a\r\x8a\xb5\x18\tNOT_FOUND\x12;\n ERROR_REASON_TOOL_PACK_UNTRUSTED\x10\t\x1a\x15\x8a\xb5\x18\x11PERMISSION_DENIED\x12=\n#ERROR_REASON_TOOL_ARGUMENTS_INVALID\x10\n\x1a\x14\x8a\xb5\x18\x10INVALID_ARGUMENT\x12\x37\n\x1c\x45RROR_REASON_LLM_NOT_GRANTED\x10\x0b\x1a\x15\x8a\xb5\x18\x11PERMISSION_DENIED\x12\x37\n\x1b\x45RROR_REASON_LLM_CALL_LIMIT\x10\x0c\x1a\x16\x8a\xb5\x18\x12RESOURCE_EXHAUSTED\x12<\n ERROR_REASON_LLM_INPUT_TOO_LARGE\x10\r\x1a\x16\x8a\xb5\x18\x12RESOURCE_EXHAUSTED\x12=\n!ERROR_REASON_LLM_OUTPUT_TOO_LARGE\x10\x0e\x1a\x16\x8a\xb5\x18\x12RESOURCE_EXHAUSTED\x12=\n\"ERROR_REASON_LLM_MODEL_NOT_ALLOWED\x10\x0f\x1a\x15\x8a\xb5\x18\x11PERMISSION_DENIED\x12\x32\n\x1d\x45RROR_REASON_LLM_RATE_LIMITED\x10\x10\x1a\x0f\x8a\xb5\x18\x0bUNAVAILABLE\x12\x33\n\x18\x45RROR_REASON_LLM_TIMEOUT\x10\x11\x1a\x15\x8a\xb5\x18\x11\x44\x45\x41\x44LINE_EXCEEDED\x12\x31\n\x1c\x45RROR_REASON_LLM_UNAVAILABLE\x10\x12\x1a\x0f\x8a\xb5\x18\x0bUNAVAILABLE\x12\x34\n\x19\x45RROR_REASON_RUN_DEADLINE\x10\x13\x1a\x15\x8a\xb5\x18\x11\x44\x45\x41\x44LINE_EXCEEDED\x12)\n\x17\x45RROR_REASON_HOST_ERROR\x10\x14\x1a\x0c\x8a\xb5\x18\x08INTERNAL\x12:\n\x1e\x45RROR_REASON_TOO_MANY_REFUSALS\x10\x15\x1a\x16\x8a\xb5\x18\x12RESOURCE_EXHAUSTED:8\n\x0bgrpc_status\x12!.google.protobuf.EnumValueOptions\x18\xd1\x86\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandbox_wrapper._proto.agentnode.sandbox.v1.errors_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORREASON']._serialized_start=83
-  _globals['_ERRORREASON']._serialized_end=853
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TASK_ALREADY_FETCHED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TASK_ALREADY_FETCHED"]._serialized_options = b'\212\265\030\023FAILED_PRECONDITION'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TASK_NOT_FETCHED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TASK_NOT_FETCHED"]._serialized_options = b'\212\265\030\023FAILED_PRECONDITION'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_RUN_FINISHED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_RUN_FINISHED"]._serialized_options = b'\212\265\030\023FAILED_PRECONDITION'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_INVALID_REQUEST"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_INVALID_REQUEST"]._serialized_options = b'\212\265\030\020INVALID_ARGUMENT'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOO_LARGE"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOO_LARGE"]._serialized_options = b'\212\265\030\022RESOURCE_EXHAUSTED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_NOT_ALLOWED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_NOT_ALLOWED"]._serialized_options = b'\212\265\030\021PERMISSION_DENIED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_CALL_LIMIT"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_CALL_LIMIT"]._serialized_options = b'\212\265\030\022RESOURCE_EXHAUSTED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_NOT_FOUND"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_NOT_FOUND"]._serialized_options = b'\212\265\030\tNOT_FOUND'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_PACK_UNTRUSTED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_PACK_UNTRUSTED"]._serialized_options = b'\212\265\030\021PERMISSION_DENIED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_ARGUMENTS_INVALID"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOOL_ARGUMENTS_INVALID"]._serialized_options = b'\212\265\030\020INVALID_ARGUMENT'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_NOT_GRANTED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_NOT_GRANTED"]._serialized_options = b'\212\265\030\021PERMISSION_DENIED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_CALL_LIMIT"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_CALL_LIMIT"]._serialized_options = b'\212\265\030\022RESOURCE_EXHAUSTED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_INPUT_TOO_LARGE"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_INPUT_TOO_LARGE"]._serialized_options = b'\212\265\030\022RESOURCE_EXHAUSTED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_OUTPUT_TOO_LARGE"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_OUTPUT_TOO_LARGE"]._serialized_options = b'\212\265\030\022RESOURCE_EXHAUSTED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_MODEL_NOT_ALLOWED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_MODEL_NOT_ALLOWED"]._serialized_options = b'\212\265\030\021PERMISSION_DENIED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_RATE_LIMITED"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_RATE_LIMITED"]._serialized_options = b'\212\265\030\013UNAVAILABLE'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_TIMEOUT"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_TIMEOUT"]._serialized_options = b'\212\265\030\021DEADLINE_EXCEEDED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_UNAVAILABLE"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_LLM_UNAVAILABLE"]._serialized_options = b'\212\265\030\013UNAVAILABLE'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_RUN_DEADLINE"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_RUN_DEADLINE"]._serialized_options = b'\212\265\030\021DEADLINE_EXCEEDED'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_HOST_ERROR"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_HOST_ERROR"]._serialized_options = b'\212\265\030\010INTERNAL'
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOO_MANY_REFUSALS"]._loaded_options = None
+  _globals['_ERRORREASON'].values_by_name["ERROR_REASON_TOO_MANY_REFUSALS"]._serialized_options = b'\212\265\030\022RESOURCE_EXHAUSTED'
+  _globals['_ERRORREASON']._serialized_start=117
+  _globals['_ERRORREASON']._serialized_end=1351
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from typing import ClassVar as _ClassVar
@@ -50,3 +51,5 @@ ERROR_REASON_LLM_UNAVAILABLE: ErrorReason
 ERROR_REASON_RUN_DEADLINE: ErrorReason
 ERROR_REASON_HOST_ERROR: ErrorReason
 ERROR_REASON_TOO_MANY_REFUSALS: ErrorReason
+GRPC_STATUS_FIELD_NUMBER: _ClassVar[int]
+grpc_status: _descriptor.FieldDescriptor

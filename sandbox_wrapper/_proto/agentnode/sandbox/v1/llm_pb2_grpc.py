@@ -55,7 +55,9 @@ class LlmServiceServicer:
         """CallLlm returns one completion. Refusals: PERMISSION_DENIED / LLM_NOT_GRANTED or
         LLM_MODEL_NOT_ALLOWED, RESOURCE_EXHAUSTED / LLM_CALL_LIMIT, LLM_INPUT_TOO_LARGE or
         LLM_OUTPUT_TOO_LARGE, UNAVAILABLE / LLM_UNAVAILABLE or LLM_RATE_LIMITED, DEADLINE_EXCEEDED /
-        LLM_TIMEOUT, INVALID_ARGUMENT / INVALID_REQUEST. Refusals never end the run.
+        LLM_TIMEOUT, INVALID_ARGUMENT / INVALID_REQUEST; like every tool and LLM call also FAILED_PRECONDITION /
+        TASK_NOT_FETCHED or RUN_FINISHED, RESOURCE_EXHAUSTED / TOO_MANY_REFUSALS and INTERNAL / HOST_ERROR.
+        Refusals never end the run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

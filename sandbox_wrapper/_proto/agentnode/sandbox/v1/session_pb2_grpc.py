@@ -53,7 +53,9 @@ class SessionServiceServicer:
 
     def FetchTask(self, request, context):
         """FetchTask returns the run's task. It succeeds once per run; a second call fails with
-        FAILED_PRECONDITION / TASK_ALREADY_FETCHED, and any call after ReportResult with RUN_FINISHED.
+        FAILED_PRECONDITION / TASK_ALREADY_FETCHED, and any call after ReportResult with RUN_FINISHED. A
+        request with another protocol version fails with INVALID_ARGUMENT / INVALID_REQUEST and hands nothing
+        over; a request over 64 bytes fails with RESOURCE_EXHAUSTED / TOO_LARGE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,8 +63,9 @@ class SessionServiceServicer:
 
     def ReportResult(self, request, context):
         """ReportResult ends the run. It requires a fetched task and succeeds once; later calls to any
-        service fail with FAILED_PRECONDITION / RUN_FINISHED. A result over the cap fails with
-        RESOURCE_EXHAUSTED / TOO_LARGE and the run ends as failed.
+        service fail with FAILED_PRECONDITION / RUN_FINISHED. A result over max_result_bytes fails with
+        RESOURCE_EXHAUSTED / TOO_LARGE, and a report that cannot be read (undecodable, no outcome, a value
+        that is not strict JSON) with INVALID_ARGUMENT / INVALID_REQUEST; either way the run ends as failed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

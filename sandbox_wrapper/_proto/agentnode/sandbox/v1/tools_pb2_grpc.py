@@ -49,8 +49,11 @@ class ToolServiceServicer:
     def RunTool(self, request, context):
         """RunTool runs one tool call. Refusals end the RPC with a status and reason (PERMISSION_DENIED /
         TOOL_NOT_ALLOWED or TOOL_PACK_UNTRUSTED, RESOURCE_EXHAUSTED / TOOL_CALL_LIMIT or TOO_LARGE,
-        INVALID_ARGUMENT / INVALID_REQUEST or TOOL_ARGUMENTS_INVALID, NOT_FOUND / TOOL_NOT_FOUND); they are
-        counted and never end the run. A tool that ran and failed is a normal response with success false.
+        INVALID_ARGUMENT / INVALID_REQUEST or TOOL_ARGUMENTS_INVALID, NOT_FOUND / TOOL_NOT_FOUND,
+        DEADLINE_EXCEEDED / RUN_DEADLINE); they are counted and never end the run. Like every tool and LLM
+        call it can also fail with FAILED_PRECONDITION / TASK_NOT_FETCHED or RUN_FINISHED, RESOURCE_EXHAUSTED /
+        TOO_MANY_REFUSALS and INTERNAL / HOST_ERROR. A tool that ran and failed is a normal response with
+        success false.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

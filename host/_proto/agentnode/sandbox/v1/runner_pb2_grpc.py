@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import runner_pb2 as sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2
+from host._proto.agentnode.sandbox.v1 import runner_pb2 as host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in sandbox_wrapper/_proto/agentnode/sandbox/v1/runner_pb2_grpc.py depends on'
+        + ' but the generated code in host/_proto/agentnode/sandbox/v1/runner_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,18 +37,18 @@ class RunnerServiceStub:
         """
         self.SubmitRun = channel.unary_unary(
                 '/agentnode.sandbox.v1.RunnerService/SubmitRun',
-                request_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunRequest.SerializeToString,
-                response_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunResponse.FromString,
+                request_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunRequest.SerializeToString,
+                response_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunResponse.FromString,
                 _registered_method=True)
         self.StreamRun = channel.unary_stream(
                 '/agentnode.sandbox.v1.RunnerService/StreamRun',
-                request_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunRequest.SerializeToString,
-                response_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunResponse.FromString,
+                request_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunRequest.SerializeToString,
+                response_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunResponse.FromString,
                 _registered_method=True)
         self.CancelRun = channel.unary_unary(
                 '/agentnode.sandbox.v1.RunnerService/CancelRun',
-                request_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.SerializeToString,
-                response_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.FromString,
+                request_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.SerializeToString,
+                response_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,9 @@ class RunnerServiceServicer:
     """
 
     def SubmitRun(self, request, context):
-        """SubmitRun runs an installed agent and returns its report. Cancelling this RPC cancels the run (its
-        sandbox is killed and the report says `cancelled`).
+        """SubmitRun runs an installed agent and returns its report. A malformed request fails with
+        INVALID_ARGUMENT / INVALID_REQUEST before the run starts. Cancelling this RPC cancels the run (its
+        sandbox is killed, and the audit record says `cancelled`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -66,14 +67,17 @@ class RunnerServiceServicer:
 
     def StreamRun(self, request, context):
         """StreamRun runs an installed agent and streams its progress: first `started` (with the run id), then
-        one `stage` per stage passed, then the final `report`.
+        one `stage` per stage passed, then the final `report`. The request is checked like SubmitRun's: a
+        malformed one fails with INVALID_ARGUMENT / INVALID_REQUEST before any event. Cancelling it cancels
+        the run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelRun(self, request, context):
-        """CancelRun cancels a run in progress by id.
+        """CancelRun cancels a run in progress by id; it answers `cancelled` false for an unknown or finished
+        run instead of failing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -84,18 +88,18 @@ def add_RunnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'SubmitRun': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitRun,
-                    request_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunRequest.FromString,
-                    response_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunResponse.SerializeToString,
+                    request_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunRequest.FromString,
+                    response_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunResponse.SerializeToString,
             ),
             'StreamRun': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamRun,
-                    request_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunRequest.FromString,
-                    response_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunResponse.SerializeToString,
+                    request_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunRequest.FromString,
+                    response_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
-                    request_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.FromString,
-                    response_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.SerializeToString,
+                    request_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.FromString,
+                    response_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -124,8 +128,8 @@ class RunnerService:
             request,
             target,
             '/agentnode.sandbox.v1.RunnerService/SubmitRun',
-            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunRequest.SerializeToString,
-            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunResponse.FromString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunRequest.SerializeToString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.SubmitRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -151,8 +155,8 @@ class RunnerService:
             request,
             target,
             '/agentnode.sandbox.v1.RunnerService/StreamRun',
-            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunRequest.SerializeToString,
-            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunResponse.FromString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunRequest.SerializeToString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.StreamRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -178,8 +182,8 @@ class RunnerService:
             request,
             target,
             '/agentnode.sandbox.v1.RunnerService/CancelRun',
-            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.SerializeToString,
-            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.FromString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.SerializeToString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,112 @@
+"""The host-process backend: trusted and curated agents run the wrapper as a local process (not isolated)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from host._admission import Admission
+from host._session import RunSession
+from host._workload import Workload
+from host._wrapper_env import WRAPPER_ARGS, wrapper_env
+
+_WRAPPER_CODE = str(Path(__file__).resolve().parent.parent)
+"""Where the host's own copy of sandbox_wrapper is importable from."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What a host-process run needs: the pack's installed host copy."""
+
+    slug: str
+    import_root: str
+
+
+@dataclass(kw_only=True)
+class HostProcess(Workload):
+    """The wrapper as a child process in its own session, killed as a group when the run ends."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def _kill(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self.settle_logs(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+class HostBackend:
+    """Starts host-process workloads; they share the runner's sockets, gates and audit with sandboxes."""
+
+    def __init__(self, *, owner: str, env: Mapping[str, str]) -> None:
+        self.owner = owner
+        self.env = env
+
+    def claim(self, admission: Admission) -> None:
+        """Host processes are started per run: there is nothing warm to claim."""
+        return None
+
+    def prepare(self, admission: Admission) -> HostSpec:
+        """The agent's installed host copy (admission checked that it has one)."""
+        return HostSpec(slug=admission.slug, import_root=str(admission.host_import_root))
+
+    def launch(
+        self,
+        spec: HostSpec,
+        *,
+        run_id: str,
+        session: RunSession | None = None,
+        run_info: Mapping[str, object] | None = None,
+    ) -> HostProcess:
+        session = session or RunSession()
+        rundir, server = HostProcess.open_socket(run_id, self.owner, self.env, session, run_info)
+        work = HostProcess(
+            run_id=run_id, name=f"agentnode-host-{run_id[:20]}", session=session, rundir=rundir, server=server
+        )
+        try:
+            server.start()
+            work.mark("socket_ready")
+            env = wrapper_env(
+                home=str(rundir.path),
+                path=self.env.get("PATH", "/usr/bin:/bin"),
+                pythonpath=_WRAPPER_CODE,
+                socket=str(rundir.socket_path),
+                import_root=spec.import_root,
+            )
+            work.proc = proc = subprocess.Popen(
+                [sys.executable, *WRAPPER_ARGS],
+                env=env,
+                cwd=rundir.path,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            work.mark("started")
+        except BaseException:
+            work.destroy()
+            raise
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        work.start_drain(lambda: iter(lambda: os.read(fd, 65536), b""))
+        threading.Thread(target=lambda: work.exited_with(proc.wait()), daemon=True).start()
+        return work
+
+    def teardown(self, workload: Workload) -> None:
+        workload.destroy()
+
+
+__all__ = ["HostBackend", "HostProcess", "HostSpec"]

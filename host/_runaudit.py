@@ -1,0 +1,162 @@
+"""One run's facts and audit records: a start before agent code, exactly one end, host_lost after a crash."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from host._admission import Admission
+from host._audit import AuditLog, run_record, start_record
+from host._broker import LlmSession
+from host._errors import AuditReason, SandboxError
+from host._tools import ToolGate
+from host._vocab import Route, Source
+
+
+@dataclass
+class RunFacts:
+    """What one run gathers for its result and its audit records; the run id is set once, before its task."""
+
+    started: float
+    admission: Admission | None = None
+    run_id: str = ""
+    warm: bool = False
+    llm: LlmSession | None = None
+    gate: ToolGate | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    on_stage: Callable[[str], None] | None = None
+
+    def fix_id(self, run_id: str, *, warm: bool = False) -> None:
+        assert not self.run_id, "a run's id is fixed once"
+        self.run_id, self.warm = run_id, warm
+
+    def mark(self, stage: str) -> None:
+        self.stages[stage] = round((time.monotonic() - self.started) * 1000, 2)
+        if self.on_stage is not None:
+            with contextlib.suppress(Exception):
+                self.on_stage(stage)
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.admission is not None and self.admission.route is Route.SANDBOX
+
+    def crash_record(self) -> dict[str, object]:
+        """What a restarted host needs to audit this run if this host dies first."""
+        a = self.admission
+        return {
+            "run_id": self.run_id,
+            "slug": a.slug if a else "",
+            "trust": a.recorded_trust if a else None,
+            "source": (a.source if a else Source.AGENT_SANDBOX).value,
+            "sandbox": self.sandboxed,
+            "runtime": a.runtime if a else None,
+            "image": a.image if a else None,
+        }
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class RunAudit:
+    """Writes a run's records to the host's audit log; a run with no start record never starts, and one
+    whose end record cannot be written has its result withheld."""
+
+    def __init__(self, log: AuditLog) -> None:
+        self.log = log
+
+    @property
+    def hint(self) -> str:
+        """What the operator does when the audit log cannot be written (both audit_failed paths)."""
+        return (
+            f"free disk space or fix the permissions of {self.log.path}, then check: "
+            "agentnode-sandbox audit verify"
+        )
+
+    def start(self, run: RunFacts) -> None:
+        """Record the run's start before any agent code runs; no start record, no run."""
+        a = run.admission
+        assert a is not None and a.policy is not None
+        record = start_record(
+            slug=a.slug,
+            trust=a.recorded_trust,
+            run_id=run.run_id,
+            source=a.source.value,
+            sandbox=run.sandboxed,
+            runtime=a.runtime,
+            max_runtime_seconds=a.policy.max_runtime_seconds,
+        )
+        # Not fsynced: it must survive this process dying (the page cache does), the end record is synced.
+        if not self.log.append(record, sync=False):
+            raise SandboxError(
+                "the audit log cannot be written, so the run was not started",
+                reason=AuditReason.AUDIT_FAILED,
+                hint=self.hint,
+            )
+
+    def end(
+        self,
+        run: RunFacts,
+        *,
+        slug: str,
+        reason: AuditReason,
+        success: bool,
+        duration_ms: int,
+        timed_out: bool,
+    ) -> bool:
+        """The run's one end record; False when it could not be written (kept and retried by the log)."""
+        a = run.admission
+        llm: dict[str, Any] | None = None
+        if a is not None and a.policy is not None and run.llm is not None:
+            p = a.policy.llm
+            llm = {
+                "enabled": p.enabled,
+                "max_calls": p.max_calls,
+                "max_input_chars": p.max_input_chars,
+                "max_output_chars": p.max_output_chars,
+                "allowed_models": sorted(p.allowed_models) if p.allowed_models is not None else None,
+                **run.llm.usage(),
+            }
+        record = run_record(
+            slug=slug,
+            trust=a.recorded_trust if a else None,
+            run_id=run.run_id,
+            action="allow" if success else "deny",
+            source=(a.source if a else Source.AGENT_SANDBOX).value,
+            reason=reason.value,
+            sandbox=run.sandboxed,
+            runtime=a.runtime if a else None,
+            image=a.image if a else None,
+            duration_ms=duration_ms,
+            timed_out=timed_out,
+            llm=llm,
+            tool_calls=run.gate.calls_made if run.gate else 0,
+            tool_refusals=run.gate.refusals if run.gate else 0,
+        )
+        return self.log.append(record)
+
+    def host_lost(self, info: Mapping[str, object]) -> bool:
+        """The end record of a run whose host died, from the crash record its run directory kept."""
+        record = run_record(
+            slug=str(info.get("slug", "")),
+            trust=_str_or_none(info.get("trust")),
+            run_id=str(info.get("run_id", "")),
+            action="deny",
+            source=str(info.get("source", Source.AGENT_SANDBOX.value)),
+            reason=AuditReason.HOST_LOST.value,
+            sandbox=bool(info.get("sandbox")),
+            runtime=_str_or_none(info.get("runtime")),
+            image=_str_or_none(info.get("image")),
+            duration_ms=0,
+            timed_out=False,
+            llm=None,
+            tool_calls=0,
+            tool_refusals=0,
+        )
+        return self.log.append(record)
+
+
+__all__ = ["RunAudit", "RunFacts"]

@@ -1,0 +1,55 @@
+"""The host-side services one run is given: its tool gate over the installed packs and its LLM session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from host._broker import LlmBroker, LlmSession
+from host._manifest import ToolpackManifest
+from host._packs import Lockfile
+from host._policy import RunPolicy
+from host._tools import InstalledToolpack, ToolGate, ToolRunner
+from host._vocab import Trust
+
+
+def lookup_toolpack(lockfile: Lockfile, slug: str) -> InstalledToolpack | None:
+    """The installed tool pack `slug` as a gate calls it, or None (not installed, or not a tool pack)."""
+    entry = lockfile.get(slug)
+    if entry is None or entry.package_type != "toolpack":
+        return None
+    manifest = entry.parsed_manifest()
+    assert isinstance(manifest, ToolpackManifest)
+    root = Path(entry.host_path or "/nonexistent") / entry.import_subdir
+    trust = Trust.parse(entry.trust_level)
+    return InstalledToolpack(
+        slug=entry.slug,
+        version=entry.version,
+        trust=trust.value if trust else "",
+        root=root,
+        manifest=manifest,
+    )
+
+
+def run_services(
+    policy: RunPolicy, *, deadline: float, lockfile: Lockfile, broker: LlmBroker, tool_runner: ToolRunner
+) -> tuple[ToolGate, LlmSession]:
+    """A fresh gate and LLM session for one run, both bounded by the run's effective policy."""
+    packs: dict[str, InstalledToolpack | None] = {}
+
+    def lookup(slug: str) -> InstalledToolpack | None:
+        # One lockfile read per tool pack per run: a run sees one consistent set of installed packs.
+        if slug not in packs:
+            packs[slug] = lookup_toolpack(lockfile, slug)
+        return packs[slug]
+
+    gate = ToolGate(
+        allowed_packages=policy.allowed_packages,
+        max_tool_calls=policy.max_tool_calls,
+        lookup=lookup,
+        runner=tool_runner,
+        deadline=deadline,
+    )
+    return gate, broker.session(policy.llm)
+
+
+__all__ = ["lookup_toolpack", "run_services"]

@@ -1,0 +1,28 @@
+"""The wrapper's environment and command, built once for every backend so no backend starts it differently."""
+
+from __future__ import annotations
+
+WRAPPER_ARGS: tuple[str, ...] = ("-s", "-m", "sandbox_wrapper")
+"""After the interpreter: no user site directory, run the wrapper package."""
+
+
+def wrapper_env(*, home: str, path: str, pythonpath: str, socket: str, import_root: str) -> dict[str, str]:
+    """The whole environment of a wrapper process: nothing of the host's leaks in, and only where things
+    are differs between backends (home, PATH, the wrapper's code, the socket, the pack's import root)."""
+    return {
+        "HOME": home,
+        "PATH": path,
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": pythonpath,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "AGENTNODE_SOCKET": socket,
+        "AGENTNODE_IMPORT_ROOT": import_root,
+        # The host alone bounds a run's time (deadline, idle limit, cancellation), so the wrapper waits
+        # for its task as long as the host keeps it: a fixed wrapper-side deadline turns a busy host
+        # (many workloads starting on few cores) into a spurious exited_before_result.
+        "AGENTNODE_FETCH_TIMEOUT": "0",
+    }
+
+
+__all__ = ["WRAPPER_ARGS", "wrapper_env"]

@@ -1,0 +1,82 @@
+"""The real Docker engine for the integration and hostile suites: fixtures, runtimes, our containers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import docker
+import docker.errors
+import pytest
+
+from host._engine import LABEL_OWNER, connect, owner_token
+from host._errors import SandboxError
+from host._image import build_image
+from tests.conftest import REQUIRE_DOCKER
+from tests.support.paths import REPO
+
+RUNSC_MISSING = "runsc is not registered with the engine (scripts/provision-engine registers it)"
+
+
+def runsc_available(client: docker.DockerClient) -> bool:
+    return "runsc" in (client.info().get("Runtimes") or {})
+
+
+def skip_or_fail(message: str) -> NoReturn:
+    """Skip, or fail where Docker tests are required (CI, AGENTNODE_REQUIRE_DOCKER=1)."""
+    if REQUIRE_DOCKER:
+        pytest.fail(message)
+    pytest.skip(message)
+    raise AssertionError("unreachable")  # pragma: no cover (skip raises)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    try:
+        client = connect()
+    except SandboxError as exc:
+        skip_or_fail(f"no Docker engine: {exc.message} ({exc.hint})")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def pinned_image(docker_client: docker.DockerClient) -> str:
+    return build_image(docker_client, repo_root=REPO, progress=lambda _line: None).image_id
+
+
+@pytest.fixture(params=["runc", "runsc"])
+def runtime(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> str:
+    name = str(request.param)
+    if name == "runsc" and not runsc_available(docker_client):
+        skip_or_fail(RUNSC_MISSING)
+    return name
+
+
+def containers_with(client: docker.DockerClient, labels: list[str]) -> list[Any]:
+    """Containers carrying all `labels`, skipping any removed while being listed (runs end concurrently)."""
+    found = []
+    for summary in client.api.containers(all=True, filters={"label": labels}):
+        with contextlib.suppress(docker.errors.NotFound):
+            found.append(client.containers.get(summary["Id"]))
+    return found
+
+
+def remove_own_containers(client: docker.DockerClient) -> list[str]:
+    """Force-remove every container this test process created; returns their names (none: all clean).
+
+    The low-level listing: no per-container inspect that could race with a removal in progress.
+    """
+    leftovers = client.api.containers(all=True, filters={"label": f"{LABEL_OWNER}={owner_token()}"})
+    for c in leftovers:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(c["Id"], force=True)
+    return [name.lstrip("/") for c in leftovers for name in c.get("Names") or [c["Id"][:12]]]
+
+
+def leftover_containers(request: pytest.FixtureRequest) -> list[str]:
+    """For a finalizer: what a test that used the engine left behind, removed (empty without the engine)."""
+    if "docker_client" not in request.fixturenames:
+        return []
+    return remove_own_containers(request.getfixturevalue("docker_client"))

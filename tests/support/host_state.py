@@ -1,0 +1,53 @@
+"""An isolated host for tests against the real engine: its own config dir, lockfile, audit log and env."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from host._config import load_config
+from host._packs import LockEntry, install_pack
+from host._runner import SandboxHost
+
+
+class HostState:
+    """An isolated host: its own config dir, lockfile, audit log and environment."""
+
+    def __init__(self, root: Path, image: str, client: docker.DockerClient) -> None:
+        self.root = root
+        self.dir = root / "agentnode"
+        self.dir.mkdir(parents=True)
+        self.image = image
+        self.client = client
+        self.env: dict[str, str] = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(root),
+            "AGENTNODE_CONFIG": str(self.dir),
+            "AGENTNODE_AGENT_SANDBOX": "1",
+        }
+        self.write_config({})
+
+    def write_config(self, agent_sandbox: dict[str, Any]) -> None:
+        section = {"image": self.image, **agent_sandbox}
+        (self.dir / "config.json").write_text(json.dumps({"agent_sandbox": section}))
+
+    def install(self, pack: Path, trust: str = "unverified") -> LockEntry:
+        cfg = load_config(self.env)
+        return install_pack(
+            pack, trust=trust, paths=cfg.paths, client=self.client, image=cfg.agent_sandbox.image
+        )
+
+    def host(self, **kwargs: Any) -> SandboxHost:
+        return SandboxHost(env=self.env, client_factory=lambda: self.client, **kwargs)
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The runs' end records (`agent_run`), oldest first; `audit_all` includes the start records."""
+        return [r for r in self.audit_all() if r.get("event") == "agent_run"]
+
+    def audit_all(self) -> list[dict[str, Any]]:
+        path = self.dir / "audit.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

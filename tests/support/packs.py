@@ -1,0 +1,31 @@
+"""Writing an agent pack (its module and agentnode.yaml) from source text."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+
+def write_agent(
+    parent: Path,
+    slug: str,
+    source: str,
+    *,
+    entrypoint: str = "agent:run",
+    goal: str = "probe",
+    agent: str = "",
+) -> Path:
+    """Create `parent/slug` holding the entrypoint's module and a manifest; returns the pack directory.
+
+    `source` is dedented; `agent` is YAML placed under the manifest's `agent:` key as given (each line
+    indented by two spaces, e.g. "  limits: {max_tool_calls: 4}\\n").
+    """
+    pack = parent / slug
+    pack.mkdir(parents=True)
+    module = entrypoint.split(":", maxsplit=1)[0]
+    (pack / f"{module}.py").write_text(textwrap.dedent(source))
+    (pack / "agentnode.yaml").write_text(
+        f'package_id: {slug}\nversion: "1.0.0"\npackage_type: agent\n'
+        f'agent:\n  entrypoint: "{entrypoint}"\n  goal: {goal}\n{agent}'
+    )
+    return pack

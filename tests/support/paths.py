@@ -1,0 +1,9 @@
+"""Where the repository, its installed console script and its CLI reference live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = REPO / ".venv" / "bin" / "agentnode-sandbox"
+CLI_DOC = REPO / "docs" / "cli.md"

@@ -1,0 +1,93 @@
+"""The admin service's error model without Docker: a malformed SubmitRun or StreamRun request is refused
+with INVALID_ARGUMENT / INVALID_REQUEST (errors.proto's model) before any run starts or any event is sent."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
+from host._runner import RunResult
+from host._serve import build_admin_server
+
+
+class FakeHost:
+    """What RunnerServicer needs of a SandboxHost; records every run it was asked for."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict[str, Any]] = []
+
+    def run(self, slug: str, **kwargs: Any) -> RunResult:
+        self.runs.append({"slug": slug, **kwargs})
+        kwargs["on_start"]("run-1")
+        return RunResult(success=True, result={"ok": True}, run_id="run-1")
+
+    def cancel(self, run_id: str) -> bool:
+        return False
+
+
+@pytest.fixture
+def admin() -> Iterator[tuple[FakeHost, Any]]:
+    host = FakeHost()
+    root = Path(tempfile.mkdtemp(prefix="an-admin-"))  # short: Unix socket paths are capped near 108 bytes
+    server = build_admin_server(host, root / "s" / "admin.sock")  # type: ignore[arg-type]
+    server.start()
+    channel = grpc.insecure_channel(f"unix:{root / 's' / 'admin.sock'}")
+    try:
+        yield host, runner_pb2_grpc.RunnerServiceStub(channel)
+    finally:
+        channel.close()
+        server.stop(grace=None).wait(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+BAD_REQUESTS = {
+    "runtime": ({"runtime": "kata"}, "runtime must be runc or runsc"),
+    "kwargs_not_json": ({"kwargs_json": "{"}, "kwargs_json must be a strict JSON object"),
+    "kwargs_not_object": ({"kwargs_json": "[1]"}, "kwargs_json must be a strict JSON object"),
+    "kwargs_not_finite": ({"kwargs_json": '{"x": NaN}'}, "kwargs_json must be a strict JSON object"),
+}
+
+
+def _submit(stub: Any, fields: dict[str, Any]) -> Any:
+    return stub.SubmitRun(runner_pb2.SubmitRunRequest(slug="agent", **fields), timeout=10)
+
+
+def _stream(stub: Any, fields: dict[str, Any]) -> Any:
+    return list(stub.StreamRun(runner_pb2.StreamRunRequest(slug="agent", **fields), timeout=10))
+
+
+@pytest.mark.parametrize("call", [_submit, _stream], ids=["SubmitRun", "StreamRun"])
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_a_malformed_request_is_refused_before_any_run(
+    admin: tuple[FakeHost, Any], call: Callable[[Any, dict[str, Any]], Any], case: str
+) -> None:
+    host, stub = admin
+    fields, message = BAD_REQUESTS[case]
+    with pytest.raises(grpc.RpcError) as info:
+        call(stub, fields)
+    err = info.value
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith(f"INVALID_REQUEST: {message}")
+    assert dict(err.trailing_metadata() or ()) == {"agentnode-reason": "INVALID_REQUEST"}
+    assert host.runs == []
+
+
+def test_a_valid_request_runs_and_streams_started_then_the_report(admin: tuple[FakeHost, Any]) -> None:
+    host, stub = admin
+    events = _stream(stub, {"runtime": "runsc", "kwargs_json": '{"n": 1}'})
+    assert [e.WhichOneof("event") for e in events] == ["started_run_id", "report"]
+    assert events[-1].report.success and events[-1].report.result_json == '{"ok": true}'
+    assert _submit(stub, {}).report.run_id == "run-1"
+    assert [(r["runtime"], r["kwargs"]) for r in host.runs] == [("runsc", {"n": 1}), (None, {})]
+
+
+def test_cancel_of_an_unknown_run_is_an_answer_not_an_error(admin: tuple[FakeHost, Any]) -> None:
+    _, stub = admin
+    assert stub.CancelRun(runner_pb2.CancelRunRequest(run_id="nope"), timeout=10).cancelled is False
