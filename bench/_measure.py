@@ -32,6 +32,7 @@ from host._sandbox import Sandbox
 from host._serve import serve
 from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
+from host._wiring import lookup_toolpack
 from sandbox_wrapper import PROTOCOL_VERSION
 
 RPC_CLIENT = """
@@ -408,7 +409,10 @@ def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[st
     """The host's share of a tool call, split: the gate as runs use it (lockfile lookup per call), the
     gate with the pack looked up once, and the worker round trip alone."""
     host = SandboxHost(env=state.env)
-    pack = host._lookup_toolpack(state.tools)  # the lookup every run's gate uses
+    def lookup(slug: str) -> InstalledToolpack | None:  # the lookup every run's gate uses
+        return lookup_toolpack(host.lockfile, slug)
+
+    pack = lookup(state.tools)
     assert pack is not None
     tool = pack.manifest.tools[0]
     runner = ToolRunner()
@@ -417,7 +421,7 @@ def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[st
         return ToolGate(allowed_packages=(state.tools,), max_tool_calls=n + warmup, lookup=lookup,
                         runner=runner, deadline=time.monotonic() + 600)
 
-    as_run, cached = gate(host._lookup_toolpack), gate(lambda _slug: pack)
+    as_run, cached = gate(lookup), gate(lambda _slug: pack)
     paths: dict[str, Callable[[], object]] = {
         "gate_ms": lambda: as_run.call(state.tools, "noop", "{}"),
         "gate_cached_lookup_ms": lambda: cached.call(state.tools, "noop", "{}"),
@@ -443,7 +447,7 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
     try:
         result = _ok(host.run(state.tool_caller, runtime=runtime,
                               kwargs={"slug": state.tools, "n": n, "warmup": warmup}))
-        pack = host._lookup_toolpack(state.tools)
+        pack = lookup_toolpack(host.lockfile, state.tools)
     finally:
         host.close()
     assert pack is not None

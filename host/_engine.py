@@ -21,6 +21,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host._vocab import Runtime
+from host._wrapper_env import WRAPPER_ARGS, wrapper_env
 
 logger = logging.getLogger("agentnode.sandbox.engine")
 
@@ -244,7 +245,7 @@ def container_spec(
         labels[LABEL_WARM] = "1"
     return {
         "image": image,
-        "command": ["/usr/bin/python3", "-s", "-m", "sandbox_wrapper"],
+        "command": ["/usr/bin/python3", *WRAPPER_ARGS],
         "entrypoint": [],
         "name": name,
         "labels": labels,
@@ -272,20 +273,13 @@ def container_spec(
             Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        "environment": {
-            "HOME": HOME_IN_CONTAINER,
-            "PATH": "/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "PYTHONPATH": "/opt/agentnode/site",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "AGENTNODE_SOCKET": f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}",
-            "AGENTNODE_IMPORT_ROOT": import_root,
-            # The host alone bounds a run's time (deadline, idle limit, cancellation), so the wrapper waits
-            # for its task as long as the host keeps it: a fixed wrapper-side deadline turns a busy host
-            # (many sandboxes starting on few cores) into a spurious exited_before_result.
-            "AGENTNODE_FETCH_TIMEOUT": "0",
-        },
+        "environment": wrapper_env(
+            home=HOME_IN_CONTAINER,
+            path="/usr/bin:/bin",
+            pythonpath="/opt/agentnode/site",
+            socket=f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}",
+            import_root=import_root,
+        ),
         "mounts": [
             Mount(
                 target=PACK_DIR_IN_CONTAINER, source=pack_volume, type="volume", read_only=True, no_copy=True

@@ -13,12 +13,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host._admission import Admission
+from host._rundir import RunDir
 from host._session import RunSession
 from host._workload import Workload
 from host._wrapper_env import WRAPPER_ARGS, wrapper_env
 
 _WRAPPER_CODE = str(Path(__file__).resolve().parent.parent)
 """Where the host's own copy of sandbox_wrapper is importable from."""
+
+
+def host_command() -> list[str]:
+    """The wrapper's command on the host: this interpreter, the container's arguments."""
+    return [sys.executable, *WRAPPER_ARGS]
+
+
+def host_wrapper_env(rundir: RunDir, spec: HostSpec, env: Mapping[str, str]) -> dict[str, str]:
+    """The wrapper's whole environment on the host: the shared builder, with the host's locations."""
+    return wrapper_env(
+        home=str(rundir.path),
+        path=env.get("PATH", "/usr/bin:/bin"),
+        pythonpath=_WRAPPER_CODE,
+        socket=str(rundir.socket_path),
+        import_root=spec.import_root,
+    )
 
 
 @dataclass(frozen=True)
@@ -79,16 +96,9 @@ class HostBackend:
         try:
             server.start()
             work.mark("socket_ready")
-            env = wrapper_env(
-                home=str(rundir.path),
-                path=self.env.get("PATH", "/usr/bin:/bin"),
-                pythonpath=_WRAPPER_CODE,
-                socket=str(rundir.socket_path),
-                import_root=spec.import_root,
-            )
             work.proc = proc = subprocess.Popen(
-                [sys.executable, *WRAPPER_ARGS],
-                env=env,
+                host_command(),
+                env=host_wrapper_env(rundir, spec, self.env),
                 cwd=rundir.path,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

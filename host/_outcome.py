@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from host._errors import AuditReason
 from host._json import loads_strict
 from host._session import RunOutcome
+from host._vocab import Runtime
 
 WATCH_TICK_SECONDS = 0.05
 """How often the workload is polled (cgroup counters, socket directory) while a run lasts."""
@@ -189,7 +190,7 @@ def name_outcome(f: EndFacts) -> Outcome:
         return _fail(
             AuditReason.PIDS_EXHAUSTED, f"{pids_error}; the sandbox stopped (exit {status})", pids_hint
         )
-    if f.runtime == "runsc" and status == GVISOR_CRASH_STATUS:
+    if f.runtime == Runtime.RUNSC and status == GVISOR_CRASH_STATUS:
         return _fail(
             AuditReason.SANDBOX_CRASHED,
             f"the gVisor sandbox stopped (exit {status}) before the agent reported; under gVisor the "

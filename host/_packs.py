@@ -775,7 +775,6 @@ def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
 
 
 __all__ = [
-    "HOST_TRUST",  # re-exported from host._vocab for host._runner
     "LockEntry",
     "Lockfile",
     "artifact_hash",

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docker
-import docker.errors
 
 from host._admission import Admission
 from host._engine import (
@@ -22,13 +21,13 @@ from host._engine import (
     EngineFacts,
     MemoryProbe,
     PidsProbe,
-    classify_engine_exception,
     container_spec,
+    engine_errors,
     engine_facts,
     remove_and_verify,
     require_capable,
 )
-from host._errors import AuditReason, EngineError
+from host._errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host._image import verify_pinned_image
 from host._packs import LockEntry, Lockfile, verify_volume
 from host._pool import PoolSettings, WarmPools
@@ -125,20 +124,19 @@ class Sandbox(Workload):
                 warm=warm,
             )
             try:
-                container = client.containers.create(**kwargs)
-                box.container_id = container.id
-                box.mark("created")
-                container.start()
-                box.mark("started")
-            except docker.errors.APIError as exc:
+                with engine_errors():
+                    container = client.containers.create(**kwargs)
+                    box.container_id = container.id
+                    box.mark("created")
+                    container.start()
+                    box.mark("started")
+            except EngineRejected as exc:
                 raise EngineError(
-                    f"the sandbox container could not be started ({exc.status_code})",
+                    f"the sandbox container could not be started ({exc.status})",
                     reason=AuditReason.START_FAILED,
                     hint="check with: agentnode-sandbox doctor",
                     check="start",
                 ) from None
-            except docker.errors.DockerException as exc:
-                raise classify_engine_exception(exc) from None
         except BaseException:
             box.destroy()
             raise
@@ -177,7 +175,7 @@ class Sandbox(Workload):
             return True
         if self.exit_info.get("StatusCode") == 137 and any(m.hit_the_limit for m in self.memory):
             return True
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(EngineError), engine_errors():
             return bool(self.client.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
         return False
 
@@ -186,7 +184,7 @@ class Sandbox(Workload):
         if self.container_id is not None:
             remove_and_verify(self.client, self.container_id, self.name)
         else:
-            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            with contextlib.suppress(EngineRejected):
                 remove_and_verify(self.client, self.name, self.name)
 
 
@@ -328,15 +326,17 @@ class DockerBackend:
             return
         with self._volumes_lock:
             used = {e.sandbox_volume for e in self.lockfile.entries().values()}
+            client = self.client()  # a failure to connect propagates: the caller counts it
             for name in list(self._retired_volumes):
                 if name in used:
                     self._retired_volumes.discard(name)
                     continue
                 try:
-                    self.client().volumes.get(name).remove()
-                except docker.errors.NotFound:
+                    with engine_errors():
+                        client.volumes.get(name).remove()
+                except EngineNotFound:
                     pass
-                except (OSError, docker.errors.DockerException):
+                except EngineError:
                     continue  # in use by a run still going: its teardown retries
                 self._retired_volumes.discard(name)
 

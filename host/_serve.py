@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from host._errors import SandboxError
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._pool import PoolSettings
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
@@ -174,7 +175,10 @@ def build_admin_server(host: SandboxHost, socket_path: Path, *, max_workers: int
     register: Callable[[Any, grpc.Server], None] = runner_pb2_grpc.add_RunnerServiceServicer_to_server
     register(RunnerServicer(host), server)
     if server.add_insecure_port(f"unix:{socket_path}") == 0:
-        raise OSError(f"could not bind the admin socket {socket_path}")
+        raise SandboxError(
+            f"could not bind the admin socket {socket_path}",
+            hint="is another `serve` using it? stop it, or pass another path with --socket",
+        )
     return server
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, llm_pb2_grpc, tools_pb2, tools_pb2_grpc
+from sandbox_wrapper.protocol import llm_pb2, llm_pb2_grpc, tools_pb2, tools_pb2_grpc
 
 
 def reason_of(err: grpc.RpcError) -> str:

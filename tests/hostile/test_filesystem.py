@@ -76,6 +76,12 @@ def run(context, mode="attack", **kwargs):
         out["symlink"] = write("/tmp/link", "a")
     except OSError as exc:
         out["symlink"] = "symlink " + _err(exc)
+    try:  # the control: the same write through a symlink to a writable file does get through
+        os.symlink("/tmp/target", "/tmp/link-control")
+        out["symlink_control"] = write("/tmp/link-control")
+        out["symlink_control"] += ":" + open("/tmp/target").read().strip()
+    except OSError as exc:
+        out["symlink_control"] = "symlink " + _err(exc)
     with open("/tmp/tool.sh", "w") as fh:
         fh.write("#!/bin/sh\necho ran\n")
     os.chmod("/tmp/tool.sh", 0o755)
@@ -84,6 +90,9 @@ def run(context, mode="attack", **kwargs):
         out["exec_tmp"] = ran.stdout or "no output"
     except OSError as exc:
         out["exec_tmp"] = _err(exc)
+    # the control: the script itself is fine and /bin/sh runs it when it is read, not executed
+    via_sh = subprocess.run(["/bin/sh", "/tmp/tool.sh"], capture_output=True, text=True)
+    out["exec_tmp_control"] = via_sh.stdout
     out["writable"] = writable_dirs()
     out["tmp_ok"] = write("/tmp/fine") == "written" and write(os.environ["HOME"] + "/fine") == "written"
     return out
@@ -113,6 +122,10 @@ def walk_files():
 def run(context, marker, host_paths, host_pid, **kwargs):
     out = {}
     out["host_paths"] = {p: os.path.exists(p) for p in host_paths}
+    control = "/tmp/marker-control.txt"  # the control: the scan must find the marker where it is
+    with open(control, "w") as fh:
+        fh.write(marker)
+    out["control"] = control
     hits, sockets, scanned, total = [], [], 0, 0
     needle = marker.encode()
     for path in walk_files():
@@ -168,6 +181,9 @@ ALLOWED_MOUNTS = {
     "/etc/resolv.conf",
 }
 ALLOWED_WRITABLE = ("/tmp", "/home/sandbox")
+DENIED = {"EROFS", "EACCES", "EPERM"}
+"""What a refused write is: the filesystem or the kernel said no. Anything else (ENOENT: the target is not
+there; another error: the probe broke) is not evidence of containment."""
 
 
 def test_writes_outside_tmp_and_home_fail(lab: Lab, ledger: Ledger) -> None:
@@ -180,9 +196,10 @@ def test_writes_outside_tmp_and_home_fail(lab: Lab, ledger: Ledger) -> None:
     out, seen = result.result, after.result
     assert out["tmp_ok"] is True  # the allowed places work, so every refusal below is the boundary
 
-    def refused(value: object) -> bool:
+    def refused(value: object, *, absent_ok: bool = False) -> bool:
+        """Every attempt denied (absent_ok: or the target does not exist, e.g. a masked /proc file)."""
         values = value.values() if isinstance(value, dict) else [value]
-        return all(v not in ("written", "done") for v in values)
+        return all(v in DENIED or (absent_ok and v == "ENOENT") for v in values)
 
     ledger.attack(
         "fs.write_root",
@@ -222,28 +239,29 @@ def test_writes_outside_tmp_and_home_fail(lab: Lab, ledger: Ledger) -> None:
     )
     ledger.attack(
         "fs.write_proc_sys",
-        expected="sysrq-trigger, kernel sysctls and uevent_helper not writable",
+        expected="sysrq-trigger, kernel sysctls and uevent_helper not writable (denied, or absent: masked)",
         observed=brief(out["proc_sys"]),
-        ok=refused(out["proc_sys"]),
+        ok=refused(out["proc_sys"], absent_ok=True),
     )
     ledger.attack(
         "fs.symlink_into_pack",
-        expected="a /tmp symlink to /pack/agent.py cannot be written through",
-        observed=brief(out["symlink"]),
-        ok=out["symlink"] != "written",
+        expected="a /tmp symlink to /pack/agent.py cannot be written through (denied), while the same write "
+        "through a /tmp symlink to a /tmp file works",
+        observed=brief({"into_pack": out["symlink"], "control": out["symlink_control"]}),
+        ok=refused(out["symlink"]) and out["symlink_control"] == "written:owned",
     )
     ledger.attack(
         "fs.exec_from_tmp",
-        expected="a script written to /tmp cannot be executed (noexec)",
-        observed=brief(out["exec_tmp"]),
-        ok=out["exec_tmp"] != "ran\n",
+        expected="a script written to /tmp cannot be executed (noexec: denied), though /bin/sh runs it",
+        observed=brief({"exec": out["exec_tmp"], "via_sh": out["exec_tmp_control"]}),
+        ok=refused(out["exec_tmp"]) and out["exec_tmp_control"] == "ran\n",
     )
     stray = [d for d in out["writable"] if not d.startswith(ALLOWED_WRITABLE)]
     ledger.attack(
         "fs.any_writable_dir",
-        expected="no directory outside /tmp and HOME accepts a new file",
-        observed=brief({"writable_outside": stray, "later_run_tmp": seen["tmp"]}),
-        ok=not stray and seen["tmp"] == [],
+        expected="no directory outside /tmp and HOME accepts a new file (the walk finds /tmp and HOME)",
+        observed=brief({"writable_outside": stray, "found": out["writable"], "later_run_tmp": seen["tmp"]}),
+        ok=not stray and {"/tmp", "/home/sandbox"} <= set(out["writable"]) and seen["tmp"] == [],
     )
 
 
@@ -269,7 +287,8 @@ def test_host_files_are_not_visible(lab: Lab, ledger: Ledger, tmp_path: Path) ->
 
     ledger.attack(
         "read.host_marker_file",
-        expected="a file on the host is not reachable by path nor by content scan of every file",
+        expected="a file on the host is not reachable by path nor by content scan of every file (the scan "
+        "finds the marker only in the agent's own control copy)",
         observed=brief(
             {
                 "paths_visible": [p for p, v in out["host_paths"].items() if v],
@@ -277,7 +296,9 @@ def test_host_files_are_not_visible(lab: Lab, ledger: Ledger, tmp_path: Path) ->
                 "files_scanned": out["scanned"],
             }
         ),
-        ok=not any(out["host_paths"].values()) and not out["marker_hits"] and out["scanned"] > 100,
+        ok=not any(out["host_paths"].values())
+        and out["marker_hits"] == [out["control"]]
+        and out["scanned"] > 100,
     )
     ledger.attack(
         "read.host_shadow",
@@ -288,9 +309,10 @@ def test_host_files_are_not_visible(lab: Lab, ledger: Ledger, tmp_path: Path) ->
     extra = sorted({m for m in out["mounts"] if not m.startswith(("/proc", "/sys", "/dev"))} - ALLOWED_MOUNTS)
     ledger.attack(
         "read.host_mounts",
-        expected="no host directory mounted beyond the pack volume and socket dir",
+        expected="no host directory mounted beyond the pack volume and socket dir (the mount table lists /, "
+        "/pack and /tmp)",
         observed=brief({"unexpected_mounts": extra}),
-        ok=not extra,
+        ok=not extra and {"/", "/pack", "/tmp"} <= set(out["mounts"]),
     )
     pids = out["pids"]
     foreign = {

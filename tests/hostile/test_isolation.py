@@ -40,8 +40,16 @@ def probe(path):
         s.close()
     return info
 
+CONTROL = "/tmp/control.sock"
+
 def run(context, victim_run_id, victim_host_dir, **kwargs):
     out = {"own_socket_dir": sorted(os.listdir("/run/agentnode")), "run": sorted(os.listdir("/run"))}
+    # The control: a socket of the agent's own, which the same probes must find, reach and list.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(CONTROL)
+    listener.listen(4)
+    out["control"] = {"path": CONTROL, "probe": probe(CONTROL),
+                      "guess_hits": sum(os.path.exists(p) for p in ("/run/agentnode/sandbox.sock", CONTROL))}
     paths = [f"/run/agentnode-sandbox/run-{victim_run_id}/sandbox.sock", f"{victim_host_dir}/sandbox.sock",
              f"/run/agentnode/../agentnode-sandbox/run-{victim_run_id}/sandbox.sock",
              f"/proc/1/root{victim_host_dir}/sandbox.sock"]
@@ -55,6 +63,7 @@ def run(context, victim_run_id, victim_host_dir, **kwargs):
     named = [row[-1] for row in rows if len(row) > 7]
     out["named_unix_sockets"] = sorted(set(named))
     out["own_run_id"] = context.run_id
+    listener.close()
     return out
 """
 
@@ -108,30 +117,44 @@ def test_another_runs_socket_is_unreachable(lab: Lab, ledger: Ledger) -> None:
     intruder, victim_result = results["intruder"], results["victim"]
     assert intruder.success, (intruder.error_code, intruder.error, intruder.logs[-2000:])
     out = intruder.result
+    control = out["control"]
     audit = {r["slug"]: r for r in lab.audit()}
     reached = {p: v for p, v in out["known_paths"].items() if v["exists"] or v["connected"]}
     ledger.attack(
         "xrun.known_socket_path",
-        expected="even knowing the victim's run id and host path, its socket neither exists nor connects",
-        observed=brief({"reachable": reached, "own_socket_dir": out["own_socket_dir"]}),
-        ok=not reached and set(out["own_socket_dir"]) <= {"sandbox.sock", "owner"},
+        expected="even knowing the victim's run id and host path, its socket neither exists nor connects "
+        "(the same probe finds and connects to a socket of the agent's own)",
+        observed=brief(
+            {"reachable": reached, "own_socket_dir": out["own_socket_dir"], "control": control["probe"]}
+        ),
+        ok=not reached
+        and set(out["own_socket_dir"]) <= {"sandbox.sock", "owner"}
+        and control["probe"] == {"exists": True, "connected": True},
     )
     ledger.attack(
         "xrun.brute_force_paths",
-        expected="2000 guessed /run/agentnode-sandbox/run-* paths: none exists (the root is not mounted)",
-        observed=brief({"hits": out["brute_force_hits"], "/run": out["run"]}),
-        ok=out["brute_force_hits"] == 0 and "agentnode-sandbox" not in out["run"],
+        expected="2000 guessed /run/agentnode-sandbox/run-* paths: none exists (the root is not mounted); "
+        "the same test finds the agent's own two sockets",
+        observed=brief(
+            {"hits": out["brute_force_hits"], "/run": out["run"], "control_hits": control["guess_hits"]}
+        ),
+        ok=out["brute_force_hits"] == 0
+        and "agentnode-sandbox" not in out["run"]
+        and control["guess_hits"] == 2,
     )
     # Under runc, /proc/net/unix shows the host path of the agent's own socket (the accepted end of its own
-    # connection lives in its network namespace); it must never show another run's.
+    # connection lives in its network namespace); it must never show another run's. The agent's control
+    # socket must be listed: the table is read and parsed, so an empty list is evidence.
+    named = out["named_unix_sockets"]
     foreign = [
-        s for s in out["named_unix_sockets"] if out["own_run_id"] not in s and "/run/agentnode/" not in s
+        s for s in named if out["own_run_id"] not in s and "/run/agentnode/" not in s and s != control["path"]
     ]
     ledger.attack(
         "xrun.socket_table",
-        expected="/proc/net/unix lists no socket of another run (at most the agent's own)",
-        observed=brief({"named_unix_sockets": out["named_unix_sockets"], "foreign": foreign}),
-        ok=not foreign and not any(victim_dir.name in s for s in out["named_unix_sockets"]),
+        expected="/proc/net/unix lists no socket of another run (at most the agent's own), and does list the "
+        "agent's control socket",
+        observed=brief({"named_unix_sockets": named, "foreign": foreign}),
+        ok=not foreign and not any(victim_dir.name in s for s in named) and control["path"] in named,
     )
     ledger.attack(
         "xrun.victim_undisturbed",

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 
 import pytest
 
 from tests.hostile.conftest import HostListener, Lab, Ledger, brief
 
+DNS_QUERY = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01"
+"""The query the agent sends (its copy is in AGENT); the UDP control echoes it back whole."""
+DENIED = ("EPERM", "EACCES")
+"""A refusal by the kernel (or gVisor): anything else, e.g. a timeout, is not evidence of one."""
+
 pytestmark = pytest.mark.docker
 
 AGENT = r'''
-import errno, os, socket, struct
+import errno, os, socket, struct, threading
 
 def attempt(family, kind, address, payload=None, proto=0):
     """Connect (TCP/unix) or send+receive (UDP); returns what the agent actually achieved."""
@@ -68,8 +74,41 @@ def raw(family, kind, proto):
     except OSError as exc:
         return {"opened": False, "error": errno.errorcode.get(exc.errno or 0, "")}
 
+def controls():
+    """The probes against listeners inside the sandbox, where reaching them is allowed: each must reach."""
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(5)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind("\0agentnode-control-" + str(os.getpid()))
+    unix.listen(4)
+
+    def echo():
+        try:
+            data, peer = udp.recvfrom(512)
+            udp.sendto(data, peer)
+        except OSError:
+            pass
+
+    echoer = threading.Thread(target=echo)
+    echoer.start()
+    out = {"tcp": attempt(socket.AF_INET, socket.SOCK_STREAM, tcp.getsockname()),
+           "udp": attempt(socket.AF_INET, socket.SOCK_DGRAM, udp.getsockname(), DNS_QUERY),
+           "unix": attempt(socket.AF_UNIX, socket.SOCK_STREAM, unix.getsockname())}
+    echoer.join()
+    try:
+        out["dns_localhost"] = sorted({a[4][0] for a in socket.getaddrinfo("localhost", 80, socket.AF_INET)})
+    except OSError as exc:
+        out["dns_localhost"] = type(exc).__name__
+    for s in (tcp, udp, unix):
+        s.close()
+    return out
+
 def run(context, host_port, llm_port, abstract, **kwargs):
-    out = {}
+    out = {"control": controls()}
     out["tcp_internet"] = [attempt(socket.AF_INET, socket.SOCK_STREAM, a)
                            for a in (("1.1.1.1", 53), ("1.1.1.1", 443), ("8.8.8.8", 53))]
     out["udp_internet"] = [attempt(socket.AF_INET, socket.SOCK_DGRAM, a, DNS_QUERY)
@@ -105,6 +144,16 @@ def test_network_is_unreachable(lab: Lab, ledger: Ledger) -> None:
     unix.listen(4)
     unix.settimeout(0.1)
     try:
+        # The controls on the host side: each listener counts a connection the host itself makes.
+        socket.create_connection(("127.0.0.1", listener.port), timeout=5).close()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as own:
+            own.connect("\0" + abstract)
+            unix.accept()[0].close()
+        unix_control = 1
+        deadline = time.monotonic() + 10
+        while listener.accepted < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host_control = listener.accepted
         lab.agent("net-attacker", AGENT)
         result = lab.run(
             "net-attacker",
@@ -120,6 +169,12 @@ def test_network_is_unreachable(lab: Lab, ledger: Ledger) -> None:
         unix.close()
     assert result.success, (result.error_code, result.error, result.logs[-2000:])
     out = result.result
+    control = out["control"]
+    # The same probes reach listeners inside the sandbox: "not reached" below is the boundary, not a
+    # broken probe. The host's listeners counted the host's own connection (1 each) before the run.
+    tcp_ok = control["tcp"]["reached"] is True
+    udp_ok = control["udp"].get("got") == len(DNS_QUERY)
+    assert host_control == 1 and unix_control == 1, (host_control, unix_control)
 
     def none_reached(key: str) -> bool:
         items = out[key] if isinstance(out[key], list) else [out[key]]
@@ -127,62 +182,81 @@ def test_network_is_unreachable(lab: Lab, ledger: Ledger) -> None:
 
     ledger.attack(
         "net.tcp_internet",
-        expected="TCP to 1.1.1.1:53/443 and 8.8.8.8:53 fails",
-        observed=brief(out["tcp_internet"]),
-        ok=none_reached("tcp_internet"),
+        expected="TCP to 1.1.1.1:53/443 and 8.8.8.8:53 fails (the probe reaches a listener in the sandbox)",
+        observed=brief({"agent": out["tcp_internet"], "control": control["tcp"]}),
+        ok=none_reached("tcp_internet") and tcp_ok,
     )
     ledger.attack(
         "net.udp_internet",
-        expected="UDP DNS query to 1.1.1.1 and 8.8.8.8 gets no answer",
-        observed=brief(out["udp_internet"]),
-        ok=none_reached("udp_internet"),
+        expected="UDP DNS query to 1.1.1.1 and 8.8.8.8 gets no answer (an echo in the sandbox answers it)",
+        observed=brief({"agent": out["udp_internet"], "control": control["udp"]}),
+        ok=none_reached("udp_internet") and udp_ok,
     )
     resolved = [d for d in out["dns"] if d["resolved"]]
     ledger.attack(
         "net.dns",
-        expected="no name resolves (no resolver reachable, embedded DNS silent)",
-        observed=brief({"getaddrinfo": out["dns"], "127.0.0.11": out["dns_embedded"]}),
-        ok=not resolved and none_reached("dns_embedded"),
+        expected="no name resolves (no resolver reachable, embedded DNS silent); localhost does, from "
+        "/etc/hosts",
+        observed=brief(
+            {
+                "getaddrinfo": out["dns"],
+                "127.0.0.11": out["dns_embedded"],
+                "localhost": control["dns_localhost"],
+            },
+            limit=600,
+        ),
+        ok=not resolved
+        and none_reached("dns_embedded")
+        and udp_ok
+        and control["dns_localhost"] == ["127.0.0.1"],
     )
     ledger.attack(
         "net.host_loopback_listener",
-        expected="a listener on the host's 127.0.0.1 is unreachable (host accepts 0 connections)",
+        expected="a listener on the host's 127.0.0.1 is unreachable (it accepts only the host's own control "
+        "connection)",
         observed=brief({"agent": out["host_loopback"], "host_accepted": listener.accepted}),
-        ok=none_reached("host_loopback") and listener.accepted == 0,
+        ok=none_reached("host_loopback") and listener.accepted == host_control == 1 and tcp_ok,
     )
     ledger.attack(
         "net.llm_provider_direct",
         expected="the provider on the host's loopback is unreachable; it receives 0 requests",
         observed=brief({"agent": out["llm_direct"], "provider_requests": len(lab.llm.requests)}),
-        ok=none_reached("llm_direct") and not lab.llm.requests,
+        ok=none_reached("llm_direct") and not lab.llm.requests and tcp_ok,
     )
     ledger.attack(
         "net.ipv6",
         expected="IPv6 to ::1 (host port) and 2606:4700:4700::1111 fails",
         observed=brief(out["ipv6"]),
-        ok=none_reached("ipv6"),
+        ok=none_reached("ipv6") and tcp_ok,
     )
     ledger.attack(
         "net.raw_socket",
         expected="raw ICMP socket refused (EPERM)",
         observed=brief(out["raw_icmp"]),
-        ok=not out["raw_icmp"]["opened"],
+        ok=not out["raw_icmp"]["opened"] and out["raw_icmp"]["error"] in DENIED,
     )
     ledger.attack(
         "net.packet_socket",
         expected="AF_PACKET socket refused (EPERM)",
         observed=brief(out["packet"]),
-        ok=not out["packet"]["opened"],
+        ok=not out["packet"]["opened"] and out["packet"]["error"] in DENIED,
     )
+    newlink = out["newlink"]
     ledger.attack(
         "net.netlink_newlink",
-        expected="RTM_NEWLINK (create a dummy interface) refused; only lo exists",
-        observed=brief({"newlink": out["newlink"], "interfaces": out["interfaces"]}),
-        ok=not out["newlink"]["created"] and out["interfaces"] == ["lo"],
+        expected="RTM_NEWLINK (create a dummy interface) refused (EPERM/EACCES, not unanswered); only lo "
+        "exists",
+        observed=brief({"newlink": newlink, "interfaces": out["interfaces"]}),
+        ok=not newlink["created"]
+        and (newlink.get("ack") in DENIED or newlink.get("error") in DENIED)
+        and out["interfaces"] == ["lo"],
     )
     ledger.attack(
         "net.host_abstract_unix",
-        expected="a host abstract Unix socket is unreachable (host accepts 0 connections)",
-        observed=brief({"agent": out["abstract_unix"], "host_accepted": unix_accepted}),
-        ok=not out["abstract_unix"]["reached"] and unix_accepted == 0,
+        expected="a host abstract Unix socket is unreachable (host accepts 0 connections); the probe reaches "
+        "an abstract socket inside the sandbox",
+        observed=brief(
+            {"agent": out["abstract_unix"], "host_accepted": unix_accepted, "control": control["unix"]}
+        ),
+        ok=not out["abstract_unix"]["reached"] and unix_accepted == 0 and control["unix"]["reached"] is True,
     )

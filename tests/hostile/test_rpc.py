@@ -51,10 +51,14 @@ def garbage(payload):
     try:
         s.connect(PATH)
         s.sendall(payload)
+    except OSError as exc:  # the garbage never reached the host: the probe broke
+        s.close()
+        return {"sent": False, "error": type(exc).__name__}
+    try:
         got = s.recv(4096)
-        return {"host_replied_bytes": len(got)}
+        return {"sent": True, "host_replied_bytes": len(got)}
     except OSError as exc:
-        return {"error": type(exc).__name__}
+        return {"sent": True, "error": type(exc).__name__}
     finally:
         s.close()
 
@@ -103,12 +107,18 @@ def run(context, **kwargs):
     session = session_pb2_grpc.SessionServiceStub(ch)  # type: ignore[no-untyped-call]
     tools = tools_pb2_grpc.ToolServiceStub(ch)  # type: ignore[no-untyped-call]
     llm = llm_pb2_grpc.LlmServiceStub(ch)  # type: ignore[no-untyped-call]
+    # The control: one tool call and one LLM call before the report reach the host (and are counted).
+    context.run_tool("hostile-tools", "count")
+    context.call_llm("hi")
     session.ReportResult(session_pb2.ReportResultRequest(value_json='"first"'))
     # Everything below races the host's teardown: the host may only refuse or be gone.
-    status(lambda: session.ReportResult(session_pb2.ReportResultRequest(value_json='"second"'), timeout=5))
-    status(tool(tools, "{}"))
-    status(lambda: llm.CallLlm(llm_pb2.CallLlmRequest(
-        messages=[llm_pb2.ChatMessage(role="user", content="hi")]), timeout=5))
+    print("after the report: calling", flush=True)
+    seen = [status(lambda: session.ReportResult(session_pb2.ReportResultRequest(value_json='"second"'),
+                                                timeout=5)),
+            status(tool(tools, "{}")),
+            status(lambda: llm.CallLlm(llm_pb2.CallLlmRequest(
+                messages=[llm_pb2.ChatMessage(role="user", content="hi")]), timeout=5))]
+    print("after the report:", json.dumps(seen), flush=True)
     return "third"
 """
 )
@@ -139,15 +149,16 @@ def test_malformed_oversized_and_out_of_order_rpcs(lab: Lab, ledger: Ledger) -> 
     )
     ledger.attack(
         "rpc.garbage_bytes",
-        expected="garbage on the raw socket is dropped; the host keeps serving",
+        expected="garbage sent on the raw socket (all 3 payloads delivered) is dropped; the host keeps "
+        "serving",
         observed=brief({"garbage": out["garbage"], "next_call": out["after_garbage"]}),
-        ok=out["after_garbage"]["ok"],
+        ok=all(g["sent"] for g in out["garbage"]) and out["after_garbage"]["ok"],
     )
     ledger.attack(
         "rpc.malformed_protobuf",
-        expected="undecodable request bytes are refused; no tool runs",
+        expected="undecodable request bytes are refused INVALID_ARGUMENT/INVALID_REQUEST; no tool runs",
         observed=brief(out["malformed_protobuf"]),
-        ok=not out["malformed_protobuf"]["ok"],
+        ok=refused(out["malformed_protobuf"], "INVALID_ARGUMENT", "INVALID_REQUEST"),
     )
     ledger.attack(
         "rpc.unknown_method",
@@ -171,9 +182,14 @@ def test_malformed_oversized_and_out_of_order_rpcs(lab: Lab, ledger: Ledger) -> 
     slugs = out["bad_slug"]
     ledger.attack(
         "rpc.foreign_or_bad_slug",
-        expected="path-like, empty, unlisted or case-twisted package slugs are refused",
-        observed=brief(slugs),
-        ok=not any(v["ok"] for v in slugs.values()),
+        expected="path-like, empty, unlisted or case-twisted package slugs are refused as invalid or not "
+        "allowed (not merely failed)",
+        observed=brief(slugs, limit=600),
+        ok=all(
+            refused(v, "INVALID_ARGUMENT", "INVALID_REQUEST")
+            or refused(v, "PERMISSION_DENIED", "TOOL_NOT_ALLOWED")
+            for v in slugs.values()
+        ),
     )
     flood_ok = set(out["flood"]) <= {"FAILED_PRECONDITION/TASK_ALREADY_FETCHED", "RESOURCE_EXHAUSTED/"}
     ledger.attack(
@@ -194,9 +210,13 @@ def test_report_twice_then_call(lab: Lab, ledger: Ledger) -> None:
     lab.agent("reporter", REPORTER, llm_calls=3)
     result = lab.run("reporter")
     record = lab.audit()[-1]
+    # Whether the agent got to send its calls after the report races the host's teardown; what is checked
+    # is that nothing beyond the one tool and one LLM call made before the report reached the host (those
+    # two prove the tool log and the provider count what arrives).
     ledger.attack(
         "rpc.report_twice_and_call_after",
-        expected='the first report ("first") wins; later reports, tool and LLM calls reach nothing',
+        expected='the first report ("first") wins; later reports, tool and LLM calls reach nothing: the host '
+        "saw only the one tool call and one LLM call made before the report",
         observed=brief(
             {
                 "result": result.result,
@@ -205,14 +225,17 @@ def test_report_twice_then_call(lab: Lab, ledger: Ledger) -> None:
                 "provider_requests": len(lab.llm.requests),
                 "audit_reason": record["reason"],
                 "audit_llm_calls": (record["llm"] or {}).get("calls"),
+                "audit_tool_calls": record["tool_calls"],
+                "agent_called_after_report": "after the report: calling" in result.logs,
             }
         ),
         ok=result.success
         and result.result == "first"
-        and not lab.tool_calls()
-        and not lab.llm.requests
+        and len(lab.tool_calls()) == 1
+        and len(lab.llm.requests) == 1
         and record["reason"] == "agent_completed"
-        and record["tool_calls"] == 0,
+        and record["tool_calls"] == 1
+        and (record["llm"] or {}).get("calls") == 1,
     )
 
 
@@ -300,17 +323,25 @@ def test_calls_before_fetch_and_after_report(harness: dict[str, Any], ledger: Le
     channel, session, log, llm = harness["channel"], harness["session"], harness["log"], harness["llm"]
     stub = session_pb2_grpc.SessionServiceStub(channel)  # type: ignore[no-untyped-call]
     fetch = stub.FetchTask
-    before = {name: _reason(call) for name, call in _calls(channel).items()}
+    calls = _calls(channel)
+    before = {name: _reason(call) for name, call in calls.items()}
+    reached_before = {"tool_log": len(log.read_text().splitlines()), "provider": len(llm.requests)}
+    fetch(session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION), timeout=10)
+    # The control: between FetchTask and ReportResult the same calls work, and the tool log and the
+    # provider count each of them; "nothing reached" before and after is measured by counters that count.
+    control = {name: _reason(calls[name]) for name in ("RunTool", "CallLlm")}
+    counted = {"tool_log": len(log.read_text().splitlines()), "provider": len(llm.requests)}
+    control_ok = set(control.values()) == {"ok"} and counted == {"tool_log": 1, "provider": 1}
     ledger.attack(
         "rpc.call_before_fetch",
         expected="RunTool/CallLlm/StreamLlm/ReportResult before FetchTask: FAILED_PRECONDITION/"
-        "TASK_NOT_FETCHED; nothing reaches tools or provider",
-        observed=brief({**before, "tool_log": len(log.read_text()), "provider": len(llm.requests)}),
+        "TASK_NOT_FETCHED; nothing reaches tools or provider (after FetchTask one RunTool and one CallLlm "
+        "do, and are counted)",
+        observed=brief({**before, "reached": reached_before, "control": control, "control_counted": counted}),
         ok=set(before.values()) == {"FAILED_PRECONDITION/TASK_NOT_FETCHED"}
-        and not log.read_text()
-        and not llm.requests,
+        and reached_before == {"tool_log": 0, "provider": 0}
+        and control_ok,
     )
-    fetch(session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION), timeout=10)
     stub.ReportResult(session_pb2.ReportResultRequest(value_json=json.dumps("first")), timeout=10)
     after = {name: _reason(call) for name, call in _calls(channel).items()}
     after["FetchTask"] = _reason(
@@ -323,13 +354,14 @@ def test_calls_before_fetch_and_after_report(harness: dict[str, Any], ledger: Le
             {
                 **after,
                 "result": session.outcome.value_json if session.outcome else None,
-                "tool_log": len(log.read_text()),
+                "tool_log": len(log.read_text().splitlines()),
                 "provider": len(llm.requests),
             }
         ),
         ok=set(after.values()) == {"FAILED_PRECONDITION/RUN_FINISHED"}
         and session.outcome is not None
         and session.outcome.value_json == '"first"'
-        and not log.read_text()
-        and not llm.requests,
+        and control_ok
+        and len(log.read_text().splitlines()) == counted["tool_log"]
+        and len(llm.requests) == counted["provider"],
     )

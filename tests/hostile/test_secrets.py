@@ -13,7 +13,7 @@ from tests.support.fake_llm import Behaviour
 pytestmark = pytest.mark.docker
 
 HUNTER = r"""
-import json, os, re
+import json, os, re, subprocess
 
 PATTERN = re.compile(rb"sk-[A-Za-z0-9_-]{6,}")
 
@@ -27,7 +27,16 @@ def read(path, limit=1 << 20):
     except OSError:
         return b""
 
+# Built at run time, so no control string appears whole in this source (which the file scan reads too).
+CONTROLS = {k: "sk" + "-control-" + k + "-4d9a1c" for k in ("env", "environ", "cmdline", "file")}
+
 def run(context, **kwargs):
+    # The controls: an sk- string planted where each scan looks, which that scan must find.
+    os.environ["AGENTNODE_SCAN_CONTROL"] = CONTROLS["env"]
+    child = subprocess.Popen(["sh", "-c", "sleep 60", CONTROLS["cmdline"]],
+                             env={"PATH": os.environ["PATH"], "SCAN_CONTROL": CONTROLS["environ"]})
+    with open("/tmp/scan-control.txt", "w") as fh:
+        fh.write(CONTROLS["file"])
     found = {"env": sorted(scan("\n".join(f"{k}={v}" for k, v in os.environ.items()).encode()))}
     environ, cmdline, pids = set(), set(), []
     for pid in os.listdir("/proc"):
@@ -52,6 +61,11 @@ def run(context, **kwargs):
             scanned, total = scanned + 1, total + len(data)
             files |= scan(data)
     found["files"], found["files_scanned"] = sorted(files)[:100], scanned
+    child.kill()
+    child.wait()
+    found["controls_found"] = {
+        "env": CONTROLS["env"] in found["env"], "proc_environ": CONTROLS["environ"] in environ,
+        "proc_cmdline": CONTROLS["cmdline"] in cmdline, "files": CONTROLS["file"] in files}
     errors = []
     for _ in range(5):
         try:
@@ -68,7 +82,7 @@ def run(context, **kwargs):
     found["llm_errors"] = errors
     env = context.run_tool("hostile-tools", "environ")
     boom = context.run_tool("hostile-tools", "boom")
-    found["tool"] = {"env_keys": sorted((env.result or {}).keys()),
+    found["tool"] = {"env_ok": env.success, "env_keys": sorted((env.result or {}).keys()),
                      "env_hits": sorted(scan(json.dumps(env.result).encode())), "boom_error": boom.error}
     return found
 """
@@ -96,29 +110,44 @@ def test_api_key_cannot_be_found(lab: Lab, ledger: Ledger, monkeypatch: pytest.M
         text = json.dumps(value)
         return CANARY not in text and PROVIDER_SECRET not in text
 
+    # Each scan found the control string the agent planted where that scan looks (its own environment, a
+    # child's environ and cmdline, a file in /tmp): "no key found" comes from a scan that does find keys.
+    controls = found["controls_found"]
     ledger.attack(
         "secrets.env",
-        expected="the key is not in the agent's environment",
-        observed=brief({"sk_strings": found["env"]}),
-        ok=clean(found["env"]),
+        expected="the key is not in the agent's environment (a planted sk- control is found there)",
+        observed=brief({"sk_strings": found["env"], "control_found": controls["env"]}),
+        ok=clean(found["env"]) and controls["env"],
     )
     ledger.attack(
         "secrets.proc_environ",
-        expected="no /proc/*/environ (every task) holds the key",
-        observed=brief({"sk_strings": found["proc_environ"], "pids": found["pids"]}),
-        ok=clean(found["proc_environ"]),
+        expected="no /proc/*/environ (every task) holds the key (a child's planted sk- control is found)",
+        observed=brief(
+            {
+                "sk_strings": found["proc_environ"],
+                "pids": found["pids"],
+                "control_found": controls["proc_environ"],
+            }
+        ),
+        ok=clean(found["proc_environ"]) and controls["proc_environ"],
     )
     ledger.attack(
         "secrets.proc_cmdline",
-        expected="no /proc/*/cmdline holds the key",
-        observed=brief({"sk_strings": found["proc_cmdline"]}),
-        ok=clean(found["proc_cmdline"]),
+        expected="no /proc/*/cmdline holds the key (a child's planted sk- argument is found)",
+        observed=brief({"sk_strings": found["proc_cmdline"], "control_found": controls["proc_cmdline"]}),
+        ok=clean(found["proc_cmdline"]) and controls["proc_cmdline"],
     )
     ledger.attack(
         "secrets.files",
-        expected="no readable file under / holds the key",
-        observed=brief({"sk_strings": found["files"], "files_scanned": found["files_scanned"]}),
-        ok=clean(found["files"]) and found["files_scanned"] > 1000,
+        expected="no readable file under / holds the key (a planted sk- control file is found)",
+        observed=brief(
+            {
+                "sk_strings": found["files"],
+                "files_scanned": found["files_scanned"],
+                "control_found": controls["files"],
+            }
+        ),
+        ok=clean(found["files"]) and found["files_scanned"] > 1000 and controls["files"],
     )
     ledger.attack(
         "secrets.llm_error_bodies",
@@ -128,18 +157,24 @@ def test_api_key_cannot_be_found(lab: Lab, ledger: Ledger, monkeypatch: pytest.M
     )
     ledger.attack(
         "secrets.tool_env_and_errors",
-        expected="a host tool's environment and error text carry no key",
+        expected="a host tool's environment and error text carry no key (the environ tool answered, with "
+        "PATH; the boom tool's error arrived)",
         observed=brief(found["tool"]),
-        ok=clean(found["tool"]),
+        ok=clean(found["tool"])
+        and found["tool"]["env_ok"] is True
+        and "PATH" in found["tool"]["env_keys"]
+        and found["tool"]["boom_error"] == "tool raised ValueError",
     )
+    audit = lab.state.audit_all()
     ledger.attack(
         "secrets.result_logs_audit",
-        expected="0 sightings of the key in the run's result, logs and audit record",
+        expected="0 sightings of the key in the run's result, logs and audit records (start and end written)",
         observed=brief(
             {
                 "in_result_or_logs": lab.sightings,
-                "in_audit": sum(CANARY in json.dumps(r) for r in lab.audit()),
+                "in_audit": sum(CANARY in json.dumps(r) for r in audit),
+                "audit_records": len(audit),
             }
         ),
-        ok=lab.sightings == 0 and not any(CANARY in json.dumps(r) for r in lab.audit()),
+        ok=lab.sightings == 0 and not any(CANARY in json.dumps(r) for r in audit) and len(audit) == 2,
     )

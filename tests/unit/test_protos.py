@@ -3,6 +3,7 @@ service, and the host's typed wire reasons are exactly errors.proto's."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from host._vocab import WireReason
@@ -49,3 +50,14 @@ def test_the_host_status_table_is_typed_and_total() -> None:
     assert set(_session._STATUS) == set(WireReason)
     assert all(type(reason) is WireReason for reason in _session._STATUS)
     assert all(type(reason) is WireReason for reason in _session._UNMETERED)
+
+
+def test_examples_import_only_public_modules() -> None:
+    """Examples are what pack authors copy: no private module (a leading underscore) may appear in them."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    sources = sorted(examples.rglob("*.py"))
+    assert sources, "no example sources found"
+    private = re.compile(r"^\s*(?:from|import)\s+(?:host|sandbox_wrapper)(?:\.\w+)*\._", re.M)
+    offenders = {str(p.relative_to(examples)): private.findall(p.read_text()) for p in sources}
+    assert not {k: v for k, v in offenders.items() if v}
+    assert private.search("from sandbox_wrapper._proto.x import y")  # the check itself can fail
