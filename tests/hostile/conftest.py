@@ -5,6 +5,12 @@ Why a ledger and not bare asserts: one sandbox run can try many attacks, and the
 must list every one of them with what was seen. A test records each attempt with `ledger.attack(...)` or
 `ledger.fault(...)`; any attempt recorded as not contained fails the test after its body ran, so nothing is
 softened: the report and the test verdict come from the same facts.
+
+Every row's `ok` is computed from what was observed, never a constant. A probe that broke (raised, printed
+nothing, never wrote what it should have) is a failure, not containment: an error counts as a refusal only
+when it is the refusal expected (EROFS/EACCES/EPERM, a named wire reason), and where "nothing seen" could
+come from a probe that cannot see, the row also requires a positive control (the same probe seeing the thing
+where it is permitted, or a sentinel showing the probe ran to its end).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import docker
 import docker.errors
 import pytest
 
-import host._runner
+import host._wiring
 from host._engine import LABEL_OWNER, LABEL_SLUG, owner_token
 from host._runner import RunResult, SandboxHost
 from host._tools import ToolGate
@@ -346,6 +352,15 @@ capabilities:
 )
 
 
+def write_toolpack(parent: Path, tool_log: Path) -> Path:
+    """The spy toolpack under `parent`, logging every call to `tool_log`; returns its directory."""
+    pack = parent / TOOLPACK
+    pack.mkdir(parents=True)
+    (pack / "hostile_tools.py").write_text(TOOLPACK_SOURCE.replace("__TOOL_LOG__", repr(str(tool_log))))
+    (pack / "agentnode.yaml").write_text(TOOLPACK_MANIFEST)
+    return pack
+
+
 class Lab:
     """One isolated host (config, lockfile, audit, run-dir root) with the canary key in its environment."""
 
@@ -373,13 +388,7 @@ class Lab:
         self._install_toolpack()
 
     def _install_toolpack(self) -> None:
-        pack = self.root / "packs" / TOOLPACK
-        pack.mkdir(parents=True)
-        (pack / "hostile_tools.py").write_text(
-            TOOLPACK_SOURCE.replace("__TOOL_LOG__", repr(str(self.tool_log)))
-        )
-        (pack / "agentnode.yaml").write_text(TOOLPACK_MANIFEST)
-        self.state.install(pack, trust="trusted")
+        self.state.install(write_toolpack(self.root / "packs", self.tool_log), trust="trusted")
 
     def configure(self, **agent_sandbox: Any) -> None:
         """Merge keys into agent_sandbox of the host config (hosts created afterwards read it)."""
@@ -532,7 +541,7 @@ def runtime_pair(docker_client: docker.DockerClient) -> tuple[str, ...]:
 @pytest.fixture
 def short_tool_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
     """Give hosts created afterwards a HOST_TOOL_TIMEOUT tool timeout instead of the 60 s default."""
-    monkeypatch.setattr(host._runner, "ToolGate", functools.partial(ToolGate, tool_timeout=HOST_TOOL_TIMEOUT))
+    monkeypatch.setattr(host._wiring, "ToolGate", functools.partial(ToolGate, tool_timeout=HOST_TOOL_TIMEOUT))
     return HOST_TOOL_TIMEOUT
 
 

@@ -547,6 +547,7 @@ def test_refused_requests_cost_the_host_little(
         and meter.rss_growth < 256 * MiB
         and usage["calls"] == 0
         and not [c for c in lab.tool_calls("echo") if "i" not in c.get("keys", [])]
+        and any("i" in c.get("keys", []) for c in lab.tool_calls("echo"))  # the log saw the innocent's
         and record.get("tool_calls", 0) == 0,
     )
     ledger.attack(
@@ -641,6 +642,7 @@ def test_non_finite_numbers_never_cross(lab: Lab, ledger: Ledger) -> None:
         and not reported.success
         and reported.error_code == "result_not_serializable"
         and not reached
+        and any("i" in c.get("keys", []) for c in lab.tool_calls("echo"))  # the log saw the innocent's
         and "Infinity" not in printed,
     )
     ledger.attack(

@@ -32,11 +32,10 @@ from tests.hostile.conftest import (
     CANARY,
     STUBS,
     TOOLPACK,
-    TOOLPACK_MANIFEST,
-    TOOLPACK_SOURCE,
     Lab,
     Ledger,
     brief,
+    write_toolpack,
 )
 from tests.support.fake_llm import FakeLlmServer
 
@@ -245,12 +244,9 @@ def test_report_twice_then_call(lab: Lab, ledger: Ledger) -> None:
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A real run server on a real Unix socket with a real tool gate and LLM broker (no container)."""
-    pack = tmp_path / TOOLPACK
-    pack.mkdir()
     log = tmp_path / "tool-calls.jsonl"
     log.touch()
-    (pack / "hostile_tools.py").write_text(TOOLPACK_SOURCE.replace("__TOOL_LOG__", repr(str(log))))
-    (pack / "agentnode.yaml").write_text(TOOLPACK_MANIFEST)
+    pack = write_toolpack(tmp_path, log)
     manifest = load_manifest(pack)
     assert isinstance(manifest, ToolpackManifest)
     installed = InstalledToolpack(

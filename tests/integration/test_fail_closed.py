@@ -27,9 +27,9 @@ from host._packs import LABEL_ARTIFACT, Lockfile
 from host._policy import LlmPolicy
 from host._rundir import run_root
 from host._runner import RunResult, SandboxHost
+from tests.support.fake_engine import FakeEngine
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
-from tests.unit.test_engine import FakeEngine
 
 pytestmark = pytest.mark.docker
 

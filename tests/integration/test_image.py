@@ -7,7 +7,6 @@ import io
 import json
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -17,10 +16,9 @@ from host._engine import LABEL_OWNER, owner_token
 from host._errors import AuditReason, EngineError
 from host._image import build_image, image_inputs_hash, image_status, verify_pinned_image
 from sandbox_wrapper import PROTOCOL_VERSION
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.docker
-
-REPO = Path(__file__).resolve().parents[2]
 
 RunPython = Callable[..., dict[str, Any]]
 

@@ -22,8 +22,7 @@ import pytest
 
 from host._audit import END_GRACE_SECONDS, GENESIS, AuditLog, run_record, start_record, verify_audit
 from host._errors import AuditReason
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 FULL_LLM: dict[str, Any] = {
     "enabled": True,

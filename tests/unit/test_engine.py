@@ -9,15 +9,11 @@ import json
 import os
 import shutil
 import socket
-import socketserver
 import subprocess
 import tempfile
-import threading
 import warnings
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import docker
@@ -53,6 +49,7 @@ from host._errors import (
     EngineRejected,
     PackError,
 )
+from tests.support.fake_engine import FakeEngine
 
 MiB = 1024 * 1024
 WRAPPER_ENV = {
@@ -67,80 +64,6 @@ WRAPPER_ENV = {
     "AGENTNODE_IMPORT_ROOT",
 }
 ENGINE_SOCKETS = ("docker.sock", "podman.sock", "containerd.sock")
-
-
-class FakeEngine:
-    """A Docker-compatible engine stand-in: a real HTTP server on a Unix socket with scripted answers.
-
-    `status` answers every request with that error status; otherwise /version, /_ping and /info answer
-    like an engine (`info` is the /info body).
-    """
-
-    def __init__(self, *, status: int | None = None, info: dict[str, Any] | None = None) -> None:
-        self.status = status
-        self.info = info or {}
-        self.paths: list[str] = []  # without the /v1.NN prefix
-        self.raw_paths: list[str] = []
-        self._dir = tempfile.mkdtemp(dir="/tmp", prefix="fe-")  # a Unix socket path must fit 108 bytes
-        self.socket_path = f"{self._dir}/engine.sock"
-        self._server = _UnixHttpServer(self.socket_path, _engine_handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def docker_host(self) -> str:
-        return f"unix://{self.socket_path}"
-
-    def __enter__(self) -> FakeEngine:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-class _UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet (and a Unix peer has no address to format)."""
-
-        def do_GET(self) -> None:
-            engine.raw_paths.append(self.path)
-            path = "/" + self.path.split("?")[0].lstrip("/")
-            if path.startswith("/v1."):
-                path = "/" + path.split("/", 2)[2]
-            engine.paths.append(path)
-            if engine.status is not None:
-                self._send(engine.status, {"message": "authorization denied by plugin"})
-            elif path == "/version":
-                self._send(200, {"ApiVersion": "1.45", "Version": "fake", "MinAPIVersion": "1.24"})
-            elif path == "/_ping":
-                self._send(200, "OK")
-            elif path == "/info":
-                self._send(200, engine.info)
-            else:
-                self._send(404, {"message": "no such route"})
-
-        do_HEAD = do_GET
-
-        def _send(self, status: int, body: Any) -> None:
-            payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-    return Handler
 
 
 def spec(**overrides: Any) -> dict[str, Any]:
