@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from host._config import HostConfig
 from host._errors import AuditReason, SandboxError
-from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
+from host._explain import decide_route, effective_policy, installed_agent, refusal_error
 from host._manifest import AgentManifest
 from host._packs import LockEntry, Lockfile
 from host._policy import RunPolicy
-from host._vocab import COMMUNITY_TRUST, HOST_TRUST, Route, Source, Trust
+from host._vocab import COMMUNITY_TRUST, Route, Source, Trust
 
 
 @dataclass(frozen=True)
@@ -39,12 +38,6 @@ class Admission:
     @property
     def sandboxed(self) -> bool:
         return self.route is Route.SANDBOX
-
-    @property
-    def host_import_root(self) -> Path:
-        """Where a host-routed agent's installed copy imports from."""
-        assert self.entry is not None and self.entry.host_path
-        return Path(self.entry.host_path) / self.entry.import_subdir
 
 
 def admit(
@@ -77,10 +70,6 @@ def admit(
         manifest, policy = effective_policy(entry, config, decision.route)
     except SandboxError as exc:
         return Admission(slug, decision.route, source, recorded, entry, refusal=exc)
-    if not sandboxed and (Trust.parse(recorded) not in HOST_TRUST or not entry.host_path):
-        return Admission(
-            slug, decision.route, source, recorded, entry, manifest, policy, refusal=host_copy_error(slug)
-        )
     cfg = config.agent_sandbox
     return Admission(
         slug,

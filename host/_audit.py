@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from host._errors import AUDIT_REASONS, AuditReason
+from host._vocab import Source
 
 logger = logging.getLogger("agentnode.sandbox.audit")
 
@@ -26,7 +27,7 @@ GENESIS = "0" * 64
 """The `prev` of the first record ever written to a log."""
 
 _ACTIONS = frozenset({"allow", "deny"})
-_SOURCES = frozenset({"agent_sandbox", "agent_host"})
+_SOURCES = frozenset(s.value for s in Source)
 _LLM_INT_KEYS = (
     "max_calls",
     "max_input_chars",

@@ -8,13 +8,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from host._admission import Admission
+from host._explain import host_copy_error
 from host._rundir import RunDir
 from host._session import RunSession
+from host._vocab import HOST_TRUST, Trust
 from host._workload import Workload
 from host._wrapper_env import WRAPPER_ARGS, wrapper_env
 
@@ -65,6 +67,15 @@ class HostProcess(Workload):
             proc.stdout.close()
 
 
+def _read_to_end(fd: int) -> Iterator[bytes]:
+    """The chunks of a pipe until its end; the descriptor is closed when the reading ends."""
+    try:
+        while chunk := os.read(fd, 65536):
+            yield chunk
+    finally:
+        os.close(fd)
+
+
 class HostBackend:
     """Starts host-process workloads; they share the runner's sockets, gates and audit with sandboxes."""
 
@@ -77,8 +88,11 @@ class HostBackend:
         return None
 
     def prepare(self, admission: Admission) -> HostSpec:
-        """The agent's installed host copy (admission checked that it has one)."""
-        return HostSpec(slug=admission.slug, import_root=str(admission.host_import_root))
+        """The agent's installed host copy; a host-routed agent installed without one cannot run here."""
+        entry = admission.entry
+        if entry is None or Trust.parse(entry.trust_level) not in HOST_TRUST or not entry.host_path:
+            raise host_copy_error(admission.slug)
+        return HostSpec(slug=admission.slug, import_root=str(Path(entry.host_path) / entry.import_subdir))
 
     def launch(
         self,
@@ -106,13 +120,15 @@ class HostBackend:
                 start_new_session=True,
             )
             work.mark("started")
+            assert proc.stdout is not None
+            fd = os.dup(
+                proc.stdout.fileno()
+            )  # the drain's own: closing proc.stdout cannot hand its number on
+            work.start_drain(lambda: _read_to_end(fd))
+            threading.Thread(target=lambda: work.exited_with(proc.wait()), daemon=True).start()
         except BaseException:
             work.destroy()
             raise
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        work.start_drain(lambda: iter(lambda: os.read(fd, 65536), b""))
-        threading.Thread(target=lambda: work.exited_with(proc.wait()), daemon=True).start()
         return work
 
     def teardown(self, workload: Workload) -> None:

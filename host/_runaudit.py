@@ -24,14 +24,16 @@ class RunFacts:
     admission: Admission | None = None
     run_id: str = ""
     warm: bool = False
+    placed: bool = False
+    """A backend took the run (past admission and the host's capacity check)."""
     llm: LlmSession | None = None
     gate: ToolGate | None = None
     stages: dict[str, float] = field(default_factory=dict)
     on_stage: Callable[[str], None] | None = None
 
-    def fix_id(self, run_id: str, *, warm: bool = False) -> None:
+    def fix_id(self, run_id: str, *, warm: bool = False, placed: bool = True) -> None:
         assert not self.run_id, "a run's id is fixed once"
-        self.run_id, self.warm = run_id, warm
+        self.run_id, self.warm, self.placed = run_id, warm, placed
 
     def mark(self, stage: str) -> None:
         self.stages[stage] = round((time.monotonic() - self.started) * 1000, 2)
@@ -128,8 +130,8 @@ class RunAudit:
             source=(a.source if a else Source.AGENT_SANDBOX).value,
             reason=reason.value,
             sandbox=run.sandboxed,
-            runtime=a.runtime if a else None,
-            image=a.image if a else None,
+            runtime=a.runtime if a and run.placed else None,
+            image=a.image if a and run.placed else None,
             duration_ms=duration_ms,
             timed_out=timed_out,
             llm=llm,

@@ -20,18 +20,17 @@ from host._engine import ContainerLimits, connect, owner_token, sweep_containers
 from host._errors import AuditReason, EngineError, SandboxError
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
-from host._json import dumps_strict
-from host._outcome import conclude, watch
+from host._outcome import Ending, conclude, watch
 from host._packs import Lockfile
 from host._pool import PoolSettings, WarmPools
 from host._result import RunResult, from_error, from_outcome, host_fault, withheld
 from host._runaudit import RunAudit, RunFacts
 from host._rundir import orphaned_runs, sweep_run_dirs
 from host._sandbox import DockerBackend
-from host._session import MAX_CONNECTIONS_PER_RUN, RunSession, RunTask
+from host._session import MAX_CONNECTIONS_PER_RUN, RunSession
 from host._tools import ToolRunner
 from host._vocab import Source
-from host._wiring import run_services
+from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
 
 logger = logging.getLogger("agentnode.sandbox.runner")
@@ -163,8 +162,8 @@ class SandboxHost:
         except Exception as exc:  # noqa: BLE001 (the host loop fails closed on anything)
             logger.warning("host loop error in run %s: %s", run.run_id or "-", type(exc).__name__)
             result = host_fault(exc)
-        if not run.run_id:  # refused before a workload was chosen
-            run.fix_id(uuid.uuid4().hex)
+        if not run.run_id:  # refused before a backend took the run
+            run.fix_id(uuid.uuid4().hex, placed=False)
         result.run_id, result.warm, result.stages = run.run_id, run.warm, run.stages
         result.mode_used = str(run.admission.source if run.admission else Source.AGENT_SANDBOX)
         result.duration_ms = int((time.monotonic() - run.started) * 1000)
@@ -192,7 +191,8 @@ class SandboxHost:
         work: Workload | None = box
         try:
             spec = None if box is not None else backend.prepare(a)
-            run.mark("claimed" if box is not None else "verified")
+            if a.sandboxed:
+                run.mark("claimed" if box is not None else "verified")
             deadline = run.started + a.policy.max_runtime_seconds
             run.gate, run.llm = run_services(
                 a.policy,
@@ -201,14 +201,7 @@ class SandboxHost:
                 broker=self.broker,
                 tool_runner=self.tool_runner,
             )
-            task = RunTask(
-                run_id=run.run_id,
-                entrypoint=a.manifest.entrypoint,
-                goal=goal if goal is not None else a.manifest.goal,
-                kwargs_json=dumps_strict(kwargs),
-                policy=a.policy,
-                system_prompt=a.manifest.system_prompt,
-            )
+            task = run_task(run.run_id, a.manifest, a.policy, goal=goal, kwargs=kwargs)
             self.records.start(run)
             if box is not None:
                 self._active[run.run_id] = box.session
@@ -219,7 +212,9 @@ class SandboxHost:
                 session = RunSession(task=task, tools=run.gate, llm=run.llm)
                 self._active[run.run_id] = session
                 work = backend.launch(spec, run_id=run.run_id, session=session, run_info=run.crash_record())
-                run.stages.update({f"sandbox_{k}": v for k, v in work.stages.items()})
+                run.stages.update(
+                    {f"{'sandbox_' if a.sandboxed else ''}{k}": v for k, v in work.stages.items()}
+                )
                 run.mark("started")
             assert work is not None
             if on_start is not None:
@@ -229,6 +224,8 @@ class SandboxHost:
             run.mark("agent_done")
             if work.session.fetched_at is not None:
                 run.stages["fetched"] = round((work.session.fetched_at - run.started) * 1000, 2)
+            if ending is not Ending.REPORTED:
+                work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
             if not (self.teardowns.background and a.sandboxed):
                 work.settle_logs(_LOG_SETTLE_SECONDS)  # the last lines, unless a busy host must answer now
             outcome = conclude(
@@ -243,7 +240,8 @@ class SandboxHost:
         finally:
             self._active.pop(run.run_id, None)
             if work is not None:
-                self.teardowns.submit(backend, work, lambda: run.mark("teardown"))
+                # A host process dies at once, and must never outlive a serve that is shutting down.
+                self.teardowns.submit(backend, work, lambda: run.mark("teardown"), inline=not a.sandboxed)
 
 
 __all__ = ["RunResult", "SandboxHost"]

@@ -1,13 +1,17 @@
-"""The host-side services one run is given: its tool gate over the installed packs and its LLM session."""
+"""What one run is given: its task, its tool gate over the installed packs and its LLM session."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from host._broker import LlmBroker, LlmSession
-from host._manifest import ToolpackManifest
+from host._json import dumps_strict
+from host._manifest import AgentManifest, ToolpackManifest
 from host._packs import Lockfile
 from host._policy import RunPolicy
+from host._session import RunTask
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
 from host._vocab import Trust
 
@@ -27,6 +31,21 @@ def lookup_toolpack(lockfile: Lockfile, slug: str) -> InstalledToolpack | None:
         trust=trust.value if trust else "",
         root=root,
         manifest=manifest,
+    )
+
+
+def run_task(
+    run_id: str, manifest: AgentManifest, policy: RunPolicy, *, goal: str | None, kwargs: Mapping[str, Any]
+) -> RunTask:
+    """What FetchTask hands the agent: its entrypoint, goal (the caller's or the manifest's), strict-JSON
+    kwargs and effective policy, under the run's one id."""
+    return RunTask(
+        run_id=run_id,
+        entrypoint=manifest.entrypoint,
+        goal=goal if goal is not None else manifest.goal,
+        kwargs_json=dumps_strict(kwargs),
+        policy=policy,
+        system_prompt=manifest.system_prompt,
     )
 
 
@@ -52,4 +71,4 @@ def run_services(
     return gate, broker.session(policy.llm)
 
 
-__all__ = ["lookup_toolpack", "run_services"]
+__all__ = ["lookup_toolpack", "run_services", "run_task"]

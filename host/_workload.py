@@ -211,22 +211,22 @@ class Backend(Protocol[SpecT]):
 class Teardowns:
     """Destroys used workloads: inline for a one-shot host, on a few threads for a long-running one (whose
     caller gets its result first); a failed background teardown is counted and logged, and the startup
-    sweep is the backstop."""
+    sweep is the backstop. Once closed, every teardown is inline: nothing is dropped at shutdown."""
 
     def __init__(self, *, background: bool) -> None:
         self.failures = 0
         self._pool = futures.ThreadPoolExecutor(4, "agentnode-teardown") if background else None
+        self._lock = threading.Lock()
 
     @property
     def background(self) -> bool:
         return self._pool is not None
 
-    def submit(self, backend: Backend[Any], work: Workload, done: Callable[[], None]) -> None:
-        """Tear `work` down; `done` is called when an inline teardown finished (errors propagate)."""
-        if self._pool is None:
-            backend.teardown(work)
-            done()
-            return
+    def submit(
+        self, backend: Backend[Any], work: Workload, done: Callable[[], None], *, inline: bool
+    ) -> None:
+        """Tear `work` down (now when `inline`, or when this host tears down inline); `done` is called after
+        an inline teardown, whose errors propagate."""
 
         def destroy() -> None:
             # Let the caller's result leave first: teardown is engine-heavy and competes for the GIL.
@@ -237,12 +237,19 @@ class Teardowns:
                 self.failures += 1
                 logger.warning("teardown of %s failed: %s", work.name, type(exc).__name__)
 
-        self._pool.submit(destroy)
+        with self._lock:
+            if self._pool is not None and not inline:
+                self._pool.submit(destroy)
+                return
+        backend.teardown(work)
+        done()
 
     def close(self) -> None:
-        """Wait for every background teardown."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        """Wait for every background teardown; later ones run inline."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 __all__ = ["LOG_CAP_BYTES", "Backend", "CappedSink", "Teardowns", "Workload", "drain"]

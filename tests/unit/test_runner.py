@@ -24,7 +24,7 @@ from host._packs import LockEntry, Lockfile
 from host._result import RunResult
 from host._runner import SandboxHost
 from host._session import RunSession
-from host._workload import Workload
+from host._workload import Teardowns, Workload
 
 AGENT = """
 import os, shutil, sys, time
@@ -75,7 +75,8 @@ class LocalSandbox:
     def prepare(self, admission: Admission) -> HostSpec:
         if self.fail_prepare is not None:
             raise self.fail_prepare
-        return HostSpec(slug=admission.slug, import_root=str(admission.host_import_root))
+        assert admission.entry is not None and admission.entry.host_path  # the stand-in runs the host copy
+        return HostSpec(slug=admission.slug, import_root=admission.entry.host_path)
 
     def launch(
         self, spec: HostSpec, *, run_id: str, session: RunSession | None = None, run_info: Any = None
@@ -217,7 +218,7 @@ def test_refusals_never_start_and_are_audited_once(
     assert not r.success and r.reason is reason and r.error_code == reason.value and r.hint, r
     end = _once(lab, r, started=False)
     assert (end["source"], end["action"]) == (source, "deny")
-    assert fake.torn == [] and "routed" not in r.stages
+    assert fake.torn == [] and "started" not in r.stages
 
 
 def test_sandbox_off_refuses_community_agents(lab: Lab) -> None:
@@ -327,3 +328,32 @@ def test_no_start_record_no_run(lab: Lab) -> None:
         host.close()
     assert not r.success and r.reason is AuditReason.AUDIT_FAILED and "audit verify" in r.hint
     assert "started" not in r.stages and host.audit_failures == 1
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.torn: list[str] = []
+        self.gate = threading.Event()
+
+    def teardown(self, workload: Any) -> None:
+        self.gate.wait(10)
+        self.torn.append(workload.name)
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_teardowns_run_in_the_background_until_closed_then_inline() -> None:
+    rec, done = _Recorder(), []
+    teardowns = Teardowns(background=True)
+    teardowns.submit(rec, _Named("bg"), lambda: done.append("bg"), inline=False)  # type: ignore[arg-type]
+    assert rec.torn == [] and done == []  # the caller did not wait for it
+    rec.gate.set()
+    teardowns.submit(rec, _Named("now"), lambda: done.append("now"), inline=True)  # type: ignore[arg-type]
+    assert "now" in rec.torn and done == ["now"]  # inline: torn down before submit returned
+    teardowns.close()
+    assert sorted(rec.torn) == ["bg", "now"]  # close waited for the background one
+    teardowns.submit(rec, _Named("late"), lambda: done.append("late"), inline=False)  # type: ignore[arg-type]
+    assert rec.torn[-1] == "late" and done[-1] == "late"  # after close nothing is dropped: inline
