@@ -11,6 +11,7 @@ the runs are live too: each must have seen what it later finds gone, else "none 
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import threading
 import time
@@ -49,15 +50,50 @@ CONCURRENT_MAX_S = 180.0
 """Wall time the 64 concurrent runs may take (measured 15-25 s): a loose ceiling."""
 
 
+ENGINE_CONNECTIONS_MAX = 32
+"""Connections to the engine's socket the engine clients' keep-alive pools may hold (docker-py keeps up to
+10 per client, and they churn: a connection closes and another opens). They are counted apart from the
+host's own descriptors and held to this bound: a leak of them would pass it within a few dozen runs."""
+
+
+def _engine_sockets() -> set[str]:
+    """The engine socket paths a connection of this process may have as its peer."""
+    host = os.environ.get("DOCKER_HOST", "")
+    named = {host.removeprefix("unix://")} if host.startswith("unix://") else set()
+    return {"/var/run/docker.sock", "/run/docker.sock"} | named
+
+
+def _to_engine(fd: str, engines: set[str]) -> bool:
+    """Is descriptor `fd` a connection to the engine? (its peer, read through a duplicate)"""
+    try:
+        dup = os.dup(int(fd))
+    except (OSError, ValueError):  # gone meanwhile
+        return False
+    try:
+        sock = socket.socket(fileno=dup)
+    except OSError:  # not a socket: the duplicate is still ours to close
+        os.close(dup)
+        return False
+    with sock:
+        try:
+            return sock.family == socket.AF_UNIX and sock.getpeername() in engines
+        except OSError:
+            return False
+
+
 def _gauges() -> dict[str, int]:
-    return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd"))}
+    """Threads, descriptors other than engine connections, and engine connections (bounded apart)."""
+    engines = _engine_sockets()
+    fds = os.listdir("/proc/self/fd")
+    engine = sum(_to_engine(fd, engines) for fd in fds)
+    return {"threads": threading.active_count(), "fds": len(fds) - engine, "engine_connections": engine}
 
 
 def _settled(baseline: dict[str, int], timeout: float = 20.0) -> dict[str, int]:
     """Gauges once the run's daemon threads (exit watcher, log drain) have finished, or after `timeout`."""
     deadline = time.monotonic() + timeout
     now = _gauges()
-    while time.monotonic() < deadline and any(now[k] > baseline[k] + SLACK for k in now):
+    while time.monotonic() < deadline and any(now[k] > baseline[k] + SLACK for k in ("threads", "fds")):
         time.sleep(0.2)
         now = _gauges()
     return now
@@ -147,12 +183,14 @@ def _record(
     run_dirs = lab.run_dirs()
     ledger.count(
         "leftovers",
-        len(containers) + len(new_volumes) + len(run_dirs) + max(0, threads - SLACK) + max(0, fds - SLACK),
+        len(containers) + len(new_volumes) + len(run_dirs) + max(0, threads - SLACK) + max(0, fds - SLACK)
+        + max(0, after["engine_connections"] - ENGINE_CONNECTIONS_MAX),
     )
     ledger.soak(
         f"soak.{label}.no_leftovers",
-        expected=f"0 containers, volumes, run dirs; threads and fds back to baseline ±{SLACK} (the container "
-        "and run-dir probes saw at least one of each while runs were live)",
+        expected=f"0 containers, volumes, run dirs; threads and fds back to baseline ±{SLACK}, engine "
+        f"connections (the client's keep-alive pool, counted apart) at most {ENGINE_CONNECTIONS_MAX} (the "
+        "container and run-dir probes saw at least one of each while runs were live)",
         observed=brief(
             {
                 "containers": len(containers),
@@ -160,6 +198,7 @@ def _record(
                 "run_dirs": run_dirs,
                 "threads": threads,
                 "fds": fds,
+                "engine_connections": after["engine_connections"],
                 "seen_while_live": seen,
             }
         ),
@@ -168,6 +207,7 @@ def _record(
         and not run_dirs
         and abs(threads) <= SLACK
         and abs(fds) <= SLACK
+        and after["engine_connections"] <= ENGINE_CONNECTIONS_MAX
         and seen["containers"] >= 1
         and seen["run_dirs"] >= 1,
     )
