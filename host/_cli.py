@@ -218,9 +218,15 @@ def cmd_install(args: argparse.Namespace) -> int:
     if not path.is_dir():
         raise _UsageError(f"{path} is not a directory")
     client, engine_error = _engine()
+    warnings: list[str] = []  # terminal-safe and bounded by install_pack; escaped again when printed
     try:
         entry = install_pack(
-            path, trust=args.trust, paths=cfg.paths, client=client, image=cfg.agent_sandbox.image
+            path,
+            trust=args.trust,
+            paths=cfg.paths,
+            client=client,
+            image=cfg.agent_sandbox.image,
+            warnings=warnings,
         )
     except PackError as exc:
         # Without an engine, say why there is none (unavailable vs permission denied), not just "needed".
@@ -230,15 +236,17 @@ def cmd_install(args: argparse.Namespace) -> int:
     finally:
         if client is not None:
             client.close()
-    _emit(
-        args,
-        _pack_payload(entry),
-        lambda: _say(
+
+    def human() -> None:
+        for warning in warnings:
+            _say(f"warning: {safe_line(warning)}", err=True)
+        _say(
             f"installed {safe_token(entry.slug)} {safe_token(entry.version)} "
             f"({safe_token(entry.package_type)}, trust {safe_token(entry.trust_level)})"
             + (f" into volume {safe_token(entry.sandbox_volume)}" if entry.sandbox_volume else "")
-        ),
-    )
+        )
+
+    _emit(args, {**_pack_payload(entry), "warnings": [safe_line(w) for w in warnings]}, human)
     return EXIT_OK
 
 

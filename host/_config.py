@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,7 +19,15 @@ _T = TypeVar("_T")
 
 FLAG_ENV = "AGENTNODE_AGENT_SANDBOX"
 HOST_TRUST_POLICIES = ("default", "curated_only", "none")
-PROVIDERS = ("openai", "anthropic", "openai_compatible")
+PROVIDERS = ("openai", "anthropic", "openai_compatible", "openrouter")
+AGENT_CONFIG_PROVIDERS = ("openai", "anthropic", "openrouter", "gemini")
+"""What agent-config.json may name (the agentnode SDK's set); gemini is accepted but unavailable (no SDK)."""
+ENV_FILE_NAME = ".env"
+AGENT_CONFIG_NAME = "agent-config.json"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_SLUG_SHOWN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_ECHO_MAX = 24
+"""agent-config.json values longer than this are never echoed in an error: a misplaced API key must not be."""
 WIRE_UINT32_MAX = 2**32 - 1
 """Limits cross to the sandbox as uint32 (session.proto): a larger number would not survive the wire."""
 DEFAULT_MAX_RUNTIME_SECONDS = 3600
@@ -34,6 +43,19 @@ class ConfigPaths:
     audit_file: Path
     lockfile: Path
     packs_dir: Path
+    env_file: Path
+    """`.env`: API keys (and base URLs) the LLM broker, and only it, reads; the process environment wins."""
+    agent_config_file: Path
+    """`agent-config.json`: the agentnode SDK's per-agent LLM choice (`agents.<slug>.llm`)."""
+
+
+@dataclass(frozen=True)
+class AgentLlmConfig:
+    """`agents.<slug>.llm` of agent-config.json: the provider, model and key variable chosen for one agent."""
+
+    provider: str
+    model: str | None = None
+    api_key_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,15 @@ class LlmHostConfig:
     model: str | None = None
     base_url: str | None = None
     timeout_seconds: float = 60.0
+    grant_declared: bool = False
+    """Grant LLM access, under the host ceilings, to packs that declare they need it (agent.llm.required or
+    tier llm_only) but carry no `llm_access.enabled`."""
+    # Not keys of `agent_sandbox.llm`: the operator's LLM files beside the config, filled in by load_config.
+    env_file: Path | None = None
+    """The `.env` the broker reads keys from (None: none); read by the broker only, never by this module."""
+    agent_config_file: Path | None = None
+    agents: Mapping[str, AgentLlmConfig] = field(default_factory=dict)
+    """Validated `agents.<slug>.llm` entries of agent_config_file, by slug."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +142,8 @@ def config_paths(env: Mapping[str, str] | None = None) -> ConfigPaths:
         audit_file=directory / "audit.jsonl",
         lockfile=Path(lock_override).expanduser() if lock_override else directory / "agentnode.lock",
         packs_dir=directory / "packs",
+        env_file=directory / ENV_FILE_NAME,
+        agent_config_file=directory / AGENT_CONFIG_NAME,
     )
 
 
@@ -120,7 +153,77 @@ def load_config(env: Mapping[str, str] | None = None) -> HostConfig:
     raw = _read_json(paths.config_file)
     section = raw.get("agent_sandbox")
     sandbox = AgentSandboxConfig() if section is None else _Validator(paths.config_file).sandbox(section)
-    return HostConfig(paths=paths, agent_sandbox=sandbox, raw=raw)
+    llm = replace(
+        sandbox.llm,
+        env_file=paths.env_file,
+        agent_config_file=paths.agent_config_file,
+        agents=agent_llm_configs(paths.agent_config_file),
+    )
+    return HostConfig(paths=paths, agent_sandbox=replace(sandbox, llm=llm), raw=raw)
+
+
+def agent_llm_configs(path: Path) -> dict[str, AgentLlmConfig]:
+    """The `agents.<slug>.llm` entries of agent-config.json, validated; a missing file has none.
+
+    Only `agents`, each agent's object and its `llm` are checked: other keys belong to the agentnode SDK and
+    are left alone. Inside `llm` only provider (required), model and api_key_env are allowed.
+    """
+    raw = _read_json(path)
+    agents = raw.get("agents")
+    if agents is None:
+        return {}
+    if not isinstance(agents, dict):
+        raise _agent_error(path, "agents", "expected an object", agents)
+    out: dict[str, AgentLlmConfig] = {}
+    for slug, entry in agents.items():
+        key = f"agents.{slug if _SLUG_SHOWN.fullmatch(slug) else _render(slug)}"
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            raise _agent_error(path, key, "expected an object", entry)
+        llm = entry.get("llm")
+        if llm is None:
+            continue
+        key += ".llm"
+        if not isinstance(llm, dict):
+            raise _agent_error(path, key, "expected an object", llm)
+        for name in llm:
+            if name not in ("provider", "model", "api_key_env"):
+                shown = name if len(name) <= _ECHO_MAX else "(name not shown)"
+                allowed = "unknown key (allowed: provider, model, api_key_env)"
+                raise _agent_error(path, f"{key}.{shown}", allowed)
+        provider = llm.get("provider")
+        if provider not in AGENT_CONFIG_PROVIDERS:
+            raise _agent_error(
+                path, f"{key}.provider", f"expected one of {', '.join(AGENT_CONFIG_PROVIDERS)}", provider
+            )
+        model = llm.get("model")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise _agent_error(path, f"{key}.model", "expected a non-empty string", model)
+        key_env = llm.get("api_key_env")
+        if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
+            # Never echoed: a key pasted where its variable's name belongs is the likely mistake.
+            raise _agent_error(
+                path, f"{key}.api_key_env", "expected the name of an environment variable, such as "
+                "OPENAI_API_KEY (the value is not shown: it may be a key)"
+            )
+        out[slug] = AgentLlmConfig(provider=str(provider), model=model, api_key_env=key_env)
+    return out
+
+
+_NOT_SHOWN = object()
+
+
+def _echo(value: Any) -> str:
+    """An agent-config.json value for an error message; a long string is not shown (it may be a key)."""
+    if isinstance(value, str) and len(value) > _ECHO_MAX:
+        return "(a string, not shown)"
+    return _render(value)
+
+
+def _agent_error(path: Path, key: str, expected: str, value: Any = _NOT_SHOWN) -> ConfigError:
+    got = "" if value is _NOT_SHOWN else f", got {_echo(value)}"
+    return ConfigError(f"{path}: {key}: {expected}{got}", hint=f"Edit {key} in {path}.")
 
 
 def sandbox_enabled(cfg: HostConfig, env: Mapping[str, str] | None = None) -> bool:
@@ -324,9 +427,10 @@ class _Validator:
 
     def llm(self, value: Any, key: str) -> LlmHostConfig:
         allowed = ("enabled", "max_calls", "max_input_chars", "max_output_chars", "allowed_models",
-                   "provider", "model", "base_url", "timeout_seconds")
+                   "provider", "model", "base_url", "timeout_seconds", "grant_declared")
         data = self.section(value, key, allowed)
         timeout = self.optional(data, f"{key}.timeout_seconds", self.positive_number)
+        grant_declared = self.optional(data, f"{key}.grant_declared", self.boolean)
         return LlmHostConfig(
             enabled=self.optional(data, f"{key}.enabled", self.boolean),
             max_calls=self.optional(data, f"{key}.max_calls", self.positive_int),
@@ -337,4 +441,5 @@ class _Validator:
             model=self.optional(data, f"{key}.model", self.text),
             base_url=self.optional(data, f"{key}.base_url", self.text),
             timeout_seconds=LlmHostConfig.timeout_seconds if timeout is None else timeout,
+            grant_declared=bool(grant_declared),
         )

@@ -12,7 +12,7 @@ from host._config import HostConfig, load_config, sandbox_enabled
 from host._errors import AuditReason, PackError, RefusedError
 from host._manifest import LLM_CAP_KEYS, AgentManifest
 from host._packs import LockEntry, Lockfile
-from host._policy import RouteDecision, RunPolicy, resolve_run_policy, route_run
+from host._policy import RouteDecision, RunPolicy, declares_llm, resolve_run_policy, route_run
 from host._vocab import Route, Trust
 
 
@@ -105,6 +105,7 @@ class Explanation:
             "idle_timeout_seconds": cfg.idle_timeout_seconds,
             "llm": {
                 "enabled": p.llm.enabled,
+                "granted_by": p.llm.granted_by or None,
                 "max_calls": p.llm.max_calls,
                 "max_input_chars": p.llm.max_input_chars,
                 "max_output_chars": p.llm.max_output_chars,
@@ -113,6 +114,10 @@ class Explanation:
                 "provider": self.llm_provider.get("provider"),
                 "model": self.llm_provider.get("model"),
                 "configured": bool(self.llm_provider.get("configured")),
+                "provider_source": self.llm_provider.get("provider_source"),
+                "key_variable": self.llm_provider.get("key_variable"),
+                "key_source": self.llm_provider.get("key_source"),
+                "unavailable": self.llm_provider.get("unavailable"),
             },
             "clamped": list(p.clamped),
             "requested": {
@@ -122,6 +127,7 @@ class Explanation:
                 "max_iterations": m.max_iterations,
                 "llm": {
                     "enabled": m.llm_access.get("enabled") is True,
+                    "declared": declares_llm(m),
                     **requested_llm,
                     "allowed_models": None if models is None else [str(x).strip() for x in models],
                 },
@@ -136,7 +142,7 @@ def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explan
     entry = installed_agent(Lockfile(cfg.paths.lockfile), slug)
     decision = decide_route(entry, cfg, environ)
     manifest, policy = effective_policy(entry, cfg, decision.route)
-    provider = LlmBroker(cfg.agent_sandbox.llm, environ).describe()
+    provider = LlmBroker(cfg.agent_sandbox.llm, environ).describe(slug)
     return Explanation(entry, decision, manifest, policy, cfg, provider)
 
 

@@ -41,6 +41,7 @@ from host._errors import (
 from host._manifest import (
     MANIFEST_NAME,
     AgentManifest,
+    ManifestWarnings,
     ToolpackManifest,
     load_manifest,
     manifest_data,
@@ -638,8 +639,13 @@ def install_pack(
     paths: ConfigPaths,
     client: docker.DockerClient | None,
     image: str | None,
+    warnings: list[str] | None = None,
 ) -> LockEntry:
-    """Install a pack: validate, hash, copy (volume for agents, host copy for host-trusted code), record."""
+    """Install a pack: validate, hash, copy (volume for agents, host copy for host-trusted code), record.
+
+    What installs but is probably wrong (unknown or misspelled manifest keys, dependencies that are not
+    installed) is appended to `warnings` when given: terminal-safe lines, at most MAX_WARNINGS and a count.
+    """
     pack_dir = pack_dir.resolve()
     if not os.path.lexists(pack_dir / MANIFEST_NAME):
         raise PackError(
@@ -650,13 +656,16 @@ def install_pack(
         raise PackError(
             f"unknown trust level {_show(trust.strip().lower())!r}", hint=f"use one of: {', '.join(Trust)}"
         )
-    manifest = load_manifest(pack_dir)
-    if manifest.dependencies:
-        shown = ", ".join(_show(d, 60) for d in manifest.dependencies[:5])
-        raise PackError(
-            f"{manifest.slug} declares dependencies ({shown}); sandboxed packs cannot install dependencies",
-            hint="vendor pure-Python dependencies into the pack, or remove them from agentnode.yaml",
-        )
+    found = ManifestWarnings()
+    manifest = load_manifest(pack_dir, warnings=found)
+    if manifest.pack_dependencies:  # packs it references; like the agentnode SDK, nothing installs them
+        installed = Lockfile(paths.lockfile).entries()
+        for dep in manifest.pack_dependencies:
+            if dep.slug not in installed:
+                found.add(
+                    f"dependency {dep.slug} ({'required' if dep.required else 'optional'}) is not installed; "
+                    "install it too (dependencies are never installed automatically)"
+                )
     stored = manifest_data(manifest)
     if parse_manifest(stored, source="") != manifest:  # what runs read back must be what was validated
         raise PackError(f"{manifest.slug}: the manifest does not survive storage", hint="report this bug")
@@ -711,6 +720,8 @@ def install_pack(
     previous = Lockfile(paths.lockfile).put(entry)
     if previous is not None:
         _forget_copies(previous, keep=entry, client=client, packs_dir=paths.packs_dir)
+    if warnings is not None:
+        warnings.extend(found.lines())
     return entry
 
 

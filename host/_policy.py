@@ -44,6 +44,8 @@ class LlmPolicy:
     max_output_chars: int = 0
     allowed_models: frozenset[str] | None = None
     clamped: tuple[str, ...] = ()
+    granted_by: str = ""
+    """What granted it: GRANT_LLM_ACCESS, GRANT_DECLARED or GRANT_HOST_PATH; "" when not granted."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,27 @@ class RunPolicy:
     max_iterations: int
     llm: LlmPolicy
     clamped: tuple[str, ...]
+    stop_on_consecutive_errors: int = 3
+    """agent.termination.stop_on_consecutive_errors: failed tool calls in a row that end the agent."""
 
+
+GRANT_LLM_ACCESS = "llm_access"
+"""The manifest's `llm_access.enabled: true`."""
+GRANT_DECLARED = "grant_declared"
+"""The host's `agent_sandbox.llm.grant_declared` for a pack that declares it needs an LLM."""
+GRANT_HOST_PATH = "host_path"
+"""A host-path run (operator-trusted)."""
+LLM_DECLARING_TIERS = frozenset({"llm_only"})
+"""Tiers that declare LLM use, as the agentnode SDK reads them: only llm_only triggers its auto-detection
+(llm_plus_tools and llm_plus_credentials agents declare it with agent.llm.required)."""
 
 # Host-path agents are operator-trusted: no llm_access caps, only these sanity bounds.
 HOST_PATH_LLM = LlmPolicy(
-    enabled=True, max_calls=10_000, max_input_chars=10_000_000, max_output_chars=10_000_000
+    enabled=True,
+    max_calls=10_000,
+    max_input_chars=10_000_000,
+    max_output_chars=10_000_000,
+    granted_by=GRANT_HOST_PATH,
 )
 
 
@@ -93,13 +111,34 @@ def route_run(trust: str | None, *, sandbox_enabled: bool, host_trust_policy: st
     )
 
 
-def resolve_llm_policy(llm_access: Mapping[str, Any], host: LlmHostConfig) -> LlmPolicy:
+def declares_llm(manifest: AgentManifest) -> bool:
+    """The pack says it needs an LLM the way the agentnode SDK reads it: agent.llm.required is truthy or
+    agent.tier is llm_only (format §1.8, §4.5)."""
+    return manifest.llm_required or manifest.tier in LLM_DECLARING_TIERS
+
+
+def resolve_llm_policy(
+    llm_access: Mapping[str, Any], host: LlmHostConfig, *, declared: bool = False
+) -> LlmPolicy:
     """Default-deny LLM access to borrowed host credentials, capped by the host ceiling.
+
+    Granted when the host does not disable it (`agent_sandbox.llm.enabled: false`) and either the block says
+    `enabled: true`, or it has no `enabled` at all while the pack `declared` it needs an LLM and the host
+    sets `grant_declared`. An explicit `enabled` always decides (`false` wins over grant_declared); caps and
+    allowed_models in the block apply either way, and only ever lower the host ceiling.
 
     Raises ManifestError for a malformed block so a typo never silently widens or drops a restriction.
     """
     check_llm_access(llm_access)
-    if llm_access.get("enabled") is not True or host.enabled is False:
+    if host.enabled is False:
+        return LlmPolicy()
+    if "enabled" in llm_access:
+        if llm_access["enabled"] is not True:
+            return LlmPolicy()
+        granted_by = GRANT_LLM_ACCESS
+    elif declared and host.grant_declared:
+        granted_by = GRANT_DECLARED
+    else:
         return LlmPolicy()
     host_caps = {"max_calls": host.max_calls, "max_input_chars": host.max_input_chars,
                  "max_output_chars": host.max_output_chars}
@@ -127,6 +166,7 @@ def resolve_llm_policy(llm_access: Mapping[str, Any], host: LlmHostConfig) -> Ll
         max_output_chars=caps["max_output_chars"],
         allowed_models=models,
         clamped=tuple(clamped),
+        granted_by=granted_by,
     )
 
 
@@ -144,17 +184,18 @@ def resolve_run_policy(manifest: AgentManifest, cfg: AgentSandboxConfig, *, sand
     tool_calls = cap("max_tool_calls", manifest.max_tool_calls, limits.max_tool_calls, sandboxed)
     runtime = cap("max_runtime_seconds", manifest.max_runtime_seconds, limits.max_runtime_seconds)
     iterations = cap("max_iterations", manifest.max_iterations, limits.max_iterations, sandboxed)
+    stop = manifest.stop_on_consecutive_errors
     packages = _dedupe(manifest.allowed_packages or ())
     if not sandboxed:
-        return RunPolicy(packages, tool_calls, runtime, iterations, HOST_PATH_LLM, tuple(clamped))
+        return RunPolicy(packages, tool_calls, runtime, iterations, HOST_PATH_LLM, tuple(clamped), stop)
     if cfg.tools_allowed_packages is not None:
         kept = tuple(p for p in packages if p in cfg.tools_allowed_packages)
         if kept != packages:
             clamped.append("tools.allowed_packages")
         packages = kept
-    llm = resolve_llm_policy(manifest.llm_access, cfg.llm)
+    llm = resolve_llm_policy(manifest.llm_access, cfg.llm, declared=declares_llm(manifest))
     clamped.extend(f"llm.{name}" for name in llm.clamped)
-    return RunPolicy(packages, tool_calls, runtime, iterations, llm, tuple(clamped))
+    return RunPolicy(packages, tool_calls, runtime, iterations, llm, tuple(clamped), stop)
 
 
 def _dedupe(items: Iterable[str]) -> tuple[str, ...]:

@@ -195,12 +195,9 @@ class SandboxHost:
                 run.mark("claimed" if box is not None else "verified")
             deadline = run.started + a.policy.max_runtime_seconds
             run.gate, run.llm = run_services(
-                a.policy,
-                deadline=deadline,
-                lockfile=self.lockfile,
-                broker=self.broker,
-                tool_runner=self.tool_runner,
-            )
+                a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker,
+                tool_runner=self.tool_runner, slug=a.slug,
+            )  # fmt: skip
             task = run_task(run.run_id, a.manifest, a.policy, goal=goal, kwargs=kwargs)
             self.records.start(run)
             if box is not None:

@@ -564,6 +564,7 @@ class _RunServices:
                 max_tool_calls=p.max_tool_calls,
                 max_iterations=p.max_iterations,
                 max_runtime_seconds=p.max_runtime_seconds,
+                stop_on_consecutive_errors=p.stop_on_consecutive_errors,
             ),
             allowed_packages=list(p.allowed_packages),
             system_prompt=task.system_prompt,

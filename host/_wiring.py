@@ -50,9 +50,16 @@ def run_task(
 
 
 def run_services(
-    policy: RunPolicy, *, deadline: float, lockfile: Lockfile, broker: LlmBroker, tool_runner: ToolRunner
+    policy: RunPolicy,
+    *,
+    deadline: float,
+    lockfile: Lockfile,
+    broker: LlmBroker,
+    tool_runner: ToolRunner,
+    slug: str | None = None,
 ) -> tuple[ToolGate, LlmSession]:
-    """A fresh gate and LLM session for one run, both bounded by the run's effective policy."""
+    """A fresh gate and LLM session for one run, both bounded by the run's effective policy; `slug` (the
+    agent's) picks its provider and model from agent-config.json."""
     packs: dict[str, InstalledToolpack | None] = {}
 
     def lookup(slug: str) -> InstalledToolpack | None:
@@ -68,7 +75,7 @@ def run_services(
         runner=tool_runner,
         deadline=deadline,
     )
-    return gate, broker.session(policy.llm)
+    return gate, broker.session(policy.llm, slug=slug)
 
 
 __all__ = ["lookup_toolpack", "run_services", "run_task"]

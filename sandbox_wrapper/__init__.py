@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
-from sandbox_wrapper._context import AgentContext, LlmResult, ToolResult
-from sandbox_wrapper._errors import AgentLimitExceeded, HostUnavailableError, LlmAccessError
+from sandbox_wrapper._context import (
+    AgentContext,
+    LLMResult,
+    LlmResult,
+    RetryConfig,
+    RunToolResult,
+    ToolContext,
+    ToolResult,
+)
+from sandbox_wrapper._errors import (
+    AgentLimitExceeded,
+    AgentTerminated,
+    HostUnavailableError,
+    LlmAccessError,
+    ToolAccessError,
+)
 
 PROTOCOL_VERSION = 1
 """The sandbox protocol version; the host refuses a wrapper (and an image) that carries another one."""
@@ -12,8 +26,14 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AgentContext",
     "AgentLimitExceeded",
+    "AgentTerminated",
     "HostUnavailableError",
+    "LLMResult",
     "LlmAccessError",
     "LlmResult",
+    "RetryConfig",
+    "RunToolResult",
+    "ToolAccessError",
+    "ToolContext",
     "ToolResult",
 ]

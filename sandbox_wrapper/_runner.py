@@ -17,7 +17,7 @@ import grpc
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
 from sandbox_wrapper._context import AgentContext, loads_finite
-from sandbox_wrapper._errors import AgentLimitExceeded
+from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
 
 DEFAULT_SOCKET = "/run/agentnode/sandbox.sock"
@@ -83,7 +83,7 @@ def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> sessi
         return session_pb2.ReportResultRequest(value_json=_encode(value, task.max_result_bytes))
     except _Failure as failure:
         return _failed(failure.code, str(failure))
-    except AgentLimitExceeded as exc:
+    except (AgentLimitExceeded, AgentTerminated) as exc:  # the runtime stopped the agent: a limit outcome
         return _failed(session_pb2.AGENT_ERROR_CODE_AGENT_LIMIT, _summary(exc), exc)
     except Exception as exc:  # noqa: BLE001 - any agent exception is an outcome to report
         return _failed(session_pb2.AGENT_ERROR_CODE_AGENT_EXCEPTION, _summary(exc), exc)
@@ -91,6 +91,8 @@ def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> sessi
         return _failed(session_pb2.AGENT_ERROR_CODE_SYSTEM_EXIT, f"SystemExit: exit code {exc.code!r}", exc)
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt & co. are agent outcomes, reported
         return _failed(session_pb2.AGENT_ERROR_CODE_BASE_EXCEPTION, _summary(exc), exc)
+    finally:
+        context._finish()  # the agent's leftover threads stop waiting to retry
 
 
 def _resolve(entrypoint: str) -> Callable[..., Any]:

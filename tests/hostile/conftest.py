@@ -403,6 +403,7 @@ class Lab:
         max_runtime_seconds: int = 60,
         max_tool_calls: int = 40,
         llm_calls: int | None = None,
+        stop_on_consecutive_errors: int | None = None,
     ) -> str:
         """Install an agent pack (unverified: always sandboxed) whose `agent.run` is `source`."""
         llm = (
@@ -415,6 +416,11 @@ class Lab:
             f"  tool_access: {{allowed_packages: [{TOOLPACK}]}}\n"
             f"  limits: {{max_tool_calls: {max_tool_calls}, max_runtime_seconds: {max_runtime_seconds}}}\n"
             + llm
+            + (
+                f"  termination: {{stop_on_consecutive_errors: {stop_on_consecutive_errors}}}\n"
+                if stop_on_consecutive_errors
+                else ""
+            )
         )
         pack = write_agent(self.root / "packs", slug, source, goal="hostile", agent=agent)
         entry = self.state.install(pack)

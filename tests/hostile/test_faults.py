@@ -166,7 +166,8 @@ def test_container_oom_killed_mid_call(lab: Lab, ledger: Ledger) -> None:
 
 
 def test_tool_raising_hanging_or_crashing(lab: Lab, ledger: Ledger, short_tool_timeout: float) -> None:
-    lab.agent("tool-faults", TOOL_FAULTS)
+    # Three failing calls in a row: above the format's default (3), which would end the agent itself.
+    lab.agent("tool-faults", TOOL_FAULTS, stop_on_consecutive_errors=10)
     result = lab.run("tool-faults")
     assert result.success, (result.error_code, result.error, result.logs[-2000:])
     out = result.result

@@ -9,9 +9,10 @@ its stdout and stderr carry no raw ESC, C1 or bidi character while the escaped f
 Every terminal row has a positive control: the escaped form of the hostile text must be in the output, so
 a command that never printed the text (or crashed before it could) fails the row instead of passing it.
 Which pack-authored text a human-mode command prints (host/_cli.py): `policy explain` the tool packages
-and the LLM model allowlist; `install` errors the dependency names and the offending file name. A pack's
-name, goal and system prompt reach only the agent (no command prints them), and slug and version are
-validated to plain tokens at install, so no row claims to test those on the terminal.
+and the LLM model allowlist; `install` its warnings (unknown manifest key names) and its errors (the
+offending file name). A pack's name, goal and system prompt reach only the agent (no command prints them),
+and slug and version are validated to plain tokens at install, so no row claims to test those on the
+terminal.
 """
 
 from __future__ import annotations
@@ -251,18 +252,19 @@ def _agent_manifest(slug: str, *, version: str = '"1.0.0"', name: str = "", extr
     )
 
 
-DEPENDENCIES = (
+UNKNOWN_KEYS = (
     "\x1b[2K\x1b[1A\x1b]0;pwned\x07\rok:",
     "fake (agent_sandbox)\x9b31m",
     "\u202etxt.exe\u2066\x1b[8mhidden",
 )
-"""HOSTILE in three dependency names (install quotes each cut to 60 characters; these fit whole, and none
-starts or ends with whitespace, which the manifest parser strips)."""
-DEPENDENCIES_SHOWN = (
-    "(\\x1b[2K\\x1b[1A\\x1b]0;pwned\\x07\\rok:, fake (agent_sandbox)\\x9b31m, "
-    "\\u202etxt.exe\\u2066\\x1b[8mhidden)"
+"""HOSTILE in three unknown top-level manifest keys (install warns about each, the key cut to 64 escaped
+characters; these fit whole)."""
+UNKNOWN_KEYS_SHOWN = (
+    "warning: \\x1b[2K\\x1b[1A\\x1b]0;pwned\\x07\\rok:: unknown key, ignored\n",
+    "warning: fake (agent_sandbox)\\x9b31m: unknown key, ignored\n",
+    "warning: \\u202etxt.exe\\u2066\\x1b[8mhidden: unknown key, ignored\n",
 )
-"""How install's error quotes them: each escaped, comma-separated, in parentheses."""
+"""How install's warnings show them: one stderr line each, escaped."""
 
 
 def test_pack_manifest_text_is_escaped_or_refused(
@@ -310,16 +312,14 @@ def test_pack_manifest_text_is_escaped_or_refused(
         ok=not raw_found(seen) and (refused or quoted),
     )
 
-    # pack-derived text quoted in an install error: dependency names and file names
-    listed_deps = ", ".join(_yaml(d) for d in DEPENDENCIES)
-    deps = _write_pack(
-        packs, "term-deps", _agent_manifest("term-deps", extra=f"dependencies: [{listed_deps}]\n")
-    )
-    record_refusal(
-        ledger, "terminal.install_error.dependencies", cli(env, "install", deps),
-        wording="term-deps declares dependencies (", escaped=(DEPENDENCIES_SHOWN,),
-        expected="install refused (exit 1, one error and one hint line, no traceback): the error names the "
-        "dependencies, each escaped (\\x1b, \\x9b, \\u202e), no raw control characters",
+    # pack-derived text in install output: unknown manifest keys (warnings) and file names (an error)
+    keys = "".join(f"{_yaml(k)}: 1\n" for k in UNKNOWN_KEYS)
+    keyed = _write_pack(packs, "term-keys", _agent_manifest("term-keys", extra=keys))
+    record_terminal(
+        ledger, "terminal.install_warning.unknown_keys", cli(env, "install", keyed), code=0,
+        escaped=UNKNOWN_KEYS_SHOWN,
+        expected="install succeeds (exit 0) and warns about each unknown manifest key on its own stderr "
+        "line, the key escaped (\\x1b, \\x9b, \\u202e), no raw control characters",
     )  # fmt: skip
     named_file = _write_pack(
         packs, "term-file", _agent_manifest("term-file"),

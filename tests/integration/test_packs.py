@@ -18,7 +18,6 @@ import pytest
 from docker.types import Mount
 
 from host._engine import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG, owner_token
-from host._errors import PackError
 from host._packs import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
 from tests.support.host_state import HostState
 
@@ -220,19 +219,25 @@ def test_a_changed_pack_gets_a_new_volume(host_state: HostState, tmp_path: Path,
     assert files["agent.py"].endswith("return 2\n")
 
 
-def test_packs_with_dependencies_are_refused(host_state: HostState, tmp_path: Path) -> None:
+def test_pack_dependencies_are_recorded_and_never_installed(
+    host_state: HostState, tmp_path: Path, volumes: list[str]
+) -> None:
+    """`dependencies` reference other packs (the agentnode format); like the SDK, install fetches none."""
     pack = write_pack(
         tmp_path,
         "pk-deps",
         {"agent.py": "def run(context, **kwargs):\n    return 1\n"},
-        extra="dependencies:\n  - requests>=2\n",
+        extra="dependencies:\n  - package_id: pk-absent\n    role: search\n    is_required: true\n"
+        "  - requests>=2\n",
     )
-    with pytest.raises(PackError) as info:
-        host_state.install(pack)
-    assert "pk-deps declares dependencies (requests>=2)" in info.value.message
-    assert "cannot install dependencies" in info.value.message and info.value.hint
-    assert host_state.client.volumes.list(filters={"label": f"{LABEL_PACK}=pk-deps"}) == []
-    assert Lockfile(host_state.dir / "agentnode.lock").get("pk-deps") is None
+    entry = host_state.install(pack)
+    assert entry.sandbox_volume is not None
+    volumes.append(entry.sandbox_volume)
+    assert entry.manifest["dependencies"] == [
+        {"package_slug": "pk-absent", "role": "search", "required": True, "min_version": None}
+    ]
+    assert Lockfile(host_state.dir / "agentnode.lock").get("pk-absent") is None
+    assert host_state.client.volumes.list(filters={"label": f"{LABEL_PACK}=pk-absent"}) == []
 
 
 def test_a_run_mounts_exactly_the_lockfile_volume(

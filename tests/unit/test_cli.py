@@ -148,6 +148,27 @@ def test_help_exits_0_and_names_every_command(env: dict[str, str]) -> None:
 # -- list, install, uninstall, policy explain, run on the host path ----------------------------------
 
 
+def test_install_reports_manifest_warnings_on_stderr_and_in_json(env: dict[str, str], tmp_path: Path) -> None:
+    """Unknown keys install (as the publisher tolerates them) but are reported; pack text stays escaped."""
+    extra = '  limtis: {max_tool_calls: 3}\n  "x\\e[2K\\u202e\\a": 1\n'
+    pack = write_agent(tmp_path / "src", "warned", extra)
+    proc = cli(env, "install", pack, "--trust", "trusted", "--json")
+    assert proc.returncode == 0, proc.stderr
+    installed = json_out(proc)
+    check_schema("install", installed)
+    assert installed["warnings"] == [
+        "agent.limtis: unknown key, ignored (did you mean limits?)",
+        "agent.x\\x1b[2K\\u202e\\x07: unknown key, ignored",
+    ]
+    human = cli(env, "install", pack, "--trust", "trusted")
+    assert human.returncode == 0, human.stderr
+    assert human.stderr.splitlines() == [f"warning: {w}" for w in installed["warnings"]]
+    assert not any(c in human.stderr for c in ("\x1b", "\u202e", "\x07"))
+    assert human.stdout.startswith("installed warned 1.0.0")
+    clean = cli(env, "install", write_agent(tmp_path / "src", "clean"), "--trust", "trusted", "--json")
+    assert json_out(clean)["warnings"] == []
+
+
 def test_list_on_empty_state(env: dict[str, str]) -> None:
     proc = cli(env, "list", "--json")
     assert proc.returncode == 0 and json_out(proc) == []

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from host._config import (
+    AgentLlmConfig,
     AgentSandboxConfig,
     LimitsCeiling,
     LlmHostConfig,
+    agent_llm_configs,
     config_paths,
     load_config,
     sandbox_enabled,
@@ -29,6 +31,12 @@ def _write(tmp_path: Path, data: Any) -> dict[str, str]:
     return {"AGENTNODE_CONFIG": str(path)}
 
 
+def _defaults_in(directory: Path, **llm: Any) -> AgentSandboxConfig:
+    """The default sandbox config as load_config fills it in for a config in `directory`."""
+    files = {"env_file": directory / ".env", "agent_config_file": directory / "agent-config.json"}
+    return AgentSandboxConfig(llm=LlmHostConfig(**(files | llm)))
+
+
 def test_default_paths_live_under_home(tmp_path: Path) -> None:
     paths = config_paths({"HOME": str(tmp_path)})
     base = tmp_path / ".agentnode"
@@ -37,6 +45,8 @@ def test_default_paths_live_under_home(tmp_path: Path) -> None:
     assert paths.audit_file == base / "audit.jsonl"
     assert paths.lockfile == base / "agentnode.lock"
     assert paths.packs_dir == base / "packs"
+    assert paths.env_file == base / ".env"
+    assert paths.agent_config_file == base / "agent-config.json"
 
 
 def test_agentnode_config_json_suffix_is_the_file(tmp_path: Path) -> None:
@@ -44,6 +54,8 @@ def test_agentnode_config_json_suffix_is_the_file(tmp_path: Path) -> None:
     assert paths.config_file == tmp_path / "host.json"
     assert paths.dir == tmp_path
     assert paths.audit_file == tmp_path / "audit.jsonl"
+    assert paths.env_file == tmp_path / ".env"
+    assert paths.agent_config_file == tmp_path / "agent-config.json"
 
 
 def test_agentnode_config_other_value_is_the_directory(tmp_path: Path) -> None:
@@ -60,7 +72,7 @@ def test_lockfile_override(tmp_path: Path) -> None:
 
 def test_missing_file_gives_defaults(tmp_path: Path) -> None:
     cfg = load_config({"AGENTNODE_CONFIG": str(tmp_path / "nowhere")})
-    assert cfg.agent_sandbox == AgentSandboxConfig()
+    assert cfg.agent_sandbox == _defaults_in(tmp_path / "nowhere")
     assert cfg.raw == {}
     assert cfg.agent_sandbox.runtime == "runc"
     assert cfg.agent_sandbox.idle_timeout_seconds == 60
@@ -96,6 +108,7 @@ def test_full_config_is_converted(tmp_path: Path) -> None:
         llm=LlmHostConfig(
             enabled=False, max_calls=50, max_input_chars=100, max_output_chars=200, allowed_models=(),
             provider="openai_compatible", model="m", base_url="http://127.0.0.1:9", timeout_seconds=2.5,
+            env_file=tmp_path / ".env", agent_config_file=tmp_path / "agent-config.json",
         ),
         idle_timeout_seconds=7,
     )
@@ -181,7 +194,7 @@ def test_top_level_must_be_an_object(tmp_path: Path) -> None:
 
 def test_other_top_level_keys_are_kept_and_ignored(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, {"registry": {"anything": [1, "x"]}, "telemetry": "whatever"}))
-    assert cfg.agent_sandbox == AgentSandboxConfig()
+    assert cfg.agent_sandbox == _defaults_in(tmp_path)
     assert cfg.raw == {"registry": {"anything": [1, "x"]}, "telemetry": "whatever"}
 
 
@@ -298,3 +311,107 @@ def test_integers_that_cross_the_wire_must_fit_uint32(tmp_path: Path, key: str) 
     assert f"agent_sandbox.{key}: expected a positive integer up to 4294967295" in err.value.message
     value[name] = 2**32 - 1
     load_config(_write(tmp_path, data))
+
+
+# --- agent_sandbox.llm.grant_declared and agent-config.json ------------------------------------------
+
+
+def test_grant_declared_is_a_boolean_defaulting_to_false(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, {})).agent_sandbox.llm.grant_declared is False
+    cfg = load_config(_write(tmp_path, {"agent_sandbox": {"llm": {"grant_declared": True}}}))
+    assert cfg.agent_sandbox.llm.grant_declared is True
+    with pytest.raises(ConfigError, match=r"^agent_sandbox\.llm\.grant_declared: expected true or false"):
+        load_config(_write(tmp_path, {"agent_sandbox": {"llm": {"grant_declared": "yes"}}}))
+
+
+def test_openrouter_can_be_pinned_on_the_host(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, {"agent_sandbox": {"llm": {"provider": "openrouter"}}}))
+    assert cfg.agent_sandbox.llm.provider == "openrouter"
+
+
+def _agent_config(tmp_path: Path, data: Any) -> dict[str, str]:
+    env = _write(tmp_path, {})
+    text = data if isinstance(data, str) else json.dumps(data)
+    (tmp_path / "agent-config.json").write_text(text, encoding="utf-8")
+    return env
+
+
+def test_agent_config_entries_are_loaded_by_slug(tmp_path: Path) -> None:
+    env = _agent_config(tmp_path, {
+        "version": 1, "defaults": {"anything": True},  # the SDK's other keys are left alone
+        "agents": {
+            "writer": {"llm": {"provider": "anthropic", "model": "claude-x", "api_key_env": "MY_KEY"},
+                       "notes": "kept"},
+            "coder": {"llm": {"provider": "openrouter"}},
+            "plain": {"other": 1},
+            "nulled": None,
+            "null-llm": {"llm": None},
+        },
+    })  # fmt: skip
+    llm = load_config(env).agent_sandbox.llm
+    assert llm.agent_config_file == tmp_path / "agent-config.json"
+    assert llm.agents == {
+        "writer": AgentLlmConfig("anthropic", "claude-x", "MY_KEY"),
+        "coder": AgentLlmConfig("openrouter"),
+    }
+
+
+def test_missing_agent_config_or_agents_means_none(tmp_path: Path) -> None:
+    assert agent_llm_configs(tmp_path / "absent.json") == {}
+    assert load_config(_agent_config(tmp_path, {"other": 1})).agent_sandbox.llm.agents == {}
+
+
+def test_gemini_is_accepted_by_the_validator(tmp_path: Path) -> None:
+    env = _agent_config(tmp_path, {"agents": {"g": {"llm": {"provider": "gemini", "model": "gemini-pro"}}}})
+    assert load_config(env).agent_sandbox.llm.agents == {"g": AgentLlmConfig("gemini", "gemini-pro")}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"agents": []}, "agents: expected an object, got []"),
+        ({"agents": {"a": "openai"}}, 'agents.a: expected an object, got "openai"'),
+        ({"agents": {"a": {"llm": "openai"}}}, 'agents.a.llm: expected an object, got "openai"'),
+        ({"agents": {"a": {"llm": {}}}},
+         "agents.a.llm.provider: expected one of openai, anthropic, openrouter, gemini, got null"),
+        ({"agents": {"a": {"llm": {"provider": "azure"}}}},
+         'agents.a.llm.provider: expected one of openai, anthropic, openrouter, gemini, got "azure"'),
+        ({"agents": {"a": {"llm": {"provider": "openai_compatible"}}}},
+         "agents.a.llm.provider: expected one of"),
+        ({"agents": {"a": {"llm": {"provider": "openai", "model": ""}}}},
+         'agents.a.llm.model: expected a non-empty string, got ""'),
+        ({"agents": {"a": {"llm": {"provider": "openai", "model": 4}}}},
+         "agents.a.llm.model: expected a non-empty string, got 4"),
+        ({"agents": {"a": {"llm": {"provider": "openai", "base_url": "http://x"}}}},
+         "agents.a.llm.base_url: unknown key (allowed: provider, model, api_key_env)"),
+        ({"agents": {"a": {"llm": {"provider": "openai", "api_key_env": "1BAD"}}}},
+         "agents.a.llm.api_key_env: expected the name of an environment variable"),
+        ({"agents": {"a": {"llm": {"provider": "openai", "api_key_env": 5}}}},
+         "agents.a.llm.api_key_env: expected the name of an environment variable"),
+    ],
+)  # fmt: skip
+def test_agent_config_errors_name_the_file_and_key_path(tmp_path: Path, data: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_agent_config(tmp_path, data))
+    path = tmp_path / "agent-config.json"
+    assert str(info.value).startswith(f"{path}: {message}")
+    assert info.value.reason == AuditReason.CONFIG_INVALID
+    assert str(path) in info.value.hint
+
+
+def test_agent_config_invalid_json_names_the_file_and_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"agent-config\.json:2: invalid JSON"):
+        load_config(_agent_config(tmp_path, '{"agents":\n {,}}'))
+
+
+def test_agent_config_errors_never_echo_a_misplaced_key(tmp_path: Path) -> None:
+    secret = "sk-proj-" + "A" * 40
+    for llm in (
+        {"provider": "openai", "api_key_env": secret},
+        {"provider": secret},
+        {"provider": "openai", "model": 7, secret: 1},
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_config(_agent_config(tmp_path, {"agents": {"a": {"llm": llm}}}))
+        assert secret not in str(info.value) + info.value.hint
+        assert "agents.a.llm." in str(info.value)

@@ -227,14 +227,32 @@ def test_trusted_agent_without_engine_is_host_only(tmp_path: Path, paths: Config
     assert installed.sandbox_volume is None and installed.host_path is not None
 
 
-def test_dependencies_are_refused_with_a_clear_message(tmp_path: Path, paths: ConfigPaths) -> None:
-    pack = write_pack(tmp_path, "needy", extra="dependencies: [requests, numpy]\n")
-    with pytest.raises(PackError) as info:
-        install_pack(pack, trust="trusted", paths=paths, client=None, image=None)
-    message = info.value.message
-    assert "needy declares dependencies (requests, numpy)" in message and "cannot install" in message
-    assert "vendor" in info.value.hint
-    assert Lockfile(paths.lockfile).get("needy") is None and not paths.packs_dir.exists()
+def test_pack_dependencies_install_with_a_warning_for_each_missing_pack(
+    tmp_path: Path, paths: ConfigPaths
+) -> None:
+    """`dependencies` name other packs (the format's pack references); nothing installs them."""
+    install_pack(write_pack(tmp_path, "present", kind="toolpack"), trust="trusted", paths=paths, client=None,
+                 image=None)  # fmt: skip
+    deps = (
+        "dependencies:\n  - present\n  - package_id: absent\n    is_required: false\n"
+        "  - requests>=2\ndescripton: x\n"
+    )
+    warnings: list[str] = []
+    installed = install_pack(
+        write_pack(tmp_path, "needy", extra=deps), trust="trusted", paths=paths, client=None, image=None,
+        warnings=warnings,
+    )  # fmt: skip
+    assert installed.manifest["dependencies"] == [
+        {"package_slug": "present", "role": "", "required": True, "min_version": None},
+        {"package_slug": "absent", "role": "", "required": False, "min_version": None},
+    ]
+    assert warnings[0] == "descripton: unknown key, ignored (did you mean description?)"
+    assert warnings[1].startswith("dependencies[2]: expected a pack slug, got a string of 11 characters")
+    assert warnings[2:] == [
+        "dependency absent (optional) is not installed; install it too (dependencies are never installed "
+        "automatically)"
+    ]
+    assert Lockfile(paths.lockfile).get("needy") == installed
 
 
 @pytest.mark.parametrize("trust", ["community", "", "root"])

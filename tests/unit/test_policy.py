@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,13 +14,20 @@ from host._config import AgentSandboxConfig, LimitsCeiling, LlmHostConfig
 from host._errors import AuditReason, ConfigError, ManifestError
 from host._manifest import AgentManifest
 from host._policy import (
+    GRANT_DECLARED,
+    GRANT_HOST_PATH,
+    GRANT_LLM_ACCESS,
     HOST_PATH_LLM,
     LlmPolicy,
+    declares_llm,
     resolve_llm_policy,
     resolve_run_policy,
     route_run,
 )
 from host._vocab import Route
+from tests.support.cli import cli, json_out
+from tests.support.packs import write_agent
+from tests.support.schema import check_schema
 
 SANDBOX, HOST, REFUSED = Route.SANDBOX, Route.HOST, Route.REFUSED
 
@@ -101,7 +111,8 @@ def test_default_deny_only_literal_true_enables(block: dict[str, Any]) -> None:
 
 def test_literal_true_enables_with_builtin_ceilings() -> None:
     assert resolve_llm_policy(ON, LlmHostConfig()) == LlmPolicy(
-        enabled=True, max_calls=20, max_input_chars=24_000, max_output_chars=24_000, allowed_models=None
+        enabled=True, max_calls=20, max_input_chars=24_000, max_output_chars=24_000, allowed_models=None,
+        granted_by=GRANT_LLM_ACCESS,
     )
 
 
@@ -137,7 +148,8 @@ def test_host_ceiling_lowers_manifest() -> None:
 def test_host_ceiling_may_exceed_builtins() -> None:
     host = LlmHostConfig(max_calls=500, max_input_chars=1_000_000, max_output_chars=100_000)
     assert resolve_llm_policy({**ON, "max_calls": 300}, host) == LlmPolicy(
-        enabled=True, max_calls=300, max_input_chars=1_000_000, max_output_chars=100_000
+        enabled=True, max_calls=300, max_input_chars=1_000_000, max_output_chars=100_000,
+        granted_by=GRANT_LLM_ACCESS,
     )
 
 
@@ -192,7 +204,7 @@ def _manifest(**overrides: Any) -> AgentManifest:
     fields: dict[str, Any] = {
         "slug": "a", "version": "1", "name": "a", "entrypoint": "a:run", "goal": "", "system_prompt": "",
         "allowed_packages": ("web", "calc", "web"), "max_tool_calls": 40, "max_runtime_seconds": 180,
-        "max_iterations": 10, "llm_access": {}, "dependencies": (),
+        "max_iterations": 10, "llm_access": {}, "dependencies": (), "llm_required": False, "tier": "",
     }
     return AgentManifest(**{**fields, **overrides})
 
@@ -247,7 +259,7 @@ def test_sandboxed_host_empty_allowlist_refuses_all_tools() -> None:
 def test_sandboxed_llm_is_resolved_from_manifest() -> None:
     manifest = _manifest(llm_access={"enabled": True, "allowed_models": ["m"]})
     policy = resolve_run_policy(manifest, AgentSandboxConfig(), sandboxed=True)
-    assert policy.llm == LlmPolicy(True, 20, 24_000, 24_000, frozenset({"m"}))
+    assert policy.llm == LlmPolicy(True, 20, 24_000, 24_000, frozenset({"m"}), granted_by=GRANT_LLM_ACCESS)
 
 
 def test_sandboxed_malformed_llm_access_raises() -> None:
@@ -265,7 +277,7 @@ def test_host_path_has_no_llm_caps_and_ignores_tool_ceilings() -> None:
     assert policy.allowed_packages == ("web", "calc")
     assert (policy.max_tool_calls, policy.max_runtime_seconds, policy.max_iterations) == (40, 180, 10)
     assert policy.llm == HOST_PATH_LLM
-    assert policy.llm == LlmPolicy(True, 10_000, 10_000_000, 10_000_000, None)
+    assert policy.llm == LlmPolicy(True, 10_000, 10_000_000, 10_000_000, None, granted_by=GRANT_HOST_PATH)
     assert policy.clamped == ()
 
 
@@ -275,3 +287,159 @@ def test_host_path_runtime_ceiling_applies() -> None:
     assert policy.max_runtime_seconds == 30
     assert policy.allowed_packages == ()
     assert policy.clamped == ("max_runtime_seconds",)
+
+
+# --- grant_declared -----------------------------------------------------------------------------------
+
+GRANTING = LlmHostConfig(grant_declared=True)
+
+
+@pytest.mark.parametrize(
+    ("required", "tier", "declared"),
+    [
+        (False, "", False),
+        (True, "", True),
+        (False, "llm_only", True),
+        (True, "llm_only", True),
+        # Only llm_only declares LLM use, as in the agentnode SDK (format §1.8, §4.5).
+        (False, "llm_plus_tools", False),
+        (False, "llm_plus_credentials", False),
+        (True, "llm_plus_tools", True),
+    ],
+)
+def test_what_declares_llm_use(required: bool, tier: str, declared: bool) -> None:
+    assert declares_llm(_manifest(llm_required=required, tier=tier)) is declared
+
+
+def test_grant_declared_grants_a_declaring_pack_the_host_ceilings() -> None:
+    assert resolve_llm_policy({}, GRANTING, declared=True) == LlmPolicy(
+        enabled=True, max_calls=20, max_input_chars=24_000, max_output_chars=24_000, allowed_models=None,
+        granted_by=GRANT_DECLARED,
+    )
+    host = LlmHostConfig(grant_declared=True, max_calls=3, max_input_chars=50, max_output_chars=60,
+                         allowed_models=("m",))  # fmt: skip
+    assert resolve_llm_policy({}, host, declared=True) == LlmPolicy(
+        True, 3, 50, 60, frozenset({"m"}), granted_by=GRANT_DECLARED
+    )
+
+
+def test_grant_declared_off_keeps_default_deny() -> None:
+    assert resolve_llm_policy({}, LlmHostConfig(), declared=True) == LlmPolicy()
+    assert resolve_llm_policy({}, LlmHostConfig(enabled=True), declared=True) == LlmPolicy()
+
+
+def test_grant_declared_does_not_grant_an_undeclaring_pack() -> None:
+    assert resolve_llm_policy({}, GRANTING, declared=False) == LlmPolicy()
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_an_explicit_enabled_decides_over_grant_declared(declared: bool) -> None:
+    assert resolve_llm_policy({"enabled": False}, GRANTING, declared=declared) == LlmPolicy()
+    granted = resolve_llm_policy({**ON, "max_calls": 2}, GRANTING, declared=declared)
+    assert (granted.enabled, granted.max_calls, granted.granted_by) == (True, 2, GRANT_LLM_ACCESS)
+
+
+def test_grant_declared_keeps_the_blocks_caps_and_models() -> None:
+    block = {"max_calls": 100, "max_input_chars": 10, "allowed_models": ["a", "b"]}
+    host = LlmHostConfig(grant_declared=True, allowed_models=("b",))
+    policy = resolve_llm_policy(block, host, declared=True)
+    assert (policy.enabled, policy.granted_by) == (True, GRANT_DECLARED)
+    assert (policy.max_calls, policy.max_input_chars, policy.max_output_chars) == (20, 10, 24_000)
+    assert policy.allowed_models == frozenset({"b"})
+    assert policy.clamped == ("max_calls", "allowed_models")
+
+
+def test_host_disable_wins_over_grant_declared() -> None:
+    host = LlmHostConfig(enabled=False, grant_declared=True)
+    assert resolve_llm_policy({}, host, declared=True) == LlmPolicy()
+
+
+def test_grant_declared_still_validates_the_block() -> None:
+    with pytest.raises(ManifestError, match=r"^agent\.llm_access\.max_calls: "):
+        resolve_llm_policy({"max_calls": 0}, GRANTING, declared=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "granted_by"),
+    [
+        ({"llm_required": True}, GRANT_DECLARED),
+        ({"tier": "llm_only"}, GRANT_DECLARED),
+        ({"tier": "llm_plus_tools"}, ""),
+        ({}, ""),
+        ({"llm_required": True, "llm_access": {"enabled": False}}, ""),
+        ({"llm_required": True, "llm_access": {"enabled": True}}, GRANT_LLM_ACCESS),
+    ],
+)
+def test_run_policy_grants_declaring_packs_when_the_host_says_so(
+    overrides: dict[str, Any], granted_by: str
+) -> None:
+    cfg = AgentSandboxConfig(llm=LlmHostConfig(grant_declared=True, max_calls=7))
+    llm = resolve_run_policy(_manifest(**overrides), cfg, sandboxed=True).llm
+    assert (llm.enabled, llm.granted_by) == (bool(granted_by), granted_by)
+    assert llm.max_calls == (7 if granted_by else 0)
+    off = resolve_run_policy(_manifest(**overrides), AgentSandboxConfig(), sandboxed=True).llm
+    assert off.granted_by == ("" if granted_by == GRANT_DECLARED else granted_by)
+
+
+# --- policy explain: the grant and the provider binding, end to end ----------------------------------
+
+EXPLAIN_KEY = "sk-explain-DOTENV-93"
+
+
+def _explain_env(root: Path, **extra: str) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root / "home"), "LANG": "C.UTF-8",
+        "AGENTNODE_CONFIG": str(root / "state"), "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+        "AGENTNODE_AGENT_SANDBOX": "1", **extra,
+    }  # fmt: skip
+
+
+def test_policy_explain_shows_the_grant_the_binding_and_no_key(tmp_path: Path) -> None:
+    env = _explain_env(tmp_path)
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    # host_trust_policy none: trusted packs (installed without an engine) still get the sandbox policy.
+    sandbox = {"host_trust_policy": "none", "llm": {"grant_declared": True}}
+    (state / "config.json").write_text(json.dumps({"agent_sandbox": sandbox}))
+    (state / "agent-config.json").write_text(json.dumps({"agents": {
+        "declarer": {"llm": {"provider": "anthropic", "model": "claude-declared", "api_key_env": "DECL_KEY"}},
+        "tiered": {"llm": {"provider": "gemini"}},
+    }}))  # fmt: skip
+    (state / ".env").write_text(f"export DECL_KEY='{EXPLAIN_KEY}'\nOPENAI_API_KEY={EXPLAIN_KEY}\n")
+    (state / ".env").chmod(0o600)
+    packs = {
+        "declarer": "  llm:\n    required: true\n",
+        "tiered": "  tier: llm_only\n",
+        "optout": "  llm:\n    required: true\n  llm_access:\n    enabled: false\n",
+        "silent": "  tier: llm_plus_tools\n",
+    }
+    explained = {}
+    for slug, agent in packs.items():
+        pack = write_agent(tmp_path / "src", slug, "def run(ctx):\n    return {}\n", agent=agent)
+        proc = cli(env, "install", pack, "--trust", "trusted")
+        assert proc.returncode == 0, proc.stderr
+        proc = cli(env, "policy", "explain", slug, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert EXPLAIN_KEY not in proc.stdout + proc.stderr
+        explained[slug] = p = json_out(proc)
+        check_schema("policy-explain", p)
+        assert p["route"] == "sandbox"
+    llm = explained["declarer"]["llm"]
+    assert (llm["enabled"], llm["granted_by"], llm["max_calls"]) == (True, "grant_declared", 20)
+    assert explained["declarer"]["requested"]["llm"]["declared"] is True
+    assert (llm["provider"], llm["model"], llm["configured"], llm["provider_source"]) == (
+        "anthropic", "claude-declared", True, "agent-config"
+    )
+    assert (llm["key_variable"], llm["key_source"], llm["unavailable"]) == ("DECL_KEY", ".env", None)
+    llm = explained["tiered"]["llm"]
+    assert (llm["enabled"], llm["granted_by"], llm["provider"], llm["configured"]) == (
+        True, "grant_declared", "gemini", False
+    )
+    assert "not supported" in llm["unavailable"]
+    for slug in ("optout", "silent"):
+        llm = explained[slug]["llm"]
+        assert (llm["enabled"], llm["granted_by"], llm["max_calls"]) == (False, None, 0)
+        binding = (llm["provider"], llm["provider_source"], llm["key_source"])
+        assert binding == ("openai", "auto-detect", ".env")
+    assert explained["optout"]["requested"]["llm"]["declared"] is True
+    assert explained["silent"]["requested"]["llm"]["declared"] is False

@@ -452,3 +452,126 @@ def test_too_many_refusals_is_a_failed_tool_result_and_an_llm_error(served: Serv
     assert value_of(served.host) == {
         "tool": [False, "TOO_MANY_REFUSALS: wait and retry"], "llm": "TOO_MANY_REFUSALS",
     }
+
+
+# --- agents written for the agentnode runtime and for the seed sandbox run unchanged (issue 14) ----------
+
+
+def test_seed_style_agent_reads_results_as_dicts_and_catches_runtime_error(
+    served: Served, tmp_path: Path
+) -> None:
+    served.host.tools += [
+        tools_pb2.RunToolResponse(success=True, result_json='{"count": 2}', mode_used="host_worker",
+                                  tool_calls_made=1, tools_remaining=4),
+        Refusal(grpc.StatusCode.PERMISSION_DENIED, "TOOL_NOT_ALLOWED", "not on the allowlist"),
+    ]
+    served.host.llm += [completion("Hi!"), Refusal(grpc.StatusCode.PERMISSION_DENIED, "LLM_NOT_GRANTED")]
+    proc = run_agent(
+        served, tmp_path,
+        """
+        def run(context, **kwargs):
+            r = context.run_tool("word-tools", "count_words", text="a b")
+            completion = context.call_llm([{"role": "user", "content": "hi"}])
+            refused = []
+            for call in (lambda: context.run_tool("shell-tools"), lambda: context.call_llm("again")):
+                try:
+                    call()
+                except RuntimeError as exc:
+                    refused.append(str(exc).split(":")[0])
+            return {"ok": r["success"], "count": r.get("result", {}).get("count"), "raw": r,
+                    "reply": completion["content"], "role": completion.get("role"), "refused": refused}
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    value = value_of(served.host)
+    assert value["raw"].pop("duration_ms") >= 0
+    assert value == {
+        "ok": True, "count": 2, "reply": "Hi!", "role": "assistant",
+        "raw": {"success": True, "result": {"count": 2}, "error": None, "mode_used": "host_worker",
+                "timed_out": False, "run_id": None},
+        "refused": ["TOOL_NOT_ALLOWED", "LLM_NOT_GRANTED"],
+    }
+
+
+def test_runtime_style_agent_uses_the_v1_surface(served: Served, tmp_path: Path) -> None:
+    served.host.tools += [
+        Refusal(grpc.StatusCode.PERMISSION_DENIED, "TOOL_NOT_ALLOWED"),
+        tools_pb2.RunToolResponse(success=False, error="tool raised ValueError", mode_used="host_worker",
+                                  tool_calls_made=1, tools_remaining=4),
+        tools_pb2.RunToolResponse(success=True, result_json="3", mode_used="host_worker",
+                                  tool_calls_made=2, tools_remaining=3),
+    ]
+    proc = run_agent(
+        served, tmp_path,
+        """
+        from sandbox_wrapper import AgentLimitExceeded, AgentTerminated
+
+        def run(context, **kwargs):
+            out = {"refused": context.try_tool("shell-tools"), "iterations": 0}
+            try:
+                while True:
+                    context.next_iteration()
+                    out["iterations"] += 1
+            except AgentLimitExceeded:
+                pass
+            r = context.run_tool_with_retry("word-tools", "count_words", backoff_base=0, text=context.goal)
+            out.update(success=r.success, result=r.result, made=context.tool_calls_made,
+                       remaining=context.tools_remaining, llm=context.llm,
+                       tools=context.allowed_tool_context().allowed_packages,
+                       health=context.tool_health("word-tools")["circuit_breaker"]["state"],
+                       available=context.is_tool_available("word-tools"))
+            return out
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {
+        "refused": None, "iterations": 3, "success": True, "result": 3, "made": 2, "remaining": 3,
+        "llm": None, "tools": ["word-tools"], "health": "closed", "available": True,
+    }
+    assert len(served.host.tool_requests) == 3  # the refused call, the failure and its one retry
+
+
+def test_uncaught_termination_is_a_limit_outcome(served: Served, tmp_path: Path) -> None:
+    served.host.tools += [
+        tools_pb2.RunToolResponse(success=False, error="tool raised ValueError", mode_used="host_worker",
+                                  tool_calls_made=n, tools_remaining=5 - n)
+        for n in (1, 2, 3)
+    ]
+    proc = run_agent(
+        served, tmp_path,
+        """
+        def run(context):
+            while True:
+                context.run_tool("word-tools", "count_words", text="x")
+        """,
+    )
+    code, message = failure_of(served.host, proc)
+    assert code == Code.AGENT_ERROR_CODE_AGENT_LIMIT
+    assert message == (
+        "AgentTerminated: stopped after 3 consecutive tool errors (last: tool raised ValueError)"
+    )
+    assert len(served.host.tool_requests) == 3
+
+
+def test_async_entrypoint_uses_the_context_and_is_run_to_completion(served: Served, tmp_path: Path) -> None:
+    served.host.tools.append(
+        tools_pb2.RunToolResponse(
+            success=True, result_json='{"count": 1}', tool_calls_made=1, tools_remaining=4
+        )
+    )
+    served.host.llm.append(completion("async hello"))
+    proc = run_agent(
+        served, tmp_path,
+        """
+        import asyncio
+
+        async def run(context, name="x"):
+            counted = context.run_tool("word-tools", "count_words", text=name)
+            await asyncio.sleep(0)
+            text = await asyncio.to_thread(context.call_llm_text, "hi " + name)
+            return {"count": counted["result"]["count"], "text": text, "name": name}
+        """,
+        kwargs_json='{"name": "Ada"}',
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == {"count": 1, "text": "async hello", "name": "Ada"}

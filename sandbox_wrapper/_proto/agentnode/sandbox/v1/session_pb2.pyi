@@ -61,14 +61,16 @@ class FetchTaskResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., entrypoint: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., limits: _Optional[_Union[RunLimits, _Mapping]] = ..., allowed_packages: _Optional[_Iterable[str]] = ..., system_prompt: _Optional[str] = ..., llm: _Optional[_Union[LlmGrant, _Mapping]] = ..., max_result_bytes: _Optional[int] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class RunLimits(_message.Message):
-    __slots__ = ("max_tool_calls", "max_iterations", "max_runtime_seconds")
+    __slots__ = ("max_tool_calls", "max_iterations", "max_runtime_seconds", "stop_on_consecutive_errors")
     MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_ON_CONSECUTIVE_ERRORS_FIELD_NUMBER: _ClassVar[int]
     max_tool_calls: int
     max_iterations: int
     max_runtime_seconds: int
-    def __init__(self, max_tool_calls: _Optional[int] = ..., max_iterations: _Optional[int] = ..., max_runtime_seconds: _Optional[int] = ...) -> None: ...
+    stop_on_consecutive_errors: int
+    def __init__(self, max_tool_calls: _Optional[int] = ..., max_iterations: _Optional[int] = ..., max_runtime_seconds: _Optional[int] = ..., stop_on_consecutive_errors: _Optional[int] = ...) -> None: ...
 
 class LlmGrant(_message.Message):
     __slots__ = ("enabled", "max_calls", "max_input_chars", "max_output_chars")
