@@ -192,7 +192,7 @@ class BenchState:
         manifest = f'package_id: {slug}\nversion: "1.0.0"\npackage_type: {kind}\n' + extra
         if kind == "agent":
             manifest += (f'agent:\n  entrypoint: "{module}:run"\n  goal: bench\n'
-                         "  limits: {max_runtime_seconds: 600, max_tool_calls: 100000}\n" + agent)
+                         "  limits: {max_runtime_seconds: 600, max_tool_calls: 500}\n" + agent)
         (pack / "agentnode.yaml").write_text(manifest)
         cfg = load_config(self.env)
         entry = install_pack(pack, trust=trust, paths=cfg.paths, client=self.client, image=self.image)

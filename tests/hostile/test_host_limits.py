@@ -317,16 +317,17 @@ def _wait_gone(
 
 
 def test_no_run_is_unbounded_by_default(lab: Lab, ledger: Ledger) -> None:
-    """A manifest asking for the largest wire value gets the host's default ceiling; 2**32 is refused."""
+    """A manifest asking for the format's largest runtime (3600 s) runs under the host's default ceiling;
+    anything larger (up to the wire's 2**32 - 1 and beyond) is refused at install."""
     source = "def run(context, **kwargs):\n    return 'quick'\n"
-    slug = lab.agent("forever", source, max_runtime_seconds=2**32 - 1)
+    slug = lab.agent("forever", source, max_runtime_seconds=3600)
     result = lab.run(slug)
     starts = [r for r in lab.state.audit_all() if r.get("event") == "agent_run_start"]
     bound = starts[-1].get("max_runtime_seconds") if starts else None
     ledger.attack(
         "limits.default_runtime_ceiling",
-        expected="max_runtime_seconds 4294967295 in the manifest runs under the host's default ceiling "
-        "(3600 s), as the run's own start record shows",
+        expected="max_runtime_seconds 3600 (the format's largest) in the manifest runs under the host's "
+        "default ceiling (3600 s), as the run's own start record shows",
         observed=brief({"result": [result.success, result.result], "run_bound_s": bound}),
         ok=result.success and bound == 3600,
     )
@@ -341,13 +342,15 @@ def test_no_run_is_unbounded_by_default(lab: Lab, ledger: Ledger) -> None:
         ok=lowered == 30,
     )
     refused: list[str] = []
-    try:
-        lab.agent("beyond-wire", "def run(context, **kwargs):\n    return 1\n", max_runtime_seconds=2**32)
-    except ManifestError as exc:
-        refused.append(exc.message.rpartition("agentnode.yaml: ")[2])
+    for i, asked in enumerate((3601, 2**32 - 1, 2**32)):
+        try:
+            lab.agent(f"beyond-{i}", "def run(context, **kwargs):\n    return 1\n", max_runtime_seconds=asked)
+        except ManifestError as exc:
+            refused.append(exc.message.rpartition("agentnode.yaml: ")[2])
     ledger.attack(
         "limits.runtime_beyond_the_wire",
-        expected="max_runtime_seconds 2**32 (does not fit uint32) is refused at install, naming the key",
+        expected="max_runtime_seconds above the format's 3600 (3601, 2**32 - 1, and 2**32, which does not "
+        "fit uint32) is refused at install, naming the key",
         observed=brief(refused),
-        ok=len(refused) == 1 and "max_runtime_seconds" in refused[0],
+        ok=len(refused) == 3 and all("max_runtime_seconds" in r for r in refused),
     )
