@@ -162,15 +162,19 @@ class BenchState:
         self.llm_caller = f"bench-llmcaller-{self.tag}"
         self.installed: list[str] = []
         self.volume = ""
-        self.configure("runc")
-        self._install(self.tools, NOOP_TOOL, "toolpack", "bench_tools", trust="trusted",
-                      extra='entrypoint: bench_tools\ncapabilities:\n  tools:\n'
-                            '    - name: noop\n      entrypoint: "bench_tools:noop"\n')
-        self.volume = self._install(self.trivial, TRIVIAL, "agent", "agent")
-        self._install(self.tool_caller, TOOL_CALLER, "agent", "agent",
-                      agent=f"  tool_access: {{allowed_packages: [{self.tools}]}}\n")
-        self._install(self.llm_caller, LLM_CALLER, "agent", "agent",
-                      agent="  llm_access: {enabled: true, max_calls: 100000}\n")
+        try:
+            self.configure("runc")
+            self._install(self.tools, NOOP_TOOL, "toolpack", "bench_tools", trust="trusted",
+                          extra='entrypoint: bench_tools\ncapabilities:\n  tools:\n'
+                                '    - name: noop\n      entrypoint: "bench_tools:noop"\n')
+            self.volume = self._install(self.trivial, TRIVIAL, "agent", "agent")
+            self._install(self.tool_caller, TOOL_CALLER, "agent", "agent",
+                          agent=f"  tool_access: {{allowed_packages: [{self.tools}]}}\n")
+            self._install(self.llm_caller, LLM_CALLER, "agent", "agent",
+                          agent="  llm_access: {enabled: true, max_calls: 100000}\n")
+        except BaseException:  # a failed setup leaves no provider process or pack behind
+            self.close()
+            raise
 
     def configure(self, runtime: str, pool: dict[str, Any] | None = None) -> None:
         """Rewrite the host config: the pin, the runtime, generous budgets and (for `serve`) the pool."""
