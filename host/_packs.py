@@ -532,9 +532,32 @@ def populate_volume(
         )
     try:
         with engine_errors():
-            _fill_volume(
-                client, image=image, name=name, digest=digest, slug=slug, version=version, archive=archive
+            vol = _volume(client, name)
+            if vol is not None:
+                if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) == digest:
+                    return
+                vol.remove(force=True)
+            client.volumes.create(
+                name=name,
+                labels={LABEL_ARTIFACT: digest, LABEL_PACK: slug, LABEL_PACK_VERSION: version},
             )
+            holder = client.api.create_container(
+                image,
+                command=["/bin/true"],
+                entrypoint=[],
+                network_disabled=True,
+                labels={LABEL_PACK: slug},
+                host_config=client.api.create_host_config(
+                    mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
+                    network_mode="none",
+                ),
+            )
+            try:
+                archive.seek(0)  # streamed from disk, never read into memory whole
+                if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
+                    raise PackError("the engine refused the pack files", hint="check the engine's storage")
+            finally:
+                client.api.remove_container(holder["Id"], force=True)
     except EngineImageNotFound:
         raise PackError(
             "the pinned sandbox image is missing, so the pack volume cannot be populated",
@@ -556,45 +579,6 @@ def _volume(client: docker.DockerClient, name: str) -> Volume | None:
             return client.volumes.get(name)
     except EngineNotFound:
         return None
-
-
-def _fill_volume(
-    client: docker.DockerClient,
-    *,
-    image: str,
-    name: str,
-    digest: str,
-    slug: str,
-    version: str,
-    archive: IO[bytes],
-) -> None:
-    """populate_volume's engine calls; their failures are classified by the caller's boundary."""
-    vol = _volume(client, name)
-    if vol is not None:
-        if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) == digest:
-            return
-        vol.remove(force=True)
-    client.volumes.create(
-        name=name,
-        labels={LABEL_ARTIFACT: digest, LABEL_PACK: slug, LABEL_PACK_VERSION: version},
-    )
-    holder = client.api.create_container(
-        image,
-        command=["/bin/true"],
-        entrypoint=[],
-        network_disabled=True,
-        labels={LABEL_PACK: slug},
-        host_config=client.api.create_host_config(
-            mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
-            network_mode="none",
-        ),
-    )
-    try:
-        archive.seek(0)  # streamed from disk, never read into memory whole
-        if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
-            raise PackError("the engine refused the pack files", hint="check the engine's storage")
-    finally:
-        client.api.remove_container(holder["Id"], force=True)
 
 
 def _host_copy(packs_dir: Path, manifest: AgentManifest | ToolpackManifest, snap: _Snapshot) -> Path:

@@ -42,6 +42,11 @@ class RunFacts:
                 self.on_stage(stage)
 
     @property
+    def source(self) -> Source:
+        """The audit source; a run refused before admission decided would have been sandboxed."""
+        return self.admission.source if self.admission else Source.AGENT_SANDBOX
+
+    @property
     def sandboxed(self) -> bool:
         return self.admission is not None and self.admission.route is Route.SANDBOX
 
@@ -52,7 +57,7 @@ class RunFacts:
             "run_id": self.run_id,
             "slug": a.slug if a else "",
             "trust": a.recorded_trust if a else None,
-            "source": (a.source if a else Source.AGENT_SANDBOX).value,
+            "source": self.source.value,
             "sandbox": self.sandboxed,
             "runtime": a.runtime if a else None,
             "image": a.image if a else None,
@@ -127,7 +132,7 @@ class RunAudit:
             trust=a.recorded_trust if a else None,
             run_id=run.run_id,
             action="allow" if success else "deny",
-            source=(a.source if a else Source.AGENT_SANDBOX).value,
+            source=run.source.value,
             reason=reason.value,
             sandbox=run.sandboxed,
             runtime=a.runtime if a and run.placed else None,

@@ -29,7 +29,6 @@ from host._rundir import orphaned_runs, sweep_run_dirs
 from host._sandbox import DockerBackend
 from host._session import MAX_CONNECTIONS_PER_RUN, RunSession
 from host._tools import ToolRunner
-from host._vocab import Source
 from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
 
@@ -165,7 +164,7 @@ class SandboxHost:
         if not run.run_id:  # refused before a backend took the run
             run.fix_id(uuid.uuid4().hex, placed=False)
         result.run_id, result.warm, result.stages = run.run_id, run.warm, run.stages
-        result.mode_used = str(run.admission.source if run.admission else Source.AGENT_SANDBOX)
+        result.mode_used = run.source.value
         result.duration_ms = int((time.monotonic() - run.started) * 1000)
         reason = result.reason or AuditReason.HOST_LOOP_ERROR
         if not self.records.end(run, reason=reason, success=result.success, duration_ms=result.duration_ms,
