@@ -31,7 +31,7 @@ from host._runner import RunResult, SandboxHost
 from host._sandbox import Sandbox
 from host._serve import serve
 from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
-from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
+from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
 from sandbox_wrapper import PROTOCOL_VERSION
 
@@ -414,7 +414,7 @@ def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[st
 
     pack = lookup(state.tools)
     assert pack is not None
-    tool = pack.manifest.tools[0]
+    tool = resolve_tool(pack.slug, pack.manifest, "noop")
     runner = ToolRunner()
 
     def gate(lookup: Callable[[str], InstalledToolpack | None]) -> ToolGate:

@@ -208,7 +208,7 @@ class ToolSpec:
     """One tool of a toolpack."""
 
     name: str
-    entrypoint: str  # always module:function (a tool without its own gets the package's, as module:run)
+    entrypoint: str  # its own, as module:function; "" when it has none (resolved by name at call time, §3.3)
     description: str
     input_schema: Mapping[str, Any] | None
     capability_id: str = ""
@@ -413,11 +413,9 @@ def manifest_data(manifest: AgentManifest | ToolpackManifest) -> dict[str, Any]:
         return {**data, "package_type": "agent", "agent": agent}
     tools: list[dict[str, Any]] = []
     for tool in manifest.tools:
-        item: dict[str, Any] = {
-            "name": tool.name,
-            "entrypoint": tool.entrypoint,
-            "description": tool.description,
-        }
+        item: dict[str, Any] = {"name": tool.name, "description": tool.description}
+        if tool.entrypoint:
+            item["entrypoint"] = tool.entrypoint
         if tool.capability_id:
             item["capability_id"] = tool.capability_id
         if tool.input_schema is not None:
@@ -1249,10 +1247,12 @@ class _Parser:
         if schema is not None:
             self.json_data(schema, f"{key}.input_schema")
         self.schema(tool.get("output_schema"), f"{key}.output_schema")
-        entry = self.tool_entrypoint(tool.get("entrypoint"), f"{key}.entrypoint", pack_entrypoint, count)
+        raw = tool.get("entrypoint")
+        entry = self.tool_entrypoint(raw, f"{key}.entrypoint", pack_entrypoint, count)
+        own = entry if raw else ""  # a tool without its own is resolved by name at call time (§3.3)
         return ToolSpec(
             name=name,
-            entrypoint=entry if ":" in entry else f"{entry}:run",
+            entrypoint=own if ":" in own or not own else f"{own}:run",
             description=description if isinstance(description, str) else "",
             input_schema=schema,
             capability_id=capability_id,

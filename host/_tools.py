@@ -2,8 +2,9 @@
 
 ToolGate (one per run) owns the run's decisions: allowlist, call cap, argument limits and schema, trust and
 the time budget; nothing in a request can change how, where or how long a tool runs. ToolRunner (one per
-host) executes allowed calls in persistent worker processes (host/_tool_worker.py), one pack per worker, with
-a minimal environment that holds no API keys, so a failing, hanging or crashing tool fails only its call.
+host) executes allowed calls in persistent worker processes (sandbox_wrapper/_tool_exec.py run as a script,
+the same executor a tool sandbox uses), one pack per worker, with a minimal environment that holds no API
+keys, so a failing, hanging or crashing tool fails only its call.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import sandbox_wrapper._tool_exec
 from host._errors import CallRefusal
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._manifest import ToolpackManifest, ToolSpec
-from host._tool_worker import MAX_RESULT_BYTES
 from host._vocab import HOST_TRUST, WireReason
+from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ MODE_HOST_WORKER = "host_worker"
 _SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,79}")
 _MAX_MESSAGE = 200
-_WORKER_SCRIPT = Path(__file__).with_name("_tool_worker.py")
+_WORKER_SCRIPT = Path(sandbox_wrapper._tool_exec.__file__)
 # A reply line is result_json escaped once more; anything longer is not our worker speaking.
 _MAX_REPLY_LINE = 4 * MAX_RESULT_BYTES
 
@@ -198,21 +200,51 @@ def _object_error(schema: Mapping[str, Any], value: dict[str, Any], path: str) -
 # --- the gate ----------------------------------------------------------------------------------------
 
 
-def _select_tool(slug: str, manifest: ToolpackManifest, tool_name: str) -> ToolSpec:
-    """The named tool; an empty name selects the only tool (a pack without tools has its implicit `run`)."""
-    tools = manifest.tools
-    if not tools and manifest.entrypoint:
-        entrypoint = manifest.entrypoint if ":" in manifest.entrypoint else f"{manifest.entrypoint}:run"
-        tools = (ToolSpec(name="run", entrypoint=entrypoint, description="", input_schema=None),)
-    for tool in tools:
-        if tool.name == tool_name or (not tool_name and len(tools) == 1):
-            return tool
-    if not tools:
-        raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no tools")
-    names = ", ".join(tool.name for tool in tools)
-    if tool_name:
-        raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no such tool; available: {names}")
-    raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has several tools; name one of: {names}")
+@dataclass(frozen=True)
+class ResolvedTool:
+    """What one call runs: the function to import (`module:function`), the function to fall back to when the
+    pack does not define that one ("" for none), and the declared tool whose input schema applies (if any)."""
+
+    entrypoint: str
+    fallback: str = ""
+    spec: ToolSpec | None = None
+
+
+def _default_function(pack_entrypoint: str) -> tuple[str, str]:
+    """A package entrypoint as (module, function): `module` means `module.run`, `module:fn` means `fn`."""
+    module, sep, function = pack_entrypoint.rpartition(":")
+    return (module, function) if sep else (pack_entrypoint, "run")
+
+
+def resolve_tool(slug: str, manifest: ToolpackManifest, tool_name: str) -> ResolvedTool:
+    """Pick the function a call runs, as agentnode-format §3.3 does (`tool_name` "" is the format's None).
+
+    No name: the package entrypoint's default function; there is no fallback to a first tool. A name: the
+    declared tool of exactly that name with its own entrypoint; else the package module's function of that
+    name, falling back to the default function (the format's 0.5.1 rule: an unknown name runs `run`); else
+    TOOL_NOT_FOUND. Packs in this host's own manifest form (no manifest_version) keep one convenience: with
+    no name, a pack without a package entrypoint runs its only tool.
+    """
+    declared = next((tool for tool in manifest.tools if tool.name == tool_name), None) if tool_name else None
+    if declared is not None and declared.entrypoint:
+        return ResolvedTool(declared.entrypoint, spec=declared)
+    if manifest.entrypoint:
+        module, default = _default_function(manifest.entrypoint)
+        if not tool_name:
+            return ResolvedTool(f"{module}:{default}")
+        # Only a public Python name can be a module's function; anything else runs the default (§3.3).
+        public = tool_name.isidentifier() and not tool_name.startswith("_")
+        return ResolvedTool(f"{module}:{tool_name if public else default}", fallback=default, spec=declared)
+    names = ", ".join(tool.name for tool in manifest.tools) or "(none)"
+    if not tool_name:
+        only = manifest.tools[0] if len(manifest.tools) == 1 else None
+        if only is not None and not manifest.manifest_version and only.entrypoint:
+            return ResolvedTool(only.entrypoint, spec=only)
+        raise ToolRefusal(
+            WireReason.TOOL_NOT_FOUND,
+            f"package '{slug}' has no package entrypoint to run without a tool name; name one of: {names}",
+        )
+    raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no such tool; available: {names}")
 
 
 class ToolGate:
@@ -261,6 +293,11 @@ class ToolGate:
         """Calls the run may still make."""
         return max(0, self._max_tool_calls - self._calls_made)
 
+    @property
+    def deadline(self) -> float:
+        """The run's deadline (time.monotonic) that bounds every call."""
+        return self._deadline
+
     def refused(self, refusal: ToolRefusal) -> ToolRefusal:
         """Count a refusal decided outside `call` (the RPC layer's checks on the raw request)."""
         with self._lock:
@@ -300,7 +337,7 @@ class ToolGate:
 
     def _admit(
         self, slug: str, tool_name: str, arguments_json: str
-    ) -> tuple[InstalledToolpack, ToolSpec, dict[str, Any], float]:
+    ) -> tuple[InstalledToolpack, ResolvedTool, dict[str, Any], float]:
         if not _SLUG.fullmatch(slug):
             raise ToolRefusal(WireReason.INVALID_REQUEST, "package_slug is empty or not a package slug")
         if slug not in self._allowed:
@@ -314,12 +351,13 @@ class ToolGate:
             raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' is not installed on this host")
         if pack.trust not in HOST_TRUST:
             raise ToolRefusal(WireReason.TOOL_PACK_UNTRUSTED, "community tool packs never run on the host")
-        tool = _select_tool(slug, pack.manifest, tool_name)
+        tool = resolve_tool(slug, pack.manifest, tool_name)
         if self._deadline - time.monotonic() <= 0:
             raise ToolRefusal(WireReason.RUN_DEADLINE, "the run's time budget is spent")
         with self._parsing:  # the first step whose cost grows with the request
             arguments = _parse_arguments(arguments_json)
-            if tool.input_schema is not None and (error := schema_error(tool.input_schema, arguments)):
+            schema = tool.spec.input_schema if tool.spec is not None else None
+            if schema is not None and (error := schema_error(schema, arguments)):
                 del arguments  # freed inside the slot (a refusal's traceback keeps this frame)
                 raise ToolRefusal(
                     WireReason.TOOL_ARGUMENTS_INVALID, f"arguments do not match the tool's schema: {error}"
@@ -448,7 +486,7 @@ class ToolRunner:
         atexit.register(self.close)
 
     def run(
-        self, pack: InstalledToolpack, tool: ToolSpec, arguments: dict[str, Any], *, timeout: float
+        self, pack: InstalledToolpack, tool: ResolvedTool, arguments: dict[str, Any], *, timeout: float
     ) -> ToolOutcome:
         """Run one tool call; every failure is an unsuccessful outcome for this call only."""
         key: _PoolKey = (pack.slug, pack.version, pack.root)
@@ -460,7 +498,9 @@ class ToolRunner:
         if worker is None:
             return _failed("tool runner is closed")
         try:
-            line = dumps_strict({"entrypoint": tool.entrypoint, "arguments": arguments})
+            line = dumps_strict(
+                {"entrypoint": tool.entrypoint, "fallback": tool.fallback, "arguments": arguments}
+            )
         except (JsonRejected, TypeError):
             return _failed("tool arguments are not strict JSON")
         request = (line + "\n").encode()
@@ -562,10 +602,12 @@ __all__ = [
     "MAX_RESULT_BYTES",
     "PARSE_SLOTS",
     "InstalledToolpack",
+    "ResolvedTool",
     "ToolGate",
     "ToolOutcome",
     "ToolRefusal",
     "ToolRunner",
     "ToolpackLookup",
+    "resolve_tool",
     "schema_error",
 ]

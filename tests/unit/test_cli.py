@@ -31,7 +31,7 @@ from host._errors import EngineError
 from host._image import BUILD_HINT
 from host._manifest import AgentManifest, ToolpackManifest, load_manifest
 from host._packs import Lockfile
-from host._tools import InstalledToolpack, ToolRunner
+from host._tools import InstalledToolpack, ToolRunner, resolve_tool
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.packs import write_agent as write_pack
 from tests.support.paths import REPO
@@ -557,7 +557,7 @@ def test_init_toolpack_uses_the_src_layout_and_its_tool_runs(env: dict[str, str]
         out = runner.run(
             InstalledToolpack(slug="my-tools", version="0.1.0", trust="trusted", root=pack / "src",
                               manifest=manifest),
-            tool, {"text": "hello"}, timeout=30,
+            resolve_tool("my-tools", manifest, tool.name), {"text": "hello"}, timeout=30,
         )  # fmt: skip
     finally:
         runner.close()

@@ -164,7 +164,7 @@ def test_load_toolpack_manifest(tmp_path: Path) -> None:
                 description="Search the web",
                 input_schema={"type": "object", "properties": {"q": {"type": "string"}}},
             ),
-            ToolSpec(name="fetch", entrypoint="web_search.tool:run", description="", input_schema=None),
+            ToolSpec(name="fetch", entrypoint="", description="", input_schema=None),
             ToolSpec(
                 name="summarize", entrypoint="web_search.summary:run", description="", input_schema=None
             ),
@@ -1047,7 +1047,7 @@ def test_0_1_tool_entrypoints_are_kept_in_either_form() -> None:
              {"name": "b", "capability_id": "b", "entrypoint": "Pub:B"},
              {"name": "c", "capability_id": "c"}]  # fmt: skip
     manifest = _toolpack_of(_v01(_pub_toolpack(capabilities={"tools": tools})))
-    assert [t.entrypoint for t in manifest.tools] == ["pub_tools.other:run", "Pub:B", "pub_tools.tool:run"]
+    assert [t.entrypoint for t in manifest.tools] == ["pub_tools.other:run", "Pub:B", ""]
     assert manifest.entrypoint == "pub_tools.tool"
     bad = [{"name": "a", "capability_id": "a", "entrypoint": "src/tool.py"}]  # never importable
     message = _error(_v01(_pub_toolpack(capabilities={"tools": bad})))
@@ -1058,7 +1058,7 @@ def test_0_2_toolpack_entrypoint_rules() -> None:
     one = {"name": "a", "capability_id": "a"}
     # one tool: the package entrypoint (v1) serves it as module.run
     manifest = _toolpack_of(_pub_toolpack(capabilities={"tools": [one]}))
-    assert manifest.tools[0].entrypoint == "pub_tools.tool:run"
+    assert manifest.tools[0].entrypoint == ""  # resolved by name at call time (§3.3)
     # ... or the tool's own v2 entrypoint, with no package entrypoint
     own = {**one, "entrypoint": "pub_tools.tool:a"}
     manifest = _toolpack_of(_pub_toolpack(entrypoint=_DROP, capabilities={"tools": [own]}))
@@ -1140,7 +1140,7 @@ def test_published_tool_shapes_that_are_accepted() -> None:
     (spec,) = _toolpack_of(_pub_toolpack(capabilities={"tools": [tool]})).tools
     assert spec == ToolSpec(
         name="a",
-        entrypoint="pub_tools.tool:run",
+        entrypoint="",
         description="",
         input_schema=tool["input_schema"],
         capability_id="brand-new-capability",
@@ -1213,7 +1213,7 @@ def test_prompts_and_resources_in_their_accepted_shapes() -> None:
 def test_the_host_form_keeps_tools_lenient() -> None:
     # no capability_id, a one-segment module, no tools at all: this host's form allows them
     manifest = _toolpack_of(_toolpack(entrypoint="tool", capabilities={"tools": [{"name": "a"}]}))
-    assert manifest.tools == (ToolSpec(name="a", entrypoint="tool:run", description="", input_schema=None),)
+    assert manifest.tools == (ToolSpec(name="a", entrypoint="", description="", input_schema=None),)
     assert _toolpack_of(_toolpack()).tools == ()
 
 

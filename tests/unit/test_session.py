@@ -92,7 +92,7 @@ def write_toolpack(base: Path, slug: str, trust: str = "trusted") -> InstalledTo
         ToolSpec(name="echo", entrypoint="tools:echo", description="", input_schema=None),
     )
     manifest = ToolpackManifest(
-        slug=slug, version="1.0.0", name=slug, entrypoint="tools", tools=tools, dependencies=()
+        slug=slug, version="1.0.0", name=slug, entrypoint="", tools=tools, dependencies=()
     )
     return InstalledToolpack(slug=slug, version="1.0.0", trust=trust, root=root, manifest=manifest)
 

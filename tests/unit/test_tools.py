@@ -16,10 +16,12 @@ import pytest
 from host._manifest import ToolpackManifest, ToolSpec
 from host._tools import (
     InstalledToolpack,
+    ResolvedTool,
     ToolGate,
     ToolOutcome,
     ToolRefusal,
     ToolRunner,
+    resolve_tool,
     schema_error,
 )
 
@@ -104,7 +106,7 @@ def make_pack(
         for name in TOOL_NAMES
     )
     manifest = ToolpackManifest(
-        slug=slug, version=version, name=slug, entrypoint="tool", tools=tools, dependencies=()
+        slug=slug, version=version, name=slug, entrypoint="", tools=tools, dependencies=()
     )
     return InstalledToolpack(slug=slug, version=version, trust=trust, root=root, manifest=manifest)
 
@@ -264,7 +266,7 @@ def test_refusal_messages_name_what_the_agent_needs(tmp_path: Path, runner: Tool
     assert "'other-pack'" in refusal(gate, "other-pack", "", "{}").message
     assert "not installed on this host" in refusal(gate, "ghost", "", "{}").message
     listed = refusal(gate, "calc", "", "{}").message
-    assert "several tools" in listed and "echo" in listed
+    assert "no package entrypoint" in listed and "name one of" in listed and "echo" in listed
     assert "$.n: expected integer" in refusal(gate, "strict", "echo", '{"n": 1.5}').message
     untrusted = gate_for(runner, make_pack(tmp_path / "c", "comm", trust="unverified"))
     assert refusal(untrusted, "comm", "echo", "{}").message == "community tool packs never run on the host"
@@ -348,7 +350,7 @@ def test_spent_deadline_refuses_and_clamps_the_timeout(tmp_path: Path, runner: T
         ("nan", {}, "tool result is not JSON-serializable"),
         ("huge", {}, "tool result too large"),
         ("hang", {"timeout": 3600, "mode": "sandbox"}, "tool timed out after 1.0 s"),
-        ("missing_function", {}, "tool entrypoint could not be loaded (AttributeError)"),
+        ("missing_function", {}, "tool entrypoint could not be loaded (ImportError)"),
     ],
 )
 def test_a_failing_tool_fails_only_its_call(
@@ -586,7 +588,7 @@ def test_a_tool_result_that_is_not_strict_json_is_a_failed_call(result_json: str
 
 
 def test_the_worker_refuses_non_finite_requests() -> None:
-    from host._tool_worker import loads_finite
+    from sandbox_wrapper._tool_exec import loads_finite
 
     for text in ("1e999", '{"a": -1e999}', "[NaN]", "Infinity"):
         with pytest.raises(ValueError):
@@ -625,10 +627,10 @@ def test_a_new_pack_version_retires_idle_workers_of_the_old_one(tmp_path: Path) 
             return InstalledToolpack(slug="versioned", version=version, trust="trusted", root=root,
                                      manifest=manifest)  # fmt: skip
 
-        first = runner.run(pack("1.0.0", old), spec, {}, timeout=30)
+        first = runner.run(pack("1.0.0", old), ResolvedTool(spec.entrypoint), {}, timeout=30)
         assert first.success and first.result[0] == "one"
         old_pid = first.result[1]
-        second = runner.run(pack("2.0.0", new), spec, {}, timeout=30)
+        second = runner.run(pack("2.0.0", new), ResolvedTool(spec.entrypoint), {}, timeout=30)
         assert second.success and second.result[0] == "two"
         deadline = time.monotonic() + 10
         while Path(f"/proc/{old_pid}").exists() and time.monotonic() < deadline:
@@ -638,3 +640,116 @@ def test_a_new_pack_version_retires_idle_workers_of_the_old_one(tmp_path: Path) 
         assert all(k[1] == "2.0.0" for k in runner._idle)
     finally:
         runner.close()
+
+
+# --- tool resolution (agentnode-format §3.3) ----------------------------------------------------------
+
+DISPATCH_MODULE = textwrap.dedent(
+    """
+    import asyncio
+    from os import getcwd  # imported, not the pack's: never reachable as a tool
+
+    def run(operation="default", **kwargs):
+        return {"ran": "run", "operation": operation, **kwargs}
+
+    def count(text=""):
+        return {"ran": "count", "n": len(text.split())}
+
+    def other(**kwargs):
+        return {"ran": "other"}
+
+    async def slow_upper(text=""):
+        await asyncio.sleep(0)
+        return {"ran": "slow_upper", "text": text.upper()}
+
+    def _private():
+        return {"ran": "_private"}
+
+    NOT_CALLABLE = 3
+    """
+)
+
+
+def _spec(name: str, entrypoint: str = "", schema: Mapping[str, Any] | None = None) -> ToolSpec:
+    return ToolSpec(name=name, entrypoint=entrypoint, description="", input_schema=schema)
+
+
+def _manifest(entrypoint: str, *tools: ToolSpec, version: str = "0.2") -> ToolpackManifest:
+    return ToolpackManifest(
+        slug="multi", version="1", name="multi", entrypoint=entrypoint, tools=tools, dependencies=(),
+        manifest_version=version,
+    )  # fmt: skip
+
+
+def test_no_tool_name_runs_the_package_entrypoints_default_function() -> None:
+    tools = (_spec("count"), _spec("other", "multi_pack.tools:other"))
+    default = ResolvedTool("multi_pack.tools:run")
+    assert resolve_tool("multi", _manifest("multi_pack.tools", *tools), "") == default
+    assert resolve_tool("multi", _manifest("multi_pack.tools:main", *tools), "") == ResolvedTool(
+        "multi_pack.tools:main"
+    )
+
+
+def test_no_tool_name_never_falls_back_to_a_first_tool() -> None:
+    only = _spec("count", "multi_pack.tools:count")
+    for version in ("0.1", "0.2"):
+        with pytest.raises(ToolRefusal) as caught:
+            resolve_tool("multi", _manifest("", only, version=version), "")
+        assert caught.value.reason == "TOOL_NOT_FOUND" and "count" in caught.value.message
+    # This host's own manifest form (no manifest_version) keeps running its only tool.
+    assert resolve_tool("multi", _manifest("", only, version=""), "").entrypoint == "multi_pack.tools:count"
+
+
+def test_a_named_tool_with_its_own_entrypoint_runs_that_function() -> None:
+    schema = {"type": "object"}
+    other = _spec("other", "multi_pack.extra:other", schema)
+    resolved = resolve_tool("multi", _manifest("multi_pack.tools", other), "other")
+    assert resolved == ResolvedTool("multi_pack.extra:other", spec=other)
+
+
+def test_a_name_without_its_own_entrypoint_is_looked_up_in_the_package_module_then_falls_back() -> None:
+    count = _spec("count", schema={"type": "object"})
+    manifest = _manifest("multi_pack.tools:main", count)
+    assert resolve_tool("multi", manifest, "count") == ResolvedTool(
+        "multi_pack.tools:count", fallback="main", spec=count
+    )
+    # An undeclared name is looked up the same way (no schema applies); capability ids are never names.
+    assert resolve_tool("multi", manifest, "anything") == ResolvedTool("multi_pack.tools:anything", "main")
+    # Names that cannot be a public function of the module run the default function.
+    for name in ("_private", "a:b", "has space", "__init__"):
+        assert resolve_tool("multi", manifest, name) == ResolvedTool("multi_pack.tools:main", "main")
+
+
+def test_an_unknown_name_without_a_package_entrypoint_is_tool_not_found_listing_the_tools() -> None:
+    manifest = _manifest("", _spec("count", "m.t:count", None), ToolSpec(
+        name="search", entrypoint="m.t:search", description="", input_schema=None, capability_id="web_search"
+    ))  # fmt: skip
+    for name in ("nope", "web_search"):
+        with pytest.raises(ToolRefusal) as caught:
+            resolve_tool("multi", manifest, name)
+        assert caught.value.reason == "TOOL_NOT_FOUND"
+        assert "count" in caught.value.message and "search" in caught.value.message
+
+
+def test_resolution_runs_for_real_in_a_worker(tmp_path: Path, runner: ToolRunner) -> None:
+    root = tmp_path / "multi"
+    (root / "multi_pack").mkdir(parents=True)
+    (root / "multi_pack" / "__init__.py").write_text("")
+    (root / "multi_pack" / "tools.py").write_text(DISPATCH_MODULE)
+    declared = (
+        _spec("count"), _spec("other", "multi_pack.tools:other"), _spec("broken", "multi_pack.tools:gone")
+    )
+    manifest = _manifest("multi_pack.tools", *declared)
+    pack = InstalledToolpack(slug="multi", version="1", trust="trusted", root=root, manifest=manifest)
+    gate = gate_for(runner, pack)
+    # A multi-tool pack's dispatcher, called without a tool name, as real agents do.
+    assert ok(gate.call("multi", "", '{"operation": "sum"}')) == {"ran": "run", "operation": "sum"}
+    assert ok(gate.call("multi", "count", '{"text": "a b c"}')) == {"ran": "count", "n": 3}
+    assert ok(gate.call("multi", "other", "{}")) == {"ran": "other"}
+    assert ok(gate.call("multi", "slow_upper", '{"text": "hi"}')) == {"ran": "slow_upper", "text": "HI"}
+    # Unknown, private, imported or non-callable names fall back to the default function.
+    for name in ("unknown", "_private", "getcwd", "NOT_CALLABLE"):
+        assert ok(gate.call("multi", name, "{}")) == {"ran": "run", "operation": "default"}
+    # A declared entrypoint whose function is missing fails its call (the format's ImportError).
+    broken = gate.call("multi", "broken", "{}")
+    assert (broken.success, broken.error) == (False, "tool entrypoint could not be loaded (ImportError)")

@@ -1,0 +1,124 @@
+"""One tool call, resolved and run the same way wherever it runs: the host's tool worker and a tool sandbox.
+
+Standard library only: the host runs this file as a script (`python -I -B _tool_exec.py <import root>`, JSON
+lines on stdin/stdout) for trusted packs, and a tool sandbox imports `handle` for community packs, so both
+paths resolve, call, serialize and bound a tool's result with one piece of code.
+
+A request is `{"entrypoint": "module:function", "fallback": "<function>" or "", "arguments": {...}}`; the
+host's gate has already picked them by the format's rules (agentnode-format §3.3). A reply is
+`{"ok": true, "result_json": "..."}` or `{"ok": false, "failure": <kind>, "error_type": <name>}`: failure
+kinds and exception type names only, never exception text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+MAX_RESULT_BYTES = 1 << 20
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number is not finite")
+    return value
+
+
+def loads_finite(text: str) -> Any:
+    """json.loads that refuses NaN, ±Infinity and overflowing numbers (1e999), like the host's boundary.
+
+    This module imports only the standard library, so it keeps its own copy of the rule.
+    """
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _owned(module: Any, value: Any) -> bool:
+    """Whether `value` is defined inside the pack that `module` belongs to.
+
+    Why: a requested tool name is looked up as an attribute of the pack's module (§3.3), and a module's
+    namespace also holds what it imported (`from os import system`): only the pack's own callables are tools.
+    """
+    root = module.__name__.partition(".")[0]
+    owner = getattr(value, "__module__", None)
+    return isinstance(owner, str) and (owner == root or owner.startswith(root + "."))
+
+
+def resolve(request: dict[str, Any]) -> Callable[..., Any]:
+    """The function a request names: its entrypoint's function if the pack defines it, else the fallback.
+
+    Raises ImportError (or whatever importing the pack raises) when neither is callable.
+    """
+    module_name, _, function_name = str(request["entrypoint"]).rpartition(":")
+    module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None) if function_name.isidentifier() else None
+    if callable(function) and (not request.get("fallback") or _owned(module, function)):
+        return function  # type: ignore[no-any-return]
+    fallback = str(request.get("fallback") or "")
+    function = getattr(module, fallback, None) if fallback else None
+    if callable(function):
+        return function  # type: ignore[no-any-return]
+    raise ImportError(f"{module_name} has no callable {function_name or fallback}")
+
+
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one request; report only failure kinds and exception type names, never exception text.
+
+    A coroutine function's result is awaited (`asyncio.run`), as the publisher's verification runs such tools.
+    """
+    try:
+        function = resolve(request)
+    except Exception as exc:  # noqa: BLE001 - any import-time failure is the tool's, reported by type
+        return {"ok": False, "failure": "load", "error_type": type(exc).__name__}
+    try:
+        result = function(**request["arguments"])
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+    except Exception as exc:  # noqa: BLE001 - the tool failing is a normal outcome of its call
+        return {"ok": False, "failure": "raised", "error_type": type(exc).__name__}
+    try:
+        result_json = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return {"ok": False, "failure": "not_serializable"}
+    if len(result_json) > MAX_RESULT_BYTES:  # ASCII-only (ensure_ascii), so characters == bytes
+        return {"ok": False, "failure": "too_large"}
+    return {"ok": True, "result_json": result_json}
+
+
+def _protocol_streams() -> tuple[TextIO, TextIO]:
+    """Keep fds 0/1 for the protocol; the tool's stdin becomes /dev/null and its stdout goes to stderr.
+
+    Why: a tool's print() or input() must never corrupt or consume the request/reply channel.
+    """
+    proto_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    proto_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    return proto_in, proto_out
+
+
+def main(argv: list[str]) -> None:
+    """The host's tool worker: serve requests for the one import root named on the command line until
+    stdin closes."""
+    proto_in, proto_out = _protocol_streams()
+    sys.path.insert(0, argv[1])
+    for line in proto_in:
+        proto_out.write(json.dumps(handle(loads_finite(line)), allow_nan=False) + "\n")
+        proto_out.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
