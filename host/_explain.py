@@ -98,7 +98,7 @@ class Explanation:
             "hint": refusal_error(self.decision).hint if refused else None,
             "runtime": cfg.runtime if sandboxed else None,
             "image": cfg.image if sandboxed else None,
-            "allowed_packages": list(p.allowed_packages),
+            "allowed_packages": None if p.allowed_packages is None else list(p.allowed_packages),
             "max_tool_calls": p.max_tool_calls,
             "max_runtime_seconds": p.max_runtime_seconds,
             "max_iterations": p.max_iterations,

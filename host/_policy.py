@@ -52,7 +52,8 @@ class LlmPolicy:
 class RunPolicy:
     """Every effective limit of one run."""
 
-    allowed_packages: tuple[str, ...]
+    allowed_packages: tuple[str, ...] | None
+    """The tool packs the run may call; None: any installed tool pack (the format's absent allowlist)."""
     max_tool_calls: int
     max_runtime_seconds: int
     max_iterations: int
@@ -181,15 +182,20 @@ def resolve_run_policy(manifest: AgentManifest, cfg: AgentSandboxConfig, *, sand
         return requested
 
     limits = cfg.limits
-    tool_calls = cap("max_tool_calls", manifest.max_tool_calls, limits.max_tool_calls, sandboxed)
+    # A sequential orchestration makes at most one call per step; its limits.max_tool_calls does not apply.
+    steps = manifest.orchestration
+    requested_calls = manifest.max_tool_calls if steps is None else len(steps)
+    tool_calls = cap("max_tool_calls", requested_calls, limits.max_tool_calls, sandboxed)
     runtime = cap("max_runtime_seconds", manifest.max_runtime_seconds, limits.max_runtime_seconds)
     iterations = cap("max_iterations", manifest.max_iterations, limits.max_iterations, sandboxed)
     stop = manifest.stop_on_consecutive_errors
-    packages = _dedupe(manifest.allowed_packages or ())
+    # The format's absent `tool_access.allowed_packages` means unrestricted (§1.8); [] means no tools.
+    packages = None if manifest.allowed_packages is None else _dedupe(manifest.allowed_packages)
     if not sandboxed:
         return RunPolicy(packages, tool_calls, runtime, iterations, HOST_PATH_LLM, tuple(clamped), stop)
     if cfg.tools_allowed_packages is not None:
-        kept = tuple(p for p in packages if p in cfg.tools_allowed_packages)
+        ceiling = cfg.tools_allowed_packages
+        kept = ceiling if packages is None else tuple(p for p in packages if p in ceiling)
         if kept != packages:
             clamped.append("tools.allowed_packages")
         packages = kept

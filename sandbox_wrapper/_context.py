@@ -296,7 +296,10 @@ class AgentContext:
         self._goal: str = task.goal
         self._run_id: str = task.run_id
         self._system_prompt: str = task.system_prompt
-        self._allowed_packages: tuple[str, ...] = tuple(task.allowed_packages)
+        # None: the manifest declared no allowlist, so any installed tool pack may be asked for (the host
+        # still decides each call). An older host never sets any_package.
+        any_package = bool(getattr(task, "any_package", False))
+        self._allowed_packages: tuple[str, ...] | None = None if any_package else tuple(task.allowed_packages)
         self._max_iterations: int = limits.max_iterations
         self._max_tool_calls: int = limits.max_tool_calls
         runtime = limits.max_runtime_seconds
@@ -330,12 +333,13 @@ class AgentContext:
         return self._system_prompt
 
     @property
-    def allowed_packages(self) -> list[str]:
-        """The effective tool allowlist (a copy, so the agent cannot mistake it for a lever).
+    def allowed_packages(self) -> list[str] | None:
+        """The effective tool allowlist (a copy, so the agent cannot mistake it for a lever); None, as in the
+        agentnode runtime, when the manifest declares none and any installed tool pack may be asked for."""
+        return None if self._allowed_packages is None else list(self._allowed_packages)
 
-        Never None: the host always sends an explicit allowlist (no declared allowlist = no tools).
-        """
-        return list(self._allowed_packages)
+    def _allowed(self, slug: str) -> bool:
+        return self._allowed_packages is None or slug in self._allowed_packages
 
     @property
     def iteration(self) -> int:
@@ -438,7 +442,7 @@ class AgentContext:
         if result.success or not fallbacks:
             return result
         for fallback in fallbacks:
-            if fallback not in self._allowed_packages:
+            if not self._allowed(fallback):
                 continue
             result = self.run_tool(fallback, tool_name, retry=True, **kwargs)
             if result.success:
@@ -448,7 +452,7 @@ class AgentContext:
     def is_tool_available(self, slug: str) -> bool:
         """Whether `slug` is on the allowlist and its breaker is not open (the host may still refuse it,
         e.g. when it is untrusted or not installed)."""
-        if slug not in self._allowed_packages:
+        if not self._allowed(slug):
             return False
         with self._lock:
             breaker = self._breakers.get(slug)
@@ -459,7 +463,7 @@ class AgentContext:
         with self._lock:
             breaker = self._breakers.get(slug) or _Breaker(self._clock)
             health = breaker.to_dict()
-        return {"slug": slug, "allowed": slug in self._allowed_packages, "circuit_breaker": health}
+        return {"slug": slug, "allowed": self._allowed(slug), "circuit_breaker": health}
 
     def _held_back(self, slug: str) -> ToolResult | None:
         """The circuit-breaker result when `slug`'s breaker is open (no call is made), else None."""
@@ -582,7 +586,7 @@ class AgentContext:
     def allowed_tool_context(self) -> ToolContext:
         """The allowlist as a ToolContext for call_llm; never raises. It has no tool specs (the host
         publishes none), so `has_tools` is False and no tools are offered to the model."""
-        return ToolContext(allowed_packages=list(self._allowed_packages))
+        return ToolContext(allowed_packages=list(self._allowed_packages or ()))
 
     def call_llm(self, messages: Messages, *, tool_context: ToolContext | None = None) -> LlmResult:
         """One completion from the host's broker; any refusal raises LlmAccessError with its reason.

@@ -362,6 +362,14 @@ def test_properties_and_the_llm_binding(served: Served, clock: Clock) -> None:
             ctx.tool_calls_made = 0  # type: ignore[misc]
 
 
+def test_an_absent_allowlist_is_none_and_every_slug_is_available(served: Served, clock: Clock) -> None:
+    # The host sends any_package when the manifest declares no tool_access.allowed_packages (format §4.1).
+    with context_for(served, clock, make_task(allowed_packages=[], any_package=True)) as ctx:
+        assert ctx.allowed_packages is None
+        assert ctx.is_tool_available("anything") and ctx.tool_health("anything")["allowed"] is True
+        assert ctx.allowed_tool_context().allowed_packages == []
+
+
 def test_max_tool_calls_zero_refuses_the_first_call(served: Served, clock: Clock) -> None:
     served.host.tools += [Refusal(RE, "TOOL_CALL_LIMIT", "cap used up")] * 2
     limits = session_pb2.RunLimits(max_tool_calls=0, max_iterations=0, max_runtime_seconds=60)

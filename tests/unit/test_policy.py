@@ -244,9 +244,17 @@ def test_sandboxed_ceilings_above_manifest_do_not_raise_limits() -> None:
     assert policy.clamped == ()
 
 
-def test_sandboxed_absent_allowlist_means_no_tools() -> None:
-    cfg = AgentSandboxConfig(tools_allowed_packages=("web",))
-    assert resolve_run_policy(_manifest(allowed_packages=None), cfg, sandboxed=True).allowed_packages == ()
+def test_an_absent_allowlist_means_any_installed_pack_under_the_host_ceiling() -> None:
+    # The format (§1.8): an absent tool_access.allowed_packages is unrestricted; [] is no tools.
+    unrestricted = _manifest(allowed_packages=None)
+    for sandboxed in (True, False):
+        policy = resolve_run_policy(unrestricted, AgentSandboxConfig(), sandboxed=sandboxed)
+        assert policy.allowed_packages is None
+    ceiling = AgentSandboxConfig(tools_allowed_packages=("web",))
+    capped = resolve_run_policy(unrestricted, ceiling, sandboxed=True)
+    assert (capped.allowed_packages, capped.clamped) == (("web",), ("tools.allowed_packages",))
+    none = resolve_run_policy(_manifest(allowed_packages=[]), AgentSandboxConfig(), sandboxed=True)
+    assert none.allowed_packages == ()
 
 
 def test_sandboxed_host_empty_allowlist_refuses_all_tools() -> None:
@@ -285,7 +293,7 @@ def test_host_path_runtime_ceiling_applies() -> None:
     cfg = AgentSandboxConfig(limits=LimitsCeiling(max_runtime_seconds=30))
     policy = resolve_run_policy(_manifest(allowed_packages=None), cfg, sandboxed=False)
     assert policy.max_runtime_seconds == 30
-    assert policy.allowed_packages == ()
+    assert policy.allowed_packages is None
     assert policy.clamped == ("max_runtime_seconds",)
 
 

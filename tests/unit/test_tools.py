@@ -753,3 +753,15 @@ def test_resolution_runs_for_real_in_a_worker(tmp_path: Path, runner: ToolRunner
     # A declared entrypoint whose function is missing fails its call (the format's ImportError).
     broken = gate.call("multi", "broken", "{}")
     assert (broken.success, broken.error) == (False, "tool entrypoint could not be loaded (ImportError)")
+
+
+def test_an_unrestricted_gate_runs_any_installed_pack_and_refuses_what_is_not_installed(
+    tmp_path: Path, runner: ToolRunner
+) -> None:
+    by_slug = {"calc": make_pack(tmp_path, "calc")}
+    gate = ToolGate(allowed_packages=None, max_tool_calls=5, lookup=by_slug.get, runner=runner,
+                    deadline=time.monotonic() + 30)  # fmt: skip
+    gate.screen(100)  # an unrestricted run is not an empty allowlist
+    assert ok(gate.call("calc", "echo", '{"a": 1}')) == {"a": 1}
+    assert refusal(gate, "ghost", "echo", "{}").reason == "TOOL_NOT_FOUND"
+    assert (gate.calls_made, gate.refusals) == (1, 1)
