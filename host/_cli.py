@@ -466,7 +466,10 @@ def _human_explain(p: Mapping[str, Any]) -> None:
     if p["runtime"]:
         image = safe_line(p["image"] or "(not pinned)")
         line("sandbox", f"runtime {safe_token(p['runtime'])}, image {image}")
-    line("tools", names(p["allowed_packages"]) or "(none)")
+    if p["allowed_packages"] is None:
+        line("tools", "any installed tool pack (the manifest declares no tool_access.allowed_packages)")
+    else:
+        line("tools", names(p["allowed_packages"]) or "(none)")
     line("max_tool_calls", capped("max_tool_calls"))
     idle = safe_line(p["idle_timeout_seconds"])
     line("max_runtime_seconds", f"{capped('max_runtime_seconds')} (idle limit {idle})")

@@ -566,7 +566,8 @@ class _RunServices:
                 max_runtime_seconds=p.max_runtime_seconds,
                 stop_on_consecutive_errors=p.stop_on_consecutive_errors,
             ),
-            allowed_packages=list(p.allowed_packages),
+            allowed_packages=list(p.allowed_packages or ()),
+            any_package=p.allowed_packages is None,
             system_prompt=task.system_prompt,
             llm=session_pb2.LlmGrant(
                 enabled=p.llm.enabled,
