@@ -486,6 +486,10 @@ def _human_explain(p: Mapping[str, Any]) -> None:
         line("llm models", "any host model" if models is None else names(models) or "none")
     provider = safe_line(f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip())
     line("llm provider", f"{provider} ({'configured' if llm['configured'] else 'not configured'})")
+        elif llm["granted_by"] == "grant_declared":
+            line("llm", "granted by the host's llm.grant_declared (the pack declares it needs an LLM)")
+        else:
+            line("llm", "granted by the manifest's llm_access")
     line("clamped by the host", names(p["clamped"]) or "nothing")
 
 

@@ -239,6 +239,7 @@ def test_policy_explain_shows_the_host_ceiling_clamping_the_manifest(tmp_path: P
     assert p["requested"]["llm"]["max_output_chars"] is None
     human = cli(env, "policy", "explain", "greedy")
     assert human.returncode == 0 and "lowered it from 40" in human.stdout
+    assert "granted by the manifest's llm_access" in human.stdout
 
 
 def test_policy_explain_names_the_provider_but_never_the_key(env: dict[str, str], tmp_path: Path) -> None:
