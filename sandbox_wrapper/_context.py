@@ -484,8 +484,8 @@ class AgentContext:
     ) -> tuple[ToolResult, bool]:
         """One call to the host, then the breaker and consecutive-error bookkeeping; (result, ran)."""
         result, ran = self._dispatch(slug, tool_name, kwargs)
-        if not ran:
-            return result, ran  # refused before any tool ran: the host counts and throttles refusals itself
+        # A refusal that comes back as a result (not found, bad arguments, ...) is a failed dispatch in the
+        # format's arithmetic too (§4.4): it counts towards the breaker and stop_on_consecutive_errors.
         with self._lock:
             breaker = self._breakers.setdefault(slug, _Breaker(self._clock))
             if result.success:

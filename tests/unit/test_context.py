@@ -414,14 +414,18 @@ def test_three_failed_tools_in_a_row_terminate_inside_the_third_call(
         ctx.try_tool("other-tools")  # (word-tools' breaker is open by now: it would not be called)
 
 
-def test_a_success_resets_the_error_run_and_refusals_do_not_count(host: FakeHost, ctx: AgentContext) -> None:
-    host.tools += [failed_tool(1, 4), failed_tool(2, 3), ok_tool("1", 3, 2)]
-    host.tools += [failed_tool(4, 1), failed_tool(5, 0)]
-    host.tools += [Refusal(grpc.StatusCode.NOT_FOUND, "TOOL_NOT_FOUND")] * 4
-    host.tools += [Refusal(grpc.StatusCode.INVALID_ARGUMENT, "TOOL_ARGUMENTS_INVALID")] * 4
-    results = [ctx.run_tool("word-tools", "t") for _ in range(13)]
-    assert [r.success for r in results] == [False, False, True] + [False] * 10
+def test_a_success_resets_the_error_run_and_refusals_returned_as_results_count(
+    host: FakeHost, ctx: AgentContext
+) -> None:
+    # The format's arithmetic (§4.4): every failed dispatch counts, a pack that is not found included.
+    host.tools += [failed_tool(1, 4), failed_tool(2, 3), ok_tool("1", 3, 2), failed_tool(4, 1)]
+    host.tools += [Refusal(grpc.StatusCode.NOT_FOUND, "TOOL_NOT_FOUND")]
+    host.tools += [Refusal(grpc.StatusCode.INVALID_ARGUMENT, "TOOL_ARGUMENTS_INVALID")]
+    results = [ctx.run_tool("word-tools", "t") for _ in range(5)]
+    assert [r.success for r in results] == [False, False, True, False, False]
     assert ctx.tool_health("word-tools")["circuit_breaker"]["failure_count"] == 2
+    with pytest.raises(AgentTerminated, match="after 3 consecutive"):
+        ctx.run_tool("word-tools", "t")
 
 
 def test_the_threshold_comes_from_the_task_when_the_host_sends_one(served: Served, clock: Clock) -> None:
@@ -465,12 +469,13 @@ def test_retries_stop_quietly_when_the_host_refuses_the_cap(host: FakeHost, ctx:
     assert len(host.tool_requests) == 2 and ctx.tools_remaining == 0
 
 
-def test_refusals_are_never_retried(host: FakeHost, ctx: AgentContext, clock: Clock) -> None:
-    host.tools += [Refusal(grpc.StatusCode.NOT_FOUND, "TOOL_NOT_FOUND"), failed_tool(1, 4), Refusal(
-        grpc.StatusCode.DEADLINE_EXCEEDED, "RUN_DEADLINE")]
-    assert ctx.run_tool_with_retry("word-tools").error == "TOOL_NOT_FOUND: refused by the fake host"
-    assert ctx.run_tool_with_retry("word-tools").error == "RUN_DEADLINE: refused by the fake host"
-    assert len(host.tool_requests) == 3 and clock.sleeps == [1.0]
+def test_refusals_are_never_retried(served: Served, clock: Clock) -> None:
+    served.host.tools += [Refusal(grpc.StatusCode.NOT_FOUND, "TOOL_NOT_FOUND"), failed_tool(1, 4), Refusal(
+        grpc.StatusCode.DEADLINE_EXCEEDED, "RUN_DEADLINE")]  # fmt: skip
+    with context_for(served, clock, task_with_limits(stop_on_consecutive_errors=9)) as ctx:
+        assert ctx.run_tool_with_retry("word-tools").error == "TOOL_NOT_FOUND: refused by the fake host"
+        assert ctx.run_tool_with_retry("word-tools").error == "RUN_DEADLINE: refused by the fake host"
+    assert len(served.host.tool_requests) == 3 and clock.sleeps == [1.0]
 
 
 def test_backoff_is_clamped_and_never_runs_past_the_deadline(served: Served, clock: Clock) -> None:
