@@ -23,6 +23,11 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 MAX_RESULT_BYTES = 1 << 20
+FALLBACK_REPR_CHARS = 2000
+"""A result that is not JSON comes back as the format's `{"__agentnode_fallback_repr__": true, "repr": ...}`
+(agentnode-format §3.4), its repr cut to this many characters."""
+COMPAT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_compat")
+"""Holds the `agentnode_sdk` compatibility package that SDK-written packs import (sandbox_wrapper/_compat)."""
 
 
 def _no_constant(name: str) -> Any:
@@ -88,12 +93,29 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the tool failing is a normal outcome of its call
         return {"ok": False, "failure": "raised", "error_type": type(exc).__name__}
     try:
-        result_json = json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
+        result_json = _result_json(result)
+    except Exception:  # noqa: BLE001 - a repr that raises is the tool's failure, reported by kind
         return {"ok": False, "failure": "not_serializable"}
     if len(result_json) > MAX_RESULT_BYTES:  # ASCII-only (ensure_ascii), so characters == bytes
         return {"ok": False, "failure": "too_large"}
     return {"ok": True, "result_json": result_json}
+
+
+def add_compat_path() -> None:
+    """Make `import agentnode_sdk` work for pack code: append COMPAT_DIR to sys.path, last, so a pack that
+    bundles its own agentnode_sdk (import root or requirements, both earlier on the path) gets that one."""
+    if COMPAT_DIR not in sys.path:
+        sys.path.append(COMPAT_DIR)
+
+
+def _result_json(result: Any) -> str:
+    """Strict JSON of the result; one that is not JSON (an object, a set, NaN, a cycle) becomes the format's
+    fallback repr, still a success, as the runtime's subprocess mode returns it."""
+    try:
+        return json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError):
+        shown = repr(result)[:FALLBACK_REPR_CHARS]
+        return json.dumps({"__agentnode_fallback_repr__": True, "repr": shown})
 
 
 def _protocol_streams() -> tuple[TextIO, TextIO]:
@@ -115,6 +137,7 @@ def main(argv: list[str]) -> None:
     stdin closes."""
     proto_in, proto_out = _protocol_streams()
     sys.path.insert(0, argv[1])
+    add_compat_path()
     for line in proto_in:
         proto_out.write(json.dumps(handle(loads_finite(line)), allow_nan=False) + "\n")
         proto_out.flush()

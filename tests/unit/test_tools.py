@@ -339,6 +339,15 @@ def test_spent_deadline_refuses_and_clamps_the_timeout(tmp_path: Path, runner: T
 # --- failures stay inside their call ------------------------------------------------------------------
 
 
+def test_a_result_that_is_not_json_comes_back_as_the_formats_fallback_repr(
+    tmp_path: Path, runner: ToolRunner
+) -> None:
+    gate = gate_for(runner, make_pack(tmp_path, "calc"))
+    assert ok(gate.call("calc", "nan", "{}")) == {"__agentnode_fallback_repr__": True, "repr": "nan"}
+    fallback = ok(gate.call("calc", "unserializable", "{}"))
+    assert fallback["__agentnode_fallback_repr__"] is True and fallback["repr"].startswith("{'x': <object")
+
+
 @pytest.mark.parametrize(
     ("tool", "arguments", "error"),
     [
@@ -346,8 +355,6 @@ def test_spent_deadline_refuses_and_clamps_the_timeout(tmp_path: Path, runner: T
         ("reads_stdin", {}, "tool raised EOFError"),
         ("crash", {}, "tool worker crashed"),
         ("leave", {}, "tool worker crashed"),
-        ("unserializable", {}, "tool result is not JSON-serializable"),
-        ("nan", {}, "tool result is not JSON-serializable"),
         ("huge", {}, "tool result too large"),
         ("hang", {"timeout": 3600, "mode": "sandbox"}, "tool timed out after 1.0 s"),
         ("missing_function", {}, "tool entrypoint could not be loaded (ImportError)"),
