@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from bench._report import med, ratio, summary
+from bench._report import TOOL_SANDBOX_STAGES, med, ratio, summary
 from bench._state import BENCH_LABEL, FAKE_KEY, BenchState
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
@@ -474,6 +474,32 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
         "tool_over_echo": ratio(med(tool), med(bare)),
         "stdio_over_echo": ratio(med(line), med(bare)),
         "host_side": _host_tool_path(state, n, warmup),
+    }
+
+
+# -- tool sandboxes ---------------------------------------------------------------------------------
+
+def tool_sandbox(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any]:
+    """The same no-op tool as a trusted pack (host worker) and a community pack (tool sandbox), called
+    interleaved by one sandboxed agent, timed inside it; the community pack's first call (which starts its
+    tool sandbox) apart, with the host's per-stage view of that start."""
+    n, warmup = min(n, 200), min(warmup, 20)  # 2 calls a round within the agent's max_tool_calls (500)
+    host = SandboxHost(env=state.env)
+    try:
+        result = _ok(host.run(state.toolbox_caller, runtime=runtime, kwargs={
+            "trusted": state.tools, "community": state.community_tools, "n": n, "warmup": warmup}))
+    finally:
+        host.close()
+    r = result.result
+    if r["modes"] != ["host_worker", "tool_sandbox"] or not r["first_ok"]:
+        raise RuntimeError(f"the calls did not run where expected: {r['modes']}")
+    trusted, community = summary(r["trusted_ms"]), summary(r["community_ms"])
+    return {
+        "trusted_ms": trusted,
+        "community_ms": community,
+        "ratio": ratio(med(community), med(trusted)),
+        "first_call_ms": round(r["first_ms"], 2),
+        "first_start_ms": {k: result.stages.get(f"tool_sandbox_{k}") for k in TOOL_SANDBOX_STAGES},
     }
 
 

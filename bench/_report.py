@@ -15,7 +15,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-SECTIONS = ("Targets", "Cold start", "Per-call overhead", "Broker", "Concurrency", "Warm")
+SECTIONS = ("Targets", "Cold start", "Per-call overhead", "Tool sandboxes", "Broker", "Concurrency", "Warm")
 """The Markdown sections every report has, in order (smoke mode included)."""
 
 BUSY_LOAD = 1.5
@@ -120,6 +120,10 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, str]]:
     for rt, c in results.get("calls", {}).items():
         r = c.get("tool_over_echo")
         row("tool call / bare gRPC echo", rt, r, goal="<= 1.25x", ok=r is not None and r <= 1.25, unit="x")
+    for rt, t in results.get("tool_sandbox", {}).items():
+        r = t.get("ratio")
+        row("community tool call (tool sandbox) / trusted (host worker)", rt, r, goal="<= 1.5x",
+            ok=r is not None and r <= 1.5, unit="x")
     for rt, b in results.get("broker", {}).items():
         o = b.get("overhead_ms")
         row("broker overhead (median)", rt, o, goal="<= 2 ms", ok=o is not None and o <= 2.0, unit=" ms")
@@ -156,6 +160,7 @@ STAGE_ROWS = (
     ("total", "request -> result, container gone (server side)", "total"),
 )
 
+TOOL_SANDBOX_STAGES = ("verified", "socket_ready", "created", "started", "connected", "first_reply")
 _STEP_KEYS = ("exit_wait", "server_stop", "remove_verify", "rundir", "total")
 _CALL_KEYS = ("tool_ms", "tool_stub_ms", "cached_lookup_tool_ms", "free_tool_ms", "echo_ms", "stdio_ms")
 _HOST_TOOL_KEYS = ("gate_ms", "gate_cached_lookup_ms", "worker_ms")
@@ -174,6 +179,14 @@ _CALLS = (
     "once instead of from the lockfile per call, then also with tools that cost nothing (no worker); a "
     "bare gRPC unary echo over the same kind of bind-mounted per-run socket; line-delimited JSON over "
     "the container's attached stdio."
+)
+_TOOL_SANDBOX = (
+    "One sandboxed agent calls the same no-op tool installed twice, as a trusted pack (run by a host worker "
+    "process) and as an unverified one (run in the run's tool sandbox), interleaved, timed around "
+    "`context.run_tool` inside the agent: median / p95 in ms of the calls after the first. The community "
+    "pack's first call starts its tool sandbox: its total as the agent saw it, then the host's stages of "
+    "that start, cumulative ms from the call: verified (engine, image pin, the pack's volume), socket "
+    "ready, docker create, docker start, connected (the tool server said hello), first reply."
 )
 _BROKER = (
     "The same local fake provider (its own process on 127.0.0.1) called directly with the openai SDK, "
@@ -267,6 +280,14 @@ def render(results: Mapping[str, Any]) -> str:
                     ("runtime", "gate (as runs use it)", "gate, lookup cached", "worker round trip"),
                     [(rt, *(_mp(c["host_side"][k]) for k in _HOST_TOOL_KEYS))
                      for rt, c in results.get("calls", {}).items()])
+    sandboxes = results.get("tool_sandbox", {})
+    out += _section("Tool sandboxes", _TOOL_SANDBOX,
+                    ("runtime", "trusted (host worker)", "community (tool sandbox)", "ratio", "first call",
+                     *TOOL_SANDBOX_STAGES),
+                    [(rt, _mp(t["trusted_ms"]), _mp(t["community_ms"]), f"{_fmt(t['ratio'])}x",
+                      _fmt(t["first_call_ms"]),
+                      *(_fmt(t["first_start_ms"].get(k)) for k in TOOL_SANDBOX_STAGES))
+                     for rt, t in sandboxes.items()])
     out += _section("Broker", _BROKER,
                     ("runtime", "direct SDK", "host LlmSession.call", "sandbox call_llm", "overhead",
                      "first chunk: direct", "first chunk: LlmSession", "first chunk: sandbox"),

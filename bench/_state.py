@@ -73,6 +73,31 @@ TOOL_CALLER = """
         return {"ms": ms, "stub_ms": stub_ms}
 """
 
+TOOLBOX_CALLER = """
+    import time
+
+
+    def run(context, trusted="", community="", n=100, warmup=5, **kwargs):
+        # The same no-op tool as a trusted pack (host worker) and as a community pack (tool sandbox),
+        # interleaved; the community pack's first call (its sandbox's start) is timed apart.
+        t = time.perf_counter()
+        first = context.run_tool(community, "noop")
+        first_ms = (time.perf_counter() - t) * 1000
+        trusted_ms, community_ms, modes = [], [], set()
+        for i in range(warmup + n):
+            for slug, out in ((trusted, trusted_ms), (community, community_ms)):
+                t = time.perf_counter()
+                result = context.run_tool(slug, "noop")
+                ms = (time.perf_counter() - t) * 1000
+                if not result.success:
+                    raise RuntimeError(result.error)
+                modes.add(result.mode_used)
+                if i >= warmup:
+                    out.append(ms)
+        return {"first_ms": first_ms, "first_ok": first.success, "trusted_ms": trusted_ms,
+                "community_ms": community_ms, "modes": sorted(modes)}
+"""
+
 LLM_CALLER = """
     import time
 
@@ -159,6 +184,8 @@ class BenchState:
         self.trivial = f"bench-trivial-{self.tag}"
         self.tools = f"bench-tools-{self.tag}"
         self.tool_caller = f"bench-toolcaller-{self.tag}"
+        self.community_tools = f"bench-ctools-{self.tag}"
+        self.toolbox_caller = f"bench-toolboxcaller-{self.tag}"
         self.llm_caller = f"bench-llmcaller-{self.tag}"
         self.installed: list[str] = []
         self.volume = ""
@@ -170,6 +197,12 @@ class BenchState:
             self.volume = self._install(self.trivial, TRIVIAL, "agent", "agent")
             self._install(self.tool_caller, TOOL_CALLER, "agent", "agent",
                           agent=f"  tool_access: {{allowed_packages: [{self.tools}]}}\n")
+            self._install(self.community_tools, NOOP_TOOL, "toolpack", "bench_tools",
+                          extra='entrypoint: bench_tools\ncapabilities:\n  tools:\n'
+                                '    - name: noop\n      entrypoint: "bench_tools:noop"\n')
+            self._install(self.toolbox_caller, TOOLBOX_CALLER, "agent", "agent",
+                          agent=f"  tool_access: {{allowed_packages: [{self.tools}, "
+                                f"{self.community_tools}]}}\n")
             self._install(self.llm_caller, LLM_CALLER, "agent", "agent",
                           agent="  llm_access: {enabled: true, max_calls: 100000}\n")
         except BaseException:  # a failed setup leaves no provider process or pack behind

@@ -78,7 +78,8 @@ def _log(message: str, loads: dict[str, float]) -> None:
 def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[str, Any]:
     client = connect()
     results: dict[str, Any] = {"mode": mode, "command": command, "plan": plan.__dict__,
-                               "cold": {}, "calls": {}, "broker": {}, "concurrency": {}, "warm": {},
+                               "cold": {}, "calls": {}, "tool_sandbox": {}, "broker": {}, "concurrency": {},
+                               "warm": {},
                                "load_by_section": {}, "quiesce_s": {}, "errors": []}
     loads: dict[str, float] = results["load_by_section"]
 
@@ -104,6 +105,9 @@ def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[st
                         partial(_measure.cold, state, rt, plan.cold))
                 measure(f"{rt}: per-call transports ({plan.calls} calls each)", results["calls"], rt,
                         partial(_measure.calls, state, rt, plan.calls, plan.calls_warmup))
+                measure(f"{rt}: community tool pack in a tool sandbox vs trusted ({plan.calls} calls each)",
+                        results["tool_sandbox"], rt,
+                        partial(_measure.tool_sandbox, state, rt, plan.calls, plan.calls_warmup))
                 measure(f"{rt}: broker ({plan.broker} calls each)", results["broker"], rt,
                         partial(_measure.broker, state, rt, plan.broker, plan.broker_warmup))
                 cold = results["cold"].get(rt, {}).get("stages_ms", {}).get("to_result", {"n": 0})

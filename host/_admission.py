@@ -36,8 +36,13 @@ class Admission:
     refusal: SandboxError | None = None
 
     @property
+    def sequential(self) -> bool:
+        """A sequential orchestration: it runs no pack code, so it runs on the host whatever its route."""
+        return self.source is Source.AGENT_SEQUENTIAL
+
+    @property
     def sandboxed(self) -> bool:
-        return self.route is Route.SANDBOX
+        return self.route is Route.SANDBOX and not self.sequential
 
 
 def admit(
@@ -70,6 +75,8 @@ def admit(
         manifest, policy = effective_policy(entry, config, decision.route)
     except SandboxError as exc:
         return Admission(slug, decision.route, source, recorded, entry, refusal=exc)
+    if manifest.orchestration is not None:  # every step is a tool call through the run's gate (§5.5)
+        return Admission(slug, decision.route, Source.AGENT_SEQUENTIAL, recorded, entry, manifest, policy)
     cfg = config.agent_sandbox
     return Admission(
         slug,

@@ -76,8 +76,15 @@ def run_record(
     llm: Mapping[str, Any] | None,
     tool_calls: int,
     tool_refusals: int,
+    tool_calls_host_worker: int = 0,
+    tool_calls_tool_sandbox: int = 0,
+    tool_sandboxes_started: int = 0,
 ) -> dict[str, Any]:
     """Build the one `agent_run` record of a run; sanitized by construction.
+
+    The tool counters say where calls ran: `tool_calls` of them, `tool_calls_host_worker` in the host's
+    worker processes (trusted and curated packs) and `tool_calls_tool_sandbox` in the run's tool sandboxes
+    (community packs), of which it started `tool_sandboxes_started`.
 
     Only these typed fields reach the log. `llm` (effective caps + usage counters, None when no LLM policy
     applied) is filtered to the known keys with the expected types (ints, the `enabled` bool, the host-side
@@ -108,6 +115,9 @@ def run_record(
         "llm": None if llm is None else _sanitize_llm(llm),
         "tool_calls": int(tool_calls),
         "tool_refusals": int(tool_refusals),
+        "tool_calls_host_worker": int(tool_calls_host_worker),
+        "tool_calls_tool_sandbox": int(tool_calls_tool_sandbox),
+        "tool_sandboxes_started": int(tool_sandboxes_started),
     }
 
 

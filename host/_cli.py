@@ -212,11 +212,16 @@ def _engine() -> tuple[Any, EngineError | None]:
 def cmd_install(args: argparse.Namespace) -> int:
     from host._config import load_config
     from host._packs import install_pack
+    from host._requirements import Source
 
     cfg = load_config()
     path = Path(args.path)
     if not path.is_dir():
         raise _UsageError(f"{path} is not a directory")
+    for links in args.find_links:
+        if not Path(links).is_dir():
+            raise _UsageError(f"--find-links {links}: not a directory")
+    source = Source(offline=args.offline, find_links=tuple(Path(d).resolve() for d in args.find_links))
     client, engine_error = _engine()
     warnings: list[str] = []  # terminal-safe and bounded by install_pack; escaped again when printed
     try:
@@ -227,6 +232,8 @@ def cmd_install(args: argparse.Namespace) -> int:
             client=client,
             image=cfg.agent_sandbox.image,
             warnings=warnings,
+            source=source,
+            progress=_progress(args),
         )
     except PackError as exc:
         # Without an engine, say why there is none (unavailable vs permission denied), not just "needed".
@@ -479,6 +486,10 @@ def _human_explain(p: Mapping[str, Any]) -> None:
     else:
         if p["route"] == Route.HOST.value:
             line("llm", "host path: llm_access caps do not apply (sanity bounds below)")
+        elif llm["granted_by"] == "grant_declared":
+            line("llm", "granted by the host's llm.grant_declared (the pack declares it needs an LLM)")
+        else:
+            line("llm", "granted by the manifest's llm_access")
         for key in ("max_calls", "max_input_chars", "max_output_chars"):
             lowered = f" (lowered from {safe_line(req['llm'][key])})" if key in llm["clamped"] else ""
             line(f"llm {key}", f"{safe_line(llm[key])}{lowered}")
@@ -486,10 +497,6 @@ def _human_explain(p: Mapping[str, Any]) -> None:
         line("llm models", "any host model" if models is None else names(models) or "none")
     provider = safe_line(f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip())
     line("llm provider", f"{provider} ({'configured' if llm['configured'] else 'not configured'})")
-        elif llm["granted_by"] == "grant_declared":
-            line("llm", "granted by the host's llm.grant_declared (the pack declares it needs an LLM)")
-        else:
-            line("llm", "granted by the manifest's llm_access")
     line("clamped by the host", names(p["clamped"]) or "nothing")
 
 
@@ -581,6 +588,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("path")
     levels = [level.value for level in Trust]
     i.add_argument("--trust", default=Trust.UNVERIFIED.value, type=str.lower, choices=levels)
+    i.add_argument(
+        "--offline", action="store_true", help="resolve Python requirements from --find-links only (no index)"
+    )
+    i.add_argument(
+        "--find-links",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory of wheels for the pack's Python requirements (repeatable)",
+    )
 
     command("uninstall", cmd_uninstall, "remove an installed pack").add_argument("slug")
     command("list", cmd_list, "list installed packs")

@@ -19,19 +19,20 @@ _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 def result_from(report: runner_pb2.RunReport) -> RunResult:
     """The host-side RunResult of a wire report; a result that is not strict JSON is a failed run."""
     result: Any = None
-    if report.success and report.result_json:
+    if report.result_json:  # a failed run may carry one too (a sequential run's steps_completed)
         try:
             result = loads_strict(report.result_json)
         except JsonRejected:
-            return RunResult(
-                success=False,
-                error="the run's result is not strict JSON (a non-finite number?)",
-                error_code="result_not_serializable",
-                mode_used=report.mode_used,
-                run_id=report.run_id,
-                duration_ms=report.duration_ms,
-                logs=report.logs,
-            )
+            if report.success:  # a failed run's own result that is not strict JSON is dropped
+                return RunResult(
+                    success=False,
+                    error="the run's result is not strict JSON (a non-finite number?)",
+                    error_code="result_not_serializable",
+                    mode_used=report.mode_used,
+                    run_id=report.run_id,
+                    duration_ms=report.duration_ms,
+                    logs=report.logs,
+                )
     return RunResult(
         success=report.success,
         result=result,

@@ -203,13 +203,16 @@ def _flag_check(cfg: HostConfig, env: Mapping[str, str], route: Route | None, sl
     except ConfigError as exc:
         return _failed("feature_flag", exc)
     if enabled:
-        return Check("feature_flag", True, "on: verified and unverified agents run sandboxed")
+        on = "on: verified and unverified agents run sandboxed, and tool packs in tool sandboxes"
+        return Check("feature_flag", True, on)
     if route is Route.HOST:
-        return Check("feature_flag", True, f"off, and not needed: {slug} runs on the host")
+        unneeded = f"off, and not needed: {slug} runs on the host (community tool packs are refused)"
+        return Check("feature_flag", True, unneeded)
     policy = cfg.agent_sandbox.host_trust_policy
     off = route_run(Trust.UNVERIFIED, sandbox_enabled=False, host_trust_policy=policy)
     return Check(
-        "feature_flag", False, "off: verified and unverified agents are refused", refusal_error(off).hint
+        "feature_flag", False, "off: verified and unverified agents and tool packs are refused",
+        refusal_error(off).hint,
     )
 
 

@@ -21,7 +21,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host._vocab import Runtime
-from host._wrapper_env import WRAPPER_ARGS, wrapper_env
+from host._wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
 
 logger = logging.getLogger("agentnode.sandbox.engine")
 
@@ -38,6 +38,8 @@ LABEL_SLUG = "io.agentnode.sandbox.slug"
 LABEL_PROTOCOL = "io.agentnode.sandbox.protocol"
 LABEL_ARTIFACT = "io.agentnode.sandbox.artifact-hash"
 LABEL_WARM = "io.agentnode.sandbox.warm"
+LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
+"""On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
 
 ENGINE_POOL_SIZE = 128
 ENGINE_FAILURES: tuple[type[Exception], ...] = (
@@ -233,19 +235,23 @@ def container_spec(
     socket_dir: str,
     limits: ContainerLimits = ContainerLimits(),
     warm: bool = False,
+    tool_for: str = "",
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run: every hardening decision, as plain data.
 
     `warm` marks a warm pool member (LABEL_WARM: counted by doctor, swept like any run container); it is
-    the only difference between a warm and a cold spec.
+    the only difference between a warm and a cold spec. `tool_for` (a run id) makes it a tool sandbox of
+    that run: the wrapper's tool-server mode and LABEL_TOOL_FOR are the only differences from a run's.
     """
     tmpfs_opts = "rw,noexec,nosuid,nodev"
     labels = {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]}
     if warm:
         labels[LABEL_WARM] = "1"
+    if tool_for:
+        labels[LABEL_TOOL_FOR] = tool_for
     return {
         "image": image,
-        "command": ["/usr/bin/python3", *WRAPPER_ARGS],
+        "command": ["/usr/bin/python3", *(TOOL_SERVER_ARGS if tool_for else WRAPPER_ARGS)],
         "entrypoint": [],
         "name": name,
         "labels": labels,

@@ -135,6 +135,9 @@ class Outcome:
     timed_out: bool = False
 
 
+_TIMEOUT_HINT = "raise limits.max_runtime_seconds (within the host ceiling) if the agent needs longer"
+
+
 def _fail(reason: AuditReason, error: str, hint: str, *, timed_out: bool = False) -> Outcome:
     return Outcome(False, reason, error=error, error_code=reason.value, hint=hint, timed_out=timed_out)
 
@@ -145,9 +148,13 @@ def name_outcome(f: EndFacts) -> Outcome:
         if f.report.success:
             assert f.report.value_json is not None
             return Outcome(True, AuditReason.AGENT_COMPLETED, result=loads_strict(f.report.value_json))
-        code = f.report.failure_code
+        code, partial = f.report.failure_code, f.report.failure_value_json
+        result = None if partial is None else loads_strict(partial)
+        if f.report.timed_out:  # a host-side runner that enforces the deadline itself reported it
+            reason = AuditReason.TIMEOUT
+            return Outcome(False, reason, result, f.report.failure_message, reason.value, _TIMEOUT_HINT, True)
         return Outcome(
-            False, AuditReason.AGENT_ERROR, error=f.report.failure_message or code, error_code=code
+            False, AuditReason.AGENT_ERROR, result, error=f.report.failure_message or code, error_code=code
         )
     pids_error = (
         f"the agent hit the sandbox's process/thread limit ({f.pids_limit}) "
@@ -173,12 +180,7 @@ def name_outcome(f: EndFacts) -> Outcome:
             if f.ending is Ending.DEADLINE
             else f"the agent made no accepted call for {f.idle_limit:g} s"
         )
-        return _fail(
-            AuditReason.TIMEOUT,
-            f"{what}; the sandbox was killed",
-            "raise limits.max_runtime_seconds (within the host ceiling) if the agent needs longer",
-            timed_out=True,
-        )
+        return _fail(AuditReason.TIMEOUT, f"{what}; the sandbox was killed", _TIMEOUT_HINT, timed_out=True)
     status = -1 if f.exit_status is None else f.exit_status
     if f.oom:
         return _fail(

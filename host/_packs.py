@@ -18,7 +18,8 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +39,7 @@ from host._errors import (
     ManifestError,
     PackError,
 )
+from host._image import daemon_arch
 from host._manifest import (
     MANIFEST_NAME,
     AgentManifest,
@@ -46,6 +48,26 @@ from host._manifest import (
     load_manifest,
     manifest_data,
     parse_manifest,
+)
+from host._requirements import (
+    MAX_PYPROJECT_BYTES,
+    PYPROJECT,
+    SITE_DIR,
+    VENV_DIR,
+    Progress,
+    Resolved,
+    Source,
+    build_site,
+    build_venv,
+    host_target,
+    identity,
+    image_target,
+    lock_record,
+    read_requirements,
+    recorded_wheels,
+    reserved_name,
+    resolve,
+    site_archive,
 )
 from host._terminal import safe_line
 from host._vocab import HOST_TRUST, Trust
@@ -82,6 +104,30 @@ class LockEntry:
     host_path: str | None
     manifest: dict[str, Any]
     installed_at: str
+    requirements: dict[str, Any] | None = None
+    """The pack's Python requirements and the wheels installed for them (host/_requirements.lock_record);
+    None when it has none (and in entries an older host wrote)."""
+
+    @property
+    def volume_digest(self) -> str:
+        """What the sandbox volume holds: the artifact plus the recorded sandbox wheels (the artifact hash
+        when there are none). Its name and label carry it, so a volume with other wheels is stale; a
+        malformed record yields "" (no volume ever matches: the run fails closed)."""
+        try:
+            return identity(self.artifact_hash, recorded_wheels(self.requirements, "sandbox"))
+        except ValueError:
+            return ""
+
+    def host_interpreter(self) -> Path | None:
+        """The interpreter of a trusted toolpack's own environment (None: it has no requirements and runs
+        under the host's interpreter). A malformed record names a path that does not exist: fail closed."""
+        try:
+            wheels = recorded_wheels(self.requirements, "host")
+        except ValueError:
+            return Path("/nonexistent/agentnode-malformed-requirements/bin/python")
+        if not wheels or self.package_type != "toolpack":
+            return None
+        return Path(self.host_path or "/nonexistent") / VENV_DIR / "bin" / "python"
 
     def parsed_manifest(self) -> AgentManifest | ToolpackManifest:
         """Validate the stored manifest again; an entry an older host wrote (or someone edited) may fail."""
@@ -313,6 +359,40 @@ class _Snapshot:
     digest: str
     archive: IO[bytes]
     dirs: set[str]
+    pyproject: bytes | None = None
+    """The pack's pyproject.toml as hashed (None when it has none), for its requirements."""
+
+
+def _check_scan(scan: _Scan) -> None:
+    """Refusals that need the whole file list: names the host reserves, an oversized pyproject.toml."""
+    reserved = reserved_name([*sorted(scan.dirs), *(f.rel for f in scan.files)])
+    if reserved is not None:
+        raise _refuse(
+            reserved,
+            "names starting with .agentnode- are reserved for the host (at the pack's root and under src/)",
+            "rename or remove it",
+        )
+    for f in scan.files:
+        if f.rel == PYPROJECT and f.size > MAX_PYPROJECT_BYTES:
+            raise _refuse(
+                f.rel,
+                f"is larger than {MAX_PYPROJECT_BYTES // 1024} KiB",
+                "shorten it (the host reads only [project].dependencies)",
+            )
+
+
+def _read_member(archive: IO[bytes], name: str) -> bytes | None:
+    """One file of the snapshot's tar (None when absent); the archive is rewound afterwards."""
+    archive.seek(0)
+    try:
+        with tarfile.open(fileobj=archive, mode="r:") as tar:
+            for member in tar:
+                if member.name == name:
+                    source = tar.extractfile(member)
+                    return source.read() if source is not None else None
+            return None
+    finally:
+        archive.seek(0)
 
 
 @contextlib.contextmanager
@@ -326,6 +406,7 @@ def _snapshot(pack_dir: Path) -> Iterator[_Snapshot]:
         root_fd = _root_fd(pack_dir)
         try:
             scan = _scan(root_fd)
+            _check_scan(scan)
             digest = _archive(root_fd, scan, archive)
         except OSError as exc:
             raise PackError(
@@ -334,7 +415,9 @@ def _snapshot(pack_dir: Path) -> Iterator[_Snapshot]:
             ) from None
         finally:
             os.close(root_fd)
-        yield _Snapshot(digest, archive, scan.dirs)
+        has_pyproject = any(f.rel == PYPROJECT for f in scan.files)
+        pyproject = _read_member(archive, PYPROJECT) if has_pyproject else None
+        yield _Snapshot(digest, archive, scan.dirs, pyproject)
 
 
 def _archive(root_fd: int, scan: _Scan, archive: IO[bytes]) -> str:
@@ -524,8 +607,13 @@ def populate_volume(
     slug: str,
     version: str,
     archive: IO[bytes],
+    extra: Callable[[], AbstractContextManager[IO[bytes]]] | None = None,
 ) -> None:
-    """Create the pack's volume (if absent) and copy the tar in through a never-started container."""
+    """Create the pack's volume (if absent) and copy the tar in through a never-started container.
+
+    `extra` makes a second tar copied in after the pack's (its unpacked requirements), only when the volume
+    is actually filled; `digest` is then what both together hold (host/_requirements.identity).
+    """
     if not _is_pack_volume(name):
         raise PackError(
             f"refusing volume name {_show(name)!r}", hint="reinstall the pack with a valid version"
@@ -537,27 +625,42 @@ def populate_volume(
                 if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) == digest:
                     return
                 vol.remove(force=True)
-            client.volumes.create(
+            created = client.volumes.create(
                 name=name,
                 labels={LABEL_ARTIFACT: digest, LABEL_PACK: slug, LABEL_PACK_VERSION: version},
             )
-            holder = client.api.create_container(
-                image,
-                command=["/bin/true"],
-                entrypoint=[],
-                network_disabled=True,
-                labels={LABEL_PACK: slug},
-                host_config=client.api.create_host_config(
-                    mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
-                    network_mode="none",
-                ),
-            )
             try:
-                archive.seek(0)  # streamed from disk, never read into memory whole
-                if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
-                    raise PackError("the engine refused the pack files", hint="check the engine's storage")
-            finally:
-                client.api.remove_container(holder["Id"], force=True)
+                holder = client.api.create_container(
+                    image,
+                    command=["/bin/true"],
+                    entrypoint=[],
+                    network_disabled=True,
+                    labels={LABEL_PACK: slug},
+                    host_config=client.api.create_host_config(
+                        mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
+                        network_mode="none",
+                    ),
+                )
+                try:
+                    archive.seek(0)  # streamed from disk, never read into memory whole
+                    if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
+                        raise PackError(
+                            "the engine refused the pack files", hint="check the engine's storage"
+                        )
+                    if extra is not None:
+                        with extra() as more:
+                            if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, more):
+                                raise PackError(
+                                    "the engine refused the pack's requirements",
+                                    hint="check the engine's storage",
+                                )
+                finally:
+                    client.api.remove_container(holder["Id"], force=True)
+            except BaseException:
+                # A labelled volume claims its content: one left half-filled would be reused as complete.
+                with contextlib.suppress(Exception):
+                    created.remove(force=True)
+                raise
     except EngineImageNotFound:
         raise PackError(
             "the pinned sandbox image is missing, so the pack volume cannot be populated",
@@ -581,13 +684,25 @@ def _volume(client: docker.DockerClient, name: str) -> Volume | None:
         return None
 
 
-def _host_copy(packs_dir: Path, manifest: AgentManifest | ToolpackManifest, snap: _Snapshot) -> Path:
-    """The pack's files for the host path, unpacked from the snapshot under packs_dir/slug/version-hash."""
-    dest = _inside(packs_dir, manifest.slug, f"{manifest.version}-{snap.digest[:16]}")
+def _host_copy(
+    packs_dir: Path,
+    manifest: AgentManifest | ToolpackManifest,
+    snap: _Snapshot,
+    *,
+    digest: str | None = None,
+    prepare: Callable[[Path, Path], None] | None = None,
+) -> Path:
+    """The pack's files for the host path, unpacked from the snapshot under packs_dir/slug/version-hash.
+
+    `digest` names what the copy holds (the artifact hash, or with requirements their identity, see
+    host/_requirements.identity); `prepare(staging, dest)` adds the requirements before the copy appears.
+    """
+    digest = digest or snap.digest
+    dest = _inside(packs_dir, manifest.slug, f"{manifest.version}-{digest[:16]}")
     if dest.exists():
         if not dest.is_dir():
             raise PackError(f"{dest} exists and is not a directory", hint="remove it, then install again")
-        return dest  # content-addressed: the same version and artifact hash are already there
+        return dest  # content-addressed: the same version, artifact (and wheels) are already there
     staging = _inside(packs_dir, manifest.slug, f".{dest.name}.{uuid.uuid4().hex}")
     try:
         staging.mkdir(parents=True)
@@ -601,6 +716,8 @@ def _host_copy(packs_dir: Path, manifest: AgentManifest | ToolpackManifest, snap
                 with open(target, "xb") as out:
                     shutil.copyfileobj(source, out, _CHUNK)
                 os.chmod(target, member.mode)
+        if prepare is not None:
+            prepare(staging, dest)
         os.replace(staging, dest)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -624,9 +741,13 @@ def install_pack(
     client: docker.DockerClient | None,
     image: str | None,
     warnings: list[str] | None = None,
+    source: Source | None = None,
+    progress: Progress | None = None,
 ) -> LockEntry:
     """Install a pack: validate, hash, copy (volume for agents, host copy for host-trusted code), record.
 
+    The pack's Python requirements (pyproject.toml) are resolved to wheels from `source` and installed
+    with each copy (host/_requirements.py); `progress` gets a line per stage of that.
     What installs but is probably wrong (unknown or misspelled manifest keys, dependencies that are not
     installed) is appended to `warnings` when given: terminal-safe lines, at most MAX_WARNINGS and a count.
     """
@@ -673,33 +794,59 @@ def install_pack(
             )
     volume: str | None = None
     host_path: str | None = None
-    with _snapshot(pack_dir) as snap:
+    source = source or Source()
+    with _snapshot(pack_dir) as snap, tempfile.TemporaryDirectory(prefix="agentnode-wheels-") as wheels_tmp:
+        declared = read_requirements(snap.pyproject)
+        for line in declared.warnings:
+            found.add(line)
+        import_subdir = "src" if "src" in snap.dirs else ""
+        site_prefix = f"{import_subdir}/{SITE_DIR}" if import_subdir else SITE_DIR
         # A host-trusted agent installed without engine or image gets no volume: it runs on the host path,
-        # and a policy that sandboxes it fails closed (volume_missing) until it is reinstalled.
-        if is_agent and client is not None and image:
-            volume = volume_name(manifest.slug, manifest.version, snap.digest)
+        # and a policy that sandboxes it fails closed (volume_missing) until it is reinstalled. A community
+        # toolpack gets one too: its calls run in tool sandboxes (host/_toolsandbox.py).
+        in_volume = (is_agent or level not in HOST_TRUST) and client is not None and bool(image)
+        sandbox_wheels = host_wheels = None
+        if declared.requirements and in_volume:
+            assert client is not None
+            sandbox_wheels = resolve(
+                declared, image_target(daemon_arch(client)), source, _empty(wheels_tmp, "sandbox"), progress
+            )
+        if declared.requirements and level in HOST_TRUST:
+            host_wheels = resolve(declared, host_target(), source, _empty(wheels_tmp, "host"), progress)
+        if in_volume:
+            assert client is not None and image
+            digest = identity(snap.digest, sandbox_wheels.wheels if sandbox_wheels else ())
+            volume = volume_name(manifest.slug, manifest.version, digest)
             populate_volume(
                 client,
                 image=image,
                 name=volume,
-                digest=snap.digest,
+                digest=digest,
                 slug=manifest.slug,
                 version=manifest.version,
                 archive=snap.archive,
+                extra=None if not sandbox_wheels or not sandbox_wheels.wheels else _site_tar(
+                    sandbox_wheels, site_prefix, progress
+                ),
             )
         if level in HOST_TRUST:
-            host_path = str(_host_copy(paths.packs_dir, manifest, snap))
+            prepare = None
+            if host_wheels is not None and host_wheels.wheels:  # markers may leave nothing to install
+                prepare = _host_requirements(host_wheels, is_agent, site_prefix, progress)
+            digest = identity(snap.digest, host_wheels.wheels if host_wheels else ())
+            host_path = str(_host_copy(paths.packs_dir, manifest, snap, digest=digest, prepare=prepare))
     entry = LockEntry(
         slug=manifest.slug,
         version=manifest.version,
         package_type="agent" if is_agent else "toolpack",
         trust_level=level.value,
         artifact_hash=snap.digest,
-        import_subdir="src" if "src" in snap.dirs else "",
+        import_subdir=import_subdir,
         sandbox_volume=volume,
         host_path=host_path,
         manifest=stored,
         installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        requirements=lock_record(declared, sandbox_wheels, host_wheels),
     )
     previous = Lockfile(paths.lockfile).put(entry)
     if previous is not None:
@@ -707,6 +854,43 @@ def install_pack(
     if warnings is not None:
         warnings.extend(found.lines())
     return entry
+
+
+def _empty(parent: str, name: str) -> Path:
+    path = Path(parent) / name
+    path.mkdir()
+    return path
+
+
+def _site_tar(
+    resolved: Resolved, prefix: str, progress: Progress | None
+) -> Callable[[], AbstractContextManager[IO[bytes]]]:
+    """The sandbox wheels unpacked under `prefix` (the import root's SITE_DIR), as a tar for the volume."""
+
+    @contextlib.contextmanager
+    def make() -> Iterator[IO[bytes]]:
+        with tempfile.TemporaryDirectory(prefix="agentnode-site-") as tmp:
+            site = Path(tmp) / "site"
+            build_site(site, resolved, shown_as=f"{PACK_DIR_IN_CONTAINER}/{prefix}", progress=progress)
+            with site_archive(site, prefix) as archive:
+                yield archive
+
+    return make
+
+
+def _host_requirements(
+    resolved: Resolved, is_agent: bool, site_prefix: str, progress: Progress | None
+) -> Callable[[Path, Path], None]:
+    """How a host copy gets its requirements: a trusted toolpack its own venv (the tool worker's
+    interpreter), a trusted agent an unpacked site beside its code (the wrapper needs the host's grpc)."""
+
+    def prepare(staging: Path, final: Path) -> None:
+        if is_agent:
+            build_site(staging / site_prefix, resolved, shown_as=str(final / site_prefix), progress=progress)
+        else:
+            build_venv(staging / VENV_DIR, resolved, progress)
+
+    return prepare
 
 
 def _forget_copies(
@@ -745,9 +929,14 @@ def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient
 
 
 def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
-    """Return the run's pack volume only if it exists and its label matches the lockfile; never create one."""
-    expected = volume_name(entry.slug, entry.version, entry.artifact_hash)
-    if not entry.sandbox_volume or entry.sandbox_volume != expected:
+    """Return the run's pack volume only if it exists and its label matches the lockfile; never create one.
+
+    The label is what the volume holds: the artifact, plus the wheels the lockfile records for it
+    (LockEntry.volume_digest), so a volume filled with other wheels, or an edited record, is stale.
+    """
+    digest = entry.volume_digest
+    expected = volume_name(entry.slug, entry.version, digest)
+    if not digest or not entry.sandbox_volume or entry.sandbox_volume != expected:
         raise PackError(
             f"the sandbox volume of {entry.slug} is missing or stale in the lockfile",
             reason=AuditReason.VOLUME_STALE if entry.sandbox_volume else AuditReason.VOLUME_MISSING,
@@ -760,7 +949,7 @@ def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
             reason=AuditReason.VOLUME_MISSING,
             hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
         )
-    if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) != entry.artifact_hash:
+    if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) != digest:
         raise PackError(
             f"the sandbox volume of {entry.slug} does not match the installed artifact",
             reason=AuditReason.VOLUME_STALE,

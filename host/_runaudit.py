@@ -12,8 +12,8 @@ from host._admission import Admission
 from host._audit import AuditLog, run_record, start_record
 from host._broker import LlmSession
 from host._errors import AuditReason, SandboxError
-from host._tools import ToolGate
-from host._vocab import Route, Source
+from host._tools import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
+from host._vocab import Source
 
 
 @dataclass
@@ -41,6 +41,17 @@ class RunFacts:
             with contextlib.suppress(Exception):
                 self.on_stage(stage)
 
+    def launched(self, stages: Mapping[str, float], *, sandboxed: bool) -> None:
+        """The workload started: its own stages (ms from its launch, `sandbox_` for a container's), then
+        the run's `started`."""
+        self.stages.update({f"{'sandbox_' if sandboxed else ''}{k}": v for k, v in stages.items()})
+        self.mark("started")
+
+    def fetched(self, at: float | None) -> None:
+        """When the agent fetched its task (a monotonic time), if it did."""
+        if at is not None:
+            self.stages["fetched"] = round((at - self.started) * 1000, 2)
+
     @property
     def source(self) -> Source:
         """The audit source; a run refused before admission decided would have been sandboxed."""
@@ -48,7 +59,7 @@ class RunFacts:
 
     @property
     def sandboxed(self) -> bool:
-        return self.admission is not None and self.admission.route is Route.SANDBOX
+        return self.admission is not None and self.admission.sandboxed
 
     def crash_record(self) -> dict[str, object]:
         """What a restarted host needs to audit this run if this host dies first."""
@@ -142,6 +153,9 @@ class RunAudit:
             llm=llm,
             tool_calls=run.gate.calls_made if run.gate else 0,
             tool_refusals=run.gate.refusals if run.gate else 0,
+            tool_calls_host_worker=run.gate.calls_in(MODE_HOST_WORKER) if run.gate else 0,
+            tool_calls_tool_sandbox=run.gate.calls_in(MODE_TOOL_SANDBOX) if run.gate else 0,
+            tool_sandboxes_started=run.gate.sandboxes_started if run.gate else 0,
         )
         return self.log.append(record)
 

@@ -27,8 +27,10 @@ from host._result import RunResult, from_error, from_outcome, host_fault, withhe
 from host._runaudit import RunAudit, RunFacts
 from host._rundir import orphaned_runs, sweep_run_dirs
 from host._sandbox import DockerBackend
+from host._sequential import SequentialBackend
 from host._session import MAX_CONNECTIONS_PER_RUN, RunSession
 from host._tools import ToolRunner
+from host._toolsandbox import ToolSandboxLauncher
 from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
 
@@ -78,8 +80,10 @@ class SandboxHost:
         )
         self.sandbox: Backend[Any] = sandbox_backend or self.docker  # where sandboxed routes run
         self.host_process = HostBackend(owner=self.owner, env=self.env)
+        self.sequential = SequentialBackend(owner=self.owner, env=self.env)  # no pack code: any route
         self.audit_failures = 0
         self.teardowns = Teardowns(background=async_teardown)
+        self.tool_sandboxes = ToolSandboxLauncher(self.docker, self.teardowns, self.config, self.env)
         self._active: dict[str, RunSession] = {}
 
     @property
@@ -184,7 +188,9 @@ class SandboxHost:
     ) -> RunResult:
         """One admitted run on its backend: workload, session, watch, outcome; always torn down."""
         assert a.entry is not None and a.manifest is not None and a.policy is not None
-        backend: Backend[Any] = self.sandbox if a.sandboxed else self.host_process
+        backend: Backend[Any] = self.sequential if a.sequential else (
+            self.sandbox if a.sandboxed else self.host_process
+        )
         box = backend.claim(a)
         run.fix_id(box.run_id if box is not None else uuid.uuid4().hex, warm=box is not None)
         work: Workload | None = box
@@ -194,8 +200,9 @@ class SandboxHost:
                 run.mark("claimed" if box is not None else "verified")
             deadline = run.started + a.policy.max_runtime_seconds
             run.gate, run.llm = run_services(
-                a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker,
-                tool_runner=self.tool_runner, slug=a.slug,
+                a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker, slug=a.slug,
+                tool_runner=self.tool_runner,
+                sandboxes=self.tool_sandboxes.for_run(run.run_id, a.runtime, run.stages),
             )  # fmt: skip
             task = run_task(run.run_id, a.manifest, a.policy, goal=goal, kwargs=kwargs)
             self.records.start(run)
@@ -208,18 +215,14 @@ class SandboxHost:
                 session = RunSession(task=task, tools=run.gate, llm=run.llm)
                 self._active[run.run_id] = session
                 work = backend.launch(spec, run_id=run.run_id, session=session, run_info=run.crash_record())
-                run.stages.update(
-                    {f"{'sandbox_' if a.sandboxed else ''}{k}": v for k, v in work.stages.items()}
-                )
-                run.mark("started")
+                run.launched(work.stages, sandboxed=a.sandboxed)
             assert work is not None
             if on_start is not None:
                 on_start(run.run_id)
             idle_limit = self.config.agent_sandbox.idle_timeout_seconds
-            ending = watch(work.session, work, deadline=deadline, idle_limit=idle_limit)
+            ending = watch(work.session, work, deadline=deadline + work.deadline_grace, idle_limit=idle_limit)
             run.mark("agent_done")
-            if work.session.fetched_at is not None:
-                run.stages["fetched"] = round((work.session.fetched_at - run.started) * 1000, 2)
+            run.fetched(work.session.fetched_at)
             if ending is not Ending.REPORTED:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
             if not (self.teardowns.background and a.sandboxed):
@@ -235,6 +238,8 @@ class SandboxHost:
             return from_outcome(outcome, work.sink.text())
         finally:
             self._active.pop(run.run_id, None)
+            if run.gate is not None:
+                run.gate.close()  # the run's tool sandboxes go with it, whatever ended it
             if work is not None:
                 # A host process dies at once, and must never outlive a serve that is shutting down.
                 self.teardowns.submit(backend, work, lambda: run.mark("teardown"), inline=not a.sandboxed)

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import docker
 
@@ -29,10 +29,12 @@ from host._engine import (
 )
 from host._errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host._image import verify_pinned_image
+from host._manifest import AgentManifest
 from host._packs import LockEntry, Lockfile, verify_volume
 from host._pool import PoolSettings, WarmPools
 from host._session import RunSession
-from host._workload import Workload
+from host._toollink import ToolLink
+from host._workload import SocketServer, Workload
 
 logger = logging.getLogger("agentnode.sandbox.sandbox")
 
@@ -83,22 +85,25 @@ class Sandbox(Workload):
         env: Any,
         session: RunSession | None = None,
         run_info: Mapping[str, object] | None = None,
-    ) -> Sandbox:
+        serve: Callable[[str], SocketServer] | None = None,
+        tool_for: str = "",
+    ) -> Self:
         """Create the run dir and socket server, then create and start the container.
 
         A cold run passes a session that already holds its task, so the wrapper's first FetchTask is
         answered as soon as the host gets to it. Without one the sandbox is a warm member: its wrapper
         waits in FetchTask until `session.assign`. Either way the wrapper's wait has no deadline of its own
         (the host's deadline and idle limit bound it). Anything that fails is torn down before
-        the error (START_FAILED or a classified engine error) rises.
+        the error (START_FAILED or a classified engine error) rises. A tool sandbox (`tool_for`: the run
+        it serves) has `serve` build its socket's server and runs the wrapper's tool-server mode.
         """
         t0 = time.monotonic()
-        warm = session is None
+        warm = session is None and not tool_for
         session = session or RunSession()
-        rundir, server = cls.open_socket(run_id, owner, env, session, run_info)
+        rundir, server = cls.open_socket(run_id, owner, env, session, run_info, serve=serve)
         box = cls(
             run_id=run_id,
-            name=f"agentnode-run-{run_id[:20]}",
+            name=f"agentnode-{'tool' if tool_for else 'run'}-{run_id[:20]}",
             spec=spec,
             session=session,
             rundir=rundir,
@@ -122,6 +127,7 @@ class Sandbox(Workload):
                 socket_dir=str(rundir.path),
                 limits=spec.limits,
                 warm=warm,
+                tool_for=tool_for,
             )
             try:
                 with engine_errors():
@@ -188,6 +194,16 @@ class Sandbox(Workload):
                 remove_and_verify(self.client, self.name, self.name)
 
 
+@dataclass(kw_only=True)
+class ToolSandbox(Sandbox):
+    """A community tool pack's container: a Sandbox whose socket is served by a ToolLink, not a run."""
+
+    @property
+    def link(self) -> ToolLink:
+        assert isinstance(self.server, ToolLink)
+        return self.server
+
+
 class DockerBackend:
     """Sandboxed runs on a Docker engine: one lazily connected client, cached engine facts, fail-closed
     spec checks, and the pack volumes a teardown may retire."""
@@ -245,7 +261,7 @@ class DockerBackend:
         volume = verify_volume(client, entry)
         return SandboxSpec(
             slug=entry.slug,
-            artifact_hash=entry.artifact_hash,
+            artifact_hash=entry.volume_digest,  # the artifact plus its wheels: what the volume holds
             runtime=runtime,
             pin=self.image_pin or "",
             image_id=image.id,
@@ -259,7 +275,7 @@ class DockerBackend:
         a = admission
         if self.pools is None or not (a.entry and a.runtime and a.image):
             return None
-        return self.pools.claim(pool_key(a.entry.slug, a.entry.artifact_hash, a.runtime, a.image))
+        return self.pools.claim(pool_key(a.entry.slug, a.entry.volume_digest, a.runtime, a.image))
 
     def prepare(self, admission: Admission) -> SandboxSpec:
         """The verified spec of a cold run; its pool (if pools are on) starts filling for the next run."""
@@ -270,8 +286,12 @@ class DockerBackend:
         return spec
 
     def prewarm(self, entry: LockEntry, runtime: str) -> None:
-        """Start a warm pool for an installed community agent (no-op without pools)."""
-        if self.pools is not None and entry.package_type == "agent":
+        """Start a warm pool for an installed community agent (no-op without pools, and for a sequential
+        orchestration, which runs no container)."""
+        if self.pools is None or entry.package_type != "agent":
+            return
+        manifest = entry.parsed_manifest()
+        if isinstance(manifest, AgentManifest) and manifest.orchestration is None:
             self.pools.want(self.spec_for(entry, runtime))
 
     def _launch_member(self, spec: SandboxSpec) -> Sandbox:
@@ -296,6 +316,19 @@ class DockerBackend:
             run_info=run_info,
         )
 
+    def launch_tool_sandbox(self, entry: LockEntry, runtime: str, *, tool_for: str) -> ToolSandbox:
+        """Start a tool sandbox for run `tool_for`: the tool pack's own volume, verified as an agent's is,
+        the run's runtime and image pin, its own socket served by a ToolLink (connect it next)."""
+        return ToolSandbox.launch(
+            self.client(),
+            self.spec_for(entry, runtime),
+            run_id=uuid.uuid4().hex,
+            owner=self.owner,
+            env=self.env,
+            serve=ToolLink,
+            tool_for=tool_for,
+        )
+
     def teardown(self, workload: Workload) -> None:
         """Destroy a used sandbox, then offer its pack volume for removal (see `retire_volume`)."""
         workload.destroy()
@@ -305,7 +338,7 @@ class DockerBackend:
     def is_current(self, spec: SandboxSpec) -> bool:
         """Is this pool's pack version still the installed one (same artifact, same volume)?"""
         e = self.lockfile.get(spec.slug)
-        return bool(e and e.package_type == "agent" and e.artifact_hash == spec.artifact_hash
+        return bool(e and e.package_type == "agent" and e.volume_digest == spec.artifact_hash
                     and e.sandbox_volume == spec.volume)  # fmt: skip
 
     def retire_pool(self, spec: SandboxSpec) -> None:
@@ -351,4 +384,4 @@ class DockerBackend:
                 self._client.close()
 
 
-__all__ = ["DockerBackend", "Sandbox", "SandboxSpec", "pool_key"]
+__all__ = ["DockerBackend", "Sandbox", "SandboxSpec", "ToolSandbox", "pool_key"]

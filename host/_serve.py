@@ -36,12 +36,13 @@ def default_admin_socket(config_dir: Path) -> Path:
 def report_from(result: RunResult) -> runner_pb2.RunReport:
     """The wire form of a run's result; a value that is not strict JSON (NaN, ±inf) is never sent as one."""
     success, result_json, error, error_code = result.success, "", result.error, result.error_code
-    if success:
+    if success or result.result is not None:  # a failed sequential run carries its steps_completed
         try:
             result_json = dumps_strict(result.result)
         except (JsonRejected, TypeError):
-            success, error = False, "the run's result is not strict JSON (finite numbers only)"
-            error_code = "result_not_serializable"
+            if success:
+                success, error = False, "the run's result is not strict JSON (finite numbers only)"
+                error_code = "result_not_serializable"
     return runner_pb2.RunReport(
         success=success,
         result_json=result_json,

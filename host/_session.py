@@ -139,11 +139,15 @@ class RunTask:
 
 @dataclass
 class RunOutcome:
-    """What the wrapper reported: a JSON value or a failure."""
+    """What the wrapper (or a host-side runner: host/_sequential.py) reported: a JSON value or a failure."""
 
     value_json: str | None = None
     failure_code: str = ""
     failure_message: str = ""
+    failure_value_json: str | None = None
+    """A failure's own JSON result (a sequential pipeline's `steps_completed`); never read from the wire."""
+    timed_out: bool = False
+    """The run's deadline ended it, says a host-side runner that enforces it itself; never from the wire."""
 
     @property
     def success(self) -> bool:

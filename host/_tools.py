@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import sandbox_wrapper._tool_exec
 from host._errors import CallRefusal
@@ -31,6 +31,9 @@ from host._json import JsonRejected, dumps_strict, loads_strict
 from host._manifest import ToolpackManifest, ToolSpec
 from host._vocab import HOST_TRUST, WireReason
 from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
+
+if TYPE_CHECKING:
+    from host._toolsandbox import ToolSandboxes
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ MAX_REQUEST_BYTES = MAX_ARGUMENTS_BYTES + 4096
 refuses anything larger as TOO_LARGE before decoding it."""
 DEFAULT_TOOL_TIMEOUT = 60.0
 MODE_HOST_WORKER = "host_worker"
+MODE_TOOL_SANDBOX = "tool_sandbox"
+"""ToolOutcome.mode_used of a community pack's call, run in one of the run's tool sandboxes."""
 
 _SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,79}")
@@ -54,13 +59,15 @@ _MAX_REPLY_LINE = 4 * MAX_RESULT_BYTES
 
 @dataclass(frozen=True)
 class InstalledToolpack:
-    """A toolpack installed on this host, as the gate needs it (`root` is the import root)."""
+    """A toolpack installed on this host, as the gate needs it (`root` is the import root; `interpreter`
+    the python of the pack's own environment when it has requirements, else None: the host's)."""
 
     slug: str
     version: str
     trust: str
     root: Path
     manifest: ToolpackManifest
+    interpreter: Path | None = None
 
 
 ToolpackLookup = Callable[[str], InstalledToolpack | None]
@@ -260,17 +267,20 @@ class ToolGate:
     def __init__(
         self,
         *,
-        allowed_packages: Iterable[str],
+        allowed_packages: Iterable[str] | None,
         max_tool_calls: int,
         lookup: ToolpackLookup,
         runner: ToolRunner,
         deadline: float,
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
+        sandboxes: ToolSandboxes | None = None,
     ) -> None:
-        self._allowed = frozenset(allowed_packages)
+        self._allowed = None if allowed_packages is None else frozenset(allowed_packages)
         self._max_tool_calls = max_tool_calls
         self._lookup = lookup
         self._runner = runner
+        self._sandboxes = sandboxes  # community packs' calls; None: refused (the host's sandbox is off)
+        self._placed: dict[str, int] = {}
         self._deadline = deadline
         self._tool_timeout = tool_timeout
         self._lock = threading.Lock()
@@ -298,6 +308,20 @@ class ToolGate:
         """The run's deadline (time.monotonic) that bounds every call."""
         return self._deadline
 
+    def calls_in(self, mode: str) -> int:
+        """Calls run (or running) in `mode` (MODE_HOST_WORKER, MODE_TOOL_SANDBOX), failed ones included."""
+        return self._placed.get(mode, 0)
+
+    @property
+    def sandboxes_started(self) -> int:
+        """Tool sandboxes this run started."""
+        return self._sandboxes.started if self._sandboxes is not None else 0
+
+    def close(self) -> None:
+        """The run ended: its tool sandboxes are destroyed (host workers are the host's, and stay)."""
+        if self._sandboxes is not None:
+            self._sandboxes.close()
+
     def refused(self, refusal: ToolRefusal) -> ToolRefusal:
         """Count a refusal decided outside `call` (the RPC layer's checks on the raw request)."""
         with self._lock:
@@ -307,7 +331,7 @@ class ToolGate:
     def screen(self, request_bytes: int) -> None:
         """The checks that need no request at all, run by the RPC layer before it decodes one: a run with
         no allowlist or no calls left, or a request larger than MAX_REQUEST_BYTES, is refused (counted)."""
-        if not self._allowed:
+        if self._allowed is not None and not self._allowed:
             raise self.refused(ToolRefusal(WireReason.TOOL_NOT_ALLOWED, "this run's tool allowlist is empty"))
         if self.remaining == 0:
             raise self.refused(_call_limit())
@@ -333,14 +357,26 @@ class ToolGate:
             raise self.refused(refusal) from None
         if on_admit is not None:
             on_admit()
-        return self._runner.run(pack, tool, arguments, timeout=timeout)
+        runner: ToolRunner | ToolSandboxes = self._runner
+        mode = MODE_HOST_WORKER
+        if pack.trust not in HOST_TRUST:
+            assert self._sandboxes is not None  # else refused in _admit
+            runner, mode = self._sandboxes, MODE_TOOL_SANDBOX
+        with self._lock:  # counted where it runs as it starts, like the reservation itself
+            self._placed[mode] = self._placed.get(mode, 0) + 1
+        outcome = runner.run(pack, tool, arguments, timeout=timeout)
+        if outcome.error == _MISSING:  # name what the agent can call instead (§3.3's ImportError)
+            names = ", ".join(t.name for t in pack.manifest.tools) or "(none)"
+            error = f"tool not found: package '{slug}' defines no function for this call; its tools: {names}"
+            return ToolOutcome(False, None, error[:_MAX_MESSAGE], outcome.mode_used)
+        return outcome
 
     def _admit(
         self, slug: str, tool_name: str, arguments_json: str
     ) -> tuple[InstalledToolpack, ResolvedTool, dict[str, Any], float]:
         if not _SLUG.fullmatch(slug):
             raise ToolRefusal(WireReason.INVALID_REQUEST, "package_slug is empty or not a package slug")
-        if slug not in self._allowed:
+        if self._allowed is not None and slug not in self._allowed:
             raise ToolRefusal(
                 WireReason.TOOL_NOT_ALLOWED, f"package '{slug}' is not on this run's tool allowlist"
             )
@@ -349,8 +385,12 @@ class ToolGate:
         pack = self._lookup(slug)
         if pack is None:
             raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' is not installed on this host")
-        if pack.trust not in HOST_TRUST:
-            raise ToolRefusal(WireReason.TOOL_PACK_UNTRUSTED, "community tool packs never run on the host")
+        if pack.trust not in HOST_TRUST and self._sandboxes is None:
+            raise ToolRefusal(
+                WireReason.TOOL_PACK_UNTRUSTED,
+                "community tool packs run only in tool sandboxes, and this host's sandbox is off "
+                "(AGENTNODE_AGENT_SANDBOX=1 turns it on)",
+            )
         tool = resolve_tool(slug, pack.manifest, tool_name)
         if self._deadline - time.monotonic() <= 0:
             raise ToolRefusal(WireReason.RUN_DEADLINE, "the run's time budget is spent")
@@ -396,11 +436,15 @@ def _worker_env() -> dict[str, str]:
 
 
 class _Worker:
-    """One worker process serving one pack's import root, in its own process group."""
+    """One worker process serving one pack's import root, in its own process group.
 
-    def __init__(self, root: Path) -> None:
+    `interpreter` is the pack's own virtual environment's python (its requirements; -I keeps that
+    environment's site-packages, which pyvenv.cfg names, and drops the host's); None runs the host's.
+    """
+
+    def __init__(self, root: Path, interpreter: Path | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(_WORKER_SCRIPT), str(root)],
+            [str(interpreter or sys.executable), "-I", "-B", str(_WORKER_SCRIPT), str(root)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,  # the tool's own output: discarded, so it can never block
@@ -466,11 +510,12 @@ class _Worker:
                 pipe.close()
 
 
-_PoolKey = tuple[str, str, Path]
+_PoolKey = tuple[str, str, Path, Path | None]
 
 
 class ToolRunner:
-    """Host-wide tool executor with a small pool of persistent workers, keyed by (slug, version, root).
+    """Host-wide tool executor with a small pool of persistent workers, keyed by (slug, version, root,
+    interpreter).
 
     A worker only ever serves one pack, so packs never share an interpreter; a worker that timed out,
     crashed or broke the protocol is killed and never reused. Calls of one pack share module state
@@ -489,7 +534,7 @@ class ToolRunner:
         self, pack: InstalledToolpack, tool: ResolvedTool, arguments: dict[str, Any], *, timeout: float
     ) -> ToolOutcome:
         """Run one tool call; every failure is an unsuccessful outcome for this call only."""
-        key: _PoolKey = (pack.slug, pack.version, pack.root)
+        key: _PoolKey = (pack.slug, pack.version, pack.root, pack.interpreter)
         try:
             worker = self._acquire(key)
         except OSError as exc:
@@ -548,7 +593,7 @@ class ToolRunner:
             old.dispose()
         if reused is not None:
             return reused
-        worker = _Worker(key[2])
+        worker = _Worker(key[2], key[3])
         with self._lock:
             if not self._closed:
                 self._busy.add(worker)
@@ -572,6 +617,9 @@ class ToolRunner:
         worker.dispose()
 
 
+_MISSING = "tool not found (ImportError)"
+
+
 def _outcome(reply: dict[str, Any]) -> ToolOutcome:
     """Turn a worker reply into an outcome with a host-written error; exception text never crosses."""
     if reply.get("ok") is True:
@@ -592,6 +640,8 @@ def _outcome(reply: dict[str, Any]) -> ToolOutcome:
         return _failed(f"tool entrypoint could not be loaded ({error_type})")
     if failure == "too_large":
         return _failed("tool result too large")
+    if failure == "missing":
+        return _failed(_MISSING)
     return _failed("tool result is not JSON-serializable")
 
 
@@ -600,6 +650,8 @@ __all__ = [
     "MAX_ARGUMENTS_BYTES",
     "MAX_REQUEST_BYTES",
     "MAX_RESULT_BYTES",
+    "MODE_HOST_WORKER",
+    "MODE_TOOL_SANDBOX",
     "PARSE_SLOTS",
     "InstalledToolpack",
     "ResolvedTool",

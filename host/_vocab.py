@@ -47,6 +47,8 @@ class Source(enum.StrEnum):
 
     AGENT_SANDBOX = "agent_sandbox"
     AGENT_HOST = "agent_host"
+    AGENT_SEQUENTIAL = "agent_sequential"
+    """A sequential orchestration (format §5.5): no agent code, every step a tool call the host makes."""
 
 
 class WireReason(enum.StrEnum):

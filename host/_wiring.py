@@ -13,6 +13,7 @@ from host._packs import Lockfile
 from host._policy import RunPolicy
 from host._session import RunTask
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
+from host._toolsandbox import ToolSandboxes
 from host._vocab import Trust
 
 
@@ -31,6 +32,7 @@ def lookup_toolpack(lockfile: Lockfile, slug: str) -> InstalledToolpack | None:
         trust=trust.value if trust else "",
         root=root,
         manifest=manifest,
+        interpreter=entry.host_interpreter(),  # its own environment when it has requirements
     )
 
 
@@ -57,9 +59,11 @@ def run_services(
     broker: LlmBroker,
     tool_runner: ToolRunner,
     slug: str | None = None,
+    sandboxes: ToolSandboxes | None = None,
 ) -> tuple[ToolGate, LlmSession]:
     """A fresh gate and LLM session for one run, both bounded by the run's effective policy; `slug` (the
-    agent's) picks its provider and model from agent-config.json."""
+    agent's) picks its provider and model from agent-config.json; community tool packs' calls go to
+    `sandboxes` (refused without)."""
     packs: dict[str, InstalledToolpack | None] = {}
 
     def lookup(slug: str) -> InstalledToolpack | None:
@@ -74,6 +78,7 @@ def run_services(
         lookup=lookup,
         runner=tool_runner,
         deadline=deadline,
+        sandboxes=sandboxes,
     )
     return gate, broker.session(policy.llm, slug=slug)
 

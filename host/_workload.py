@@ -16,9 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-import grpc
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from host._rundir import RunDir, make_run_dir
 from host._session import RunSession, build_run_server
@@ -62,6 +60,14 @@ def drain(chunks: Iterable[bytes], sink: CappedSink) -> None:
             sink.feed(chunk)
 
 
+class SocketServer(Protocol):
+    """What serves a workload's socket: the run's gRPC server, or a tool sandbox's ToolLink."""
+
+    def start(self) -> None: ...
+
+    def stop(self, grace: float | None) -> Any: ...
+
+
 @dataclass
 class Workload:
     """A started workload wired to its own socket; it serves exactly one run and is then destroyed.
@@ -74,7 +80,8 @@ class Workload:
     name: str
     session: RunSession
     rundir: RunDir
-    server: grpc.Server
+    server: SocketServer | None
+    """The run's socket server; None for a workload that serves no socket (host/_sequential.py)."""
     launched_at: float = field(default_factory=time.monotonic)
     sink: CappedSink = field(default_factory=CappedSink)
     exit_info: dict[str, Any] = field(default_factory=dict)
@@ -82,6 +89,9 @@ class Workload:
     _destroyed: bool = False
     _drainer: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    deadline_grace: ClassVar[float] = 0.0
+    """How long past the run's deadline the watch loop waits: a workload that enforces the deadline itself
+    and reports its own timeout gets that long to do so; the deadline plus this is the backstop."""
 
     @staticmethod
     def open_socket(
@@ -90,14 +100,18 @@ class Workload:
         env: Mapping[str, str],
         session: RunSession,
         run_info: Mapping[str, object] | None,
-    ) -> tuple[RunDir, grpc.Server]:
+        *,
+        serve: Callable[[str], SocketServer] | None = None,
+    ) -> tuple[RunDir, SocketServer]:
         """The run's directory (its crash record written first, so a host death from here on is audited)
-        and its socket server, built but not started; nothing is left behind if building fails."""
+        and its socket server, built but not started; nothing is left behind if building fails. `serve`
+        builds another server on the socket path instead of the run's (a tool sandbox's ToolLink)."""
         rundir = make_run_dir(run_id, owner, env)
         if run_info is not None:
             rundir.record_run(run_info)
         try:
-            return rundir, build_run_server(session, str(rundir.socket_path))
+            path = str(rundir.socket_path)
+            return rundir, serve(path) if serve is not None else build_run_server(session, path)
         except BaseException:
             rundir.remove()
             raise
@@ -169,8 +183,9 @@ class Workload:
             self._destroyed = True
         self.session.cancel()
         try:
-            with contextlib.suppress(Exception):
-                self.server.stop(grace=None)
+            if self.server is not None:
+                with contextlib.suppress(Exception):
+                    self.server.stop(grace=None)
             self._kill()
         finally:
             self.rundir.remove()
@@ -252,4 +267,4 @@ class Teardowns:
             pool.shutdown(wait=True)
 
 
-__all__ = ["LOG_CAP_BYTES", "Backend", "CappedSink", "Teardowns", "Workload", "drain"]
+__all__ = ["LOG_CAP_BYTES", "Backend", "CappedSink", "SocketServer", "Teardowns", "Workload", "drain"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 WRAPPER_ARGS: tuple[str, ...] = ("-s", "-m", "sandbox_wrapper")
 """After the interpreter: no user site directory, run the wrapper package."""
+TOOL_SERVER_ARGS: tuple[str, ...] = (*WRAPPER_ARGS, "tool-server")
+"""The same package in a tool sandbox's mode (sandbox_wrapper/_tool_server.py): it serves tool calls."""
 
 
 def wrapper_env(*, home: str, path: str, pythonpath: str, socket: str, import_root: str) -> dict[str, str]:
@@ -25,4 +27,4 @@ def wrapper_env(*, home: str, path: str, pythonpath: str, socket: str, import_ro
     }
 
 
-__all__ = ["WRAPPER_ARGS", "wrapper_env"]
+__all__ = ["TOOL_SERVER_ARGS", "WRAPPER_ARGS", "wrapper_env"]

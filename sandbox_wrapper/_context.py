@@ -94,9 +94,10 @@ class _Record(dict[str, Any]):
 class ToolResult(_Record):
     """The outcome of one tool call: agentnode's RunToolResult, readable as attributes and as a mapping.
 
-    `mode_used` is where the host ran the tool (`host_worker`), `circuit_breaker` when the call was held
-    back, or "" when the host refused it (then `error` starts with the reason). `run_id` is always None
-    (the runtime sets it only for nested agent runs, which never happen here).
+    `mode_used` is where the host ran the tool (`host_worker` for a trusted pack, `tool_sandbox` for a
+    community one), `circuit_breaker` when the call was held back, or "" when the host refused it (then
+    `error` starts with the reason). `run_id` is always None (the runtime sets it only for nested agent
+    runs, which never happen here).
     """
 
     __slots__ = ()

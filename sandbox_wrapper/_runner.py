@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import re
+import site
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
@@ -19,9 +20,13 @@ from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
 from sandbox_wrapper._context import AgentContext, loads_finite
 from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
+from sandbox_wrapper._tool_exec import add_compat_path
 
 DEFAULT_SOCKET = "/run/agentnode/sandbox.sock"
 DEFAULT_IMPORT_ROOT = "/pack"
+REQUIREMENTS_DIR = ".agentnode-site"
+"""Under the import root: the pack's Python requirements, unpacked there by the host at install (it is
+host/_requirements.SITE_DIR; the pack itself may not use the name)."""
 FETCH_TIMEOUT_SECONDS = 5.0
 MESSAGE_CHARS = 500
 EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
@@ -62,7 +67,7 @@ def main() -> int:
             task = session.FetchTask(request, timeout=wait, wait_for_ready=True)
         except grpc.RpcError as err:
             return _die(EXIT_NO_TASK, f"FetchTask failed: {err.code().name}: {err.details()}")
-        sys.path.insert(0, os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))
+        add_import_root(os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))
         outcome = execute(AgentContext(channel, task), task)
         try:
             session.ReportResult(outcome)
@@ -71,6 +76,18 @@ def main() -> int:
         return EXIT_OK
     finally:
         channel.close()
+
+
+def add_import_root(root: str) -> None:
+    """Make the pack importable: its import root first on sys.path, then its requirements (when it has
+    any) ahead of everything else, with their .pth files processed as site-packages would (old-style
+    namespace packages need them). Nothing is downloaded: the directory was filled at install."""
+    sys.path.insert(0, root)
+    requirements = os.path.join(root, REQUIREMENTS_DIR)
+    if os.path.isdir(requirements):
+        sys.path.insert(1, requirements)
+        site.addsitedir(requirements)  # already on sys.path: only its .pth files are read
+    add_compat_path()  # agentnode_sdk for SDK-written packs, after the pack's own modules
 
 
 def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> session_pb2.ReportResultRequest:

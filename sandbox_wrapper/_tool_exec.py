@@ -60,6 +60,11 @@ def _owned(module: Any, value: Any) -> bool:
     return isinstance(owner, str) and (owner == root or owner.startswith(root + "."))
 
 
+class MissingFunction(ImportError):
+    """The pack's module imported, but has neither the requested function nor the fallback (§3.3's
+    ImportError), reported as its own failure kind so the host can name the pack's tools."""
+
+
 def resolve(request: dict[str, Any]) -> Callable[..., Any]:
     """The function a request names: its entrypoint's function if the pack defines it, else the fallback.
 
@@ -74,7 +79,7 @@ def resolve(request: dict[str, Any]) -> Callable[..., Any]:
     function = getattr(module, fallback, None) if fallback else None
     if callable(function):
         return function  # type: ignore[no-any-return]
-    raise ImportError(f"{module_name} has no callable {function_name or fallback}")
+    raise MissingFunction(f"{module_name} has no callable {function_name or fallback}")
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
@@ -84,6 +89,8 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     """
     try:
         function = resolve(request)
+    except MissingFunction:
+        return {"ok": False, "failure": "missing", "error_type": "ImportError"}
     except Exception as exc:  # noqa: BLE001 - any import-time failure is the tool's, reported by type
         return {"ok": False, "failure": "load", "error_type": type(exc).__name__}
     try:

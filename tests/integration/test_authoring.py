@@ -97,7 +97,8 @@ def _log_lines(log: Path) -> list[str]:
 
 
 def test_example_agent_handles_refusals_gracefully(host_state: HostState, fake_llm: FakeLlmServer) -> None:
-    """word-tools installed as a community pack, LLM access disabled by the host: the run still succeeds."""
+    """word-tools installed as a community pack (its call runs in a tool sandbox), LLM access disabled by
+    the host: the run still succeeds and records the refusal."""
     host_state.env.update(OPENAI_API_KEY=CANARY, OPENAI_BASE_URL=fake_llm.base_url_openai)
     host_state.write_config({"llm": {"enabled": False}})
     host_state.install(REPO / "examples" / "word-tools", trust="unverified")
@@ -105,13 +106,13 @@ def test_example_agent_handles_refusals_gracefully(host_state: HostState, fake_l
     result = _run(host_state, "hello-agent")
     assert result.success and result.mode_used == "agent_sandbox", (result.error_code, result.error)
     refusals = result.result["refusals"]
-    assert [r["step"] for r in refusals] == ["tool", "llm"]
-    assert refusals[0]["error"].startswith("TOOL_PACK_UNTRUSTED:")
-    assert refusals[1]["reason"] == "LLM_NOT_GRANTED"
-    assert "word_count" not in result.result and "greeting" not in result.result
+    assert [r["step"] for r in refusals] == ["llm"]
+    assert refusals[0]["reason"] == "LLM_NOT_GRANTED"
+    assert isinstance(result.result["word_count"], int) and "greeting" not in result.result
     assert fake_llm.requests == []
     rec = host_state.audit()[0]
-    assert rec["tool_refusals"] == 1 and rec["llm"]["refused_disabled"] == 1
+    assert rec["tool_refusals"] == 0 and rec["llm"]["refused_disabled"] == 1
+    assert rec["tool_calls_tool_sandbox"] == rec["tool_sandboxes_started"] == 1
 
 
 def test_raw_stubs_example_runs_sandboxed(host_state: HostState) -> None:
@@ -360,43 +361,49 @@ def run(context, calls=(), **kwargs):
 
 
 @pytest.mark.parametrize("trust", ["verified", "unverified"])
-def test_community_toolpacks_are_refused_per_call(
+def test_community_toolpacks_run_in_a_tool_sandbox_never_on_the_host(
     host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path, trust: str
 ) -> None:
+    """The same marker tools that write to a host file when trusted: as community code they run in the
+    run's tool sandbox, where that host path does not exist, so the host file stays untouched."""
     log = _install_marker_tools(host_state, tmp_path, trust)
     host_state.install(
         make_agent("caller", TOOL_CALLER, extra="tool_access:\n  allowed_packages: [marker-tools]\n")
     )
-    calls = [["marker-tools", "record", {"word": "hi"}], ["marker-tools", "echo_controls", {}]]
+    calls = [["marker-tools", "record", {"word": "hi"}]]
     result = _run(host_state, "caller", kwargs={"calls": calls})
     assert result.success, (result.error_code, result.error, result.logs)
-    first, second, tried = result.result
-    for refused in (first, second):
-        assert refused["raised"] == "PermissionError"
-        assert refused["error"].startswith("TOOL_PACK_UNTRUSTED:")
-    assert tried == {"try_tool": "None"}
+    ran, tried = result.result
+    assert ran == {"success": False, "result": None, "error": "tool raised FileNotFoundError",
+                   "mode_used": "tool_sandbox"}
+    assert tried["try_tool"].startswith("ToolResult(success=False")
     assert _log_lines(log) == []
     rec = host_state.audit()[0]
-    assert rec["tool_calls"] == 0 and rec["tool_refusals"] == 3
+    assert rec["tool_calls"] == rec["tool_calls_tool_sandbox"] == 2 and rec["tool_refusals"] == 0
+    assert rec["tool_sandboxes_started"] == 1
 
 
 def test_arguments_are_checked_against_the_schema_before_the_tool_runs(
     host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path
 ) -> None:
     log = _install_marker_tools(host_state, tmp_path, "trusted")
+    # Refused calls are failed dispatches (format §4.4): a valid call between every two keeps the slug's
+    # circuit breaker (3 failures) closed.
     host_state.install(
         make_agent("caller", TOOL_CALLER, extra="tool_access:\n  allowed_packages: [marker-tools]\n")
     )
     calls = [
         ["marker-tools", "record", {"word": 123}],
         ["marker-tools", "record", {}],
+        ["marker-tools", "record", {"word": "fine"}],
         ["marker-tools", "record", {"word": "ok", "extra": 1}],
         ["marker-tools", "record", {"word": "x" * 11}],
-        ["marker-tools", "record", {"word": "fine"}],
+        ["marker-tools", "record", {"word": "fine2"}],
     ]
     result = _run(host_state, "caller", kwargs={"calls": calls})
     assert result.success, (result.error_code, result.error, result.logs)
-    *invalid, valid, _tried = result.result
+    first, second, valid, third, fourth, valid2, _tried = result.result
+    invalid = [first, second, third, fourth]
     for refused in invalid:
         assert refused["success"] is False and refused["error"].startswith("TOOL_ARGUMENTS_INVALID:"), refused
     assert "123" not in json.dumps(invalid)  # values are never echoed back
@@ -406,9 +413,10 @@ def test_arguments_are_checked_against_the_schema_before_the_tool_runs(
         "error": None,
         "mode_used": "host_worker",
     }
-    assert _log_lines(log) == ["record fine"]  # only the valid call ran (try_tool repeats an invalid one)
+    assert valid2["result"] == {"recorded": "fine2"}
+    assert _log_lines(log) == ["record fine", "record fine2"]  # only valid calls ran (try_tool repeats one)
     rec = host_state.audit()[0]
-    assert rec["tool_calls"] == 1 and rec["tool_refusals"] == 5
+    assert rec["tool_calls"] == 2 and rec["tool_refusals"] == 5
 
 
 def test_tool_name_selects_among_the_tools(host_state: HostState, make_agent: Callable[..., Path]) -> None:
@@ -427,9 +435,10 @@ def test_tool_name_selects_among_the_tools(host_state: HostState, make_agent: Ca
     assert result.success, (result.error_code, result.error, result.logs)
     count, reverse, unnamed, unknown, _tried = result.result
     assert count["result"] == {"count": 3} and reverse["result"] == {"text": "c b a"}
-    assert unnamed["success"] is False and unnamed["error"].startswith("TOOL_NOT_FOUND:")
-    assert "count_words" in unnamed["error"] and "reverse_words" in unnamed["error"]
-    assert unknown["success"] is False and unknown["error"].startswith("TOOL_NOT_FOUND:")
+    # word-tools' package entrypoint defines no `run`: no name, or an unknown one, finds no function (§3.3)
+    for missed in (unnamed, unknown):
+        assert missed["success"] is False and missed["error"].startswith("tool not found:"), missed
+        assert "count_words" in missed["error"] and "reverse_words" in missed["error"]
 
 
 def test_tool_arguments_named_timeout_or_mode_do_not_steer_the_runner(

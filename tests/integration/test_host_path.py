@@ -105,9 +105,12 @@ def test_trusted_agent_runs_as_a_local_process_with_the_same_services(
     assert verify_audit(host_state.dir / "audit.jsonl").ok
 
 
-def test_community_toolpack_is_refused_on_the_host_path_too(
+def test_community_toolpack_is_refused_on_the_host_path_while_the_sandbox_is_off(
     host_state: HostState, make_agent: Callable[..., Path]
 ) -> None:
+    """A host-path run calls community tool packs in tool sandboxes only (tests/integration/
+    test_tool_sandbox.py); with the sandbox off there is none, and the call is refused."""
+    host_state.env["AGENTNODE_AGENT_SANDBOX"] = "0"
     host_state.install(REPO / "examples" / "word-tools", trust="verified")
     host_state.install(
         make_agent(

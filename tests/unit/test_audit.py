@@ -88,6 +88,7 @@ def test_run_record_has_exactly_the_documented_fields() -> None:
     assert list(rec) == [
         "event", "slug", "action", "source", "reason", "trust", "run_id", "sandbox", "runtime",
         "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
+        "tool_calls_host_worker", "tool_calls_tool_sandbox", "tool_sandboxes_started",
     ]
     assert rec["event"] == "agent_run"
     assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str
