@@ -763,8 +763,9 @@ def install_pack(
         )
     found = ManifestWarnings()
     manifest = load_manifest(pack_dir, warnings=found)
+    installed = Lockfile(paths.lockfile).entries()
+    pack_refs = {*installed, *(dep.slug for dep in manifest.pack_dependencies)} - {manifest.slug}
     if manifest.pack_dependencies:  # packs it references; like the agentnode SDK, nothing installs them
-        installed = Lockfile(paths.lockfile).entries()
         for dep in manifest.pack_dependencies:
             if dep.slug not in installed:
                 found.add(
@@ -796,7 +797,7 @@ def install_pack(
     host_path: str | None = None
     source = source or Source()
     with _snapshot(pack_dir) as snap, tempfile.TemporaryDirectory(prefix="agentnode-wheels-") as wheels_tmp:
-        declared = read_requirements(snap.pyproject)
+        declared = read_requirements(snap.pyproject, pack_refs)
         for line in declared.warnings:
             found.add(line)
         import_subdir = "src" if "src" in snap.dirs else ""

@@ -174,13 +174,16 @@ class Declared:
         return frozenset(canonicalize_name(Requirement(r).name) for r in self.requirements)
 
 
-def read_requirements(pyproject: bytes | None) -> Declared:
+def read_requirements(pyproject: bytes | None, pack_refs: Iterable[str] = ()) -> Declared:
     """`[project].dependencies` of a pack's pyproject.toml (None: the pack has none), validated.
 
     Optional dependencies are never installed (as by the agentnode SDK); `agentnode-sdk` is left to the
-    host (a warning); dependencies declared `dynamic` cannot be known without building the pack (a warning:
-    nothing is installed).
+    host (a warning); so is a requirement naming an agentnode pack in `pack_refs` (the manifest's
+    `dependencies` and the packs installed here): real packs list other packs there, which are no PyPI
+    projects (a warning). Dependencies declared `dynamic` cannot be known without building the pack (a
+    warning: nothing is installed).
     """
+    packs = frozenset(canonicalize_name(ref) for ref in pack_refs)
     if pyproject is None:
         return Declared()
     if len(pyproject) > MAX_PYPROJECT_BYTES:
@@ -222,6 +225,12 @@ def read_requirements(pyproject: bytes | None) -> Declared:
             warnings.append(
                 f"requirement {req.name} is not installed: this host provides the agentnode runtime "
                 "(AgentContext) itself"
+            )
+            continue
+        if canonicalize_name(req.name) in packs:
+            warnings.append(
+                f"requirement {req.name} names an agentnode pack, not a Python package: it is not installed "
+                "with pip (install the pack itself; agents call it with run_tool)"
             )
             continue
         requirements.append(str(req))

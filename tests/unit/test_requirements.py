@@ -106,6 +106,14 @@ def test_read_requirements_takes_project_dependencies_only() -> None:
     assert dynamic.requirements == () and "dynamic" in dynamic.warnings[0]
 
 
+def test_a_requirement_naming_an_agentnode_pack_is_a_pack_reference_not_a_pip_install() -> None:
+    # Real packs list the packs they call as pip requirements; they are no PyPI projects (format §2.1).
+    listed = '["Web_Search-Pack>=0.2", "six", "summarizer"]'
+    declared = read_requirements(pyproject(listed), pack_refs=("web-search-pack", "summarizer"))
+    assert declared.requirements == ("six",)
+    assert len(declared.warnings) == 2 and all("names an agentnode pack" in w for w in declared.warnings)
+
+
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
