@@ -47,9 +47,9 @@ class LinkTimeout(Exception):
 
 def call_message(
     call_id: int, entrypoint: str, fallback: str, arguments_json: str
-) -> toolsandbox_pb2.ToolCall:
+) -> toolsandbox_pb2.SandboxToolCall:
     """One admitted call as the sandbox receives it."""
-    return toolsandbox_pb2.ToolCall(
+    return toolsandbox_pb2.SandboxToolCall(
         call_id=call_id, entrypoint=entrypoint, fallback=fallback, arguments_json=arguments_json
     )
 

@@ -79,7 +79,7 @@ def reply_message(call_id: int, reply: dict[str, Any]) -> toolsandbox_pb2.ToolRe
     )
 
 
-def answer(call: toolsandbox_pb2.ToolCall) -> toolsandbox_pb2.ToolReply:
+def answer(call: toolsandbox_pb2.SandboxToolCall) -> toolsandbox_pb2.ToolReply:
     """Run one call with the shared executor."""
     try:
         arguments = loads_finite(call.arguments_json)
@@ -106,7 +106,7 @@ def main() -> int:
                 body = read_frame(sock)
                 if body is None:
                     return EXIT_OK
-                call = toolsandbox_pb2.ToolCall.FromString(body)
+                call = toolsandbox_pb2.SandboxToolCall.FromString(body)
             except Exception as exc:  # noqa: BLE001 (DecodeError, an oversized frame, a broken socket)
                 return _die(EXIT_PROTOCOL, f"the host's call could not be read ({type(exc).__name__})")
             sock.sendall(frame(answer(call)))

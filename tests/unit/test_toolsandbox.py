@@ -297,7 +297,7 @@ def _hello(version: int = PROTOCOL_VERSION) -> bytes:
 def _reply_to_next(sock: socket.socket, **fields: Any) -> None:
     header = sock.recv(FRAME_HEADER.size, socket.MSG_WAITALL)
     (size,) = FRAME_HEADER.unpack(header)
-    call = toolsandbox_pb2.ToolCall.FromString(sock.recv(size, socket.MSG_WAITALL))
+    call = toolsandbox_pb2.SandboxToolCall.FromString(sock.recv(size, socket.MSG_WAITALL))
     sock.sendall(frame(toolsandbox_pb2.ToolReply(**{"call_id": call.call_id, **fields})))
 
 

@@ -45,6 +45,11 @@ class LlmServiceStub:
                 request_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.StreamLlmRequest.SerializeToString,
                 response_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.StreamLlmResponse.FromString,
                 _registered_method=True)
+        self.ListTools = channel.unary_unary(
+                '/agentnode.sandbox.v1.LlmService/ListTools',
+                request_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.ListToolsRequest.SerializeToString,
+                response_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.ListToolsResponse.FromString,
+                _registered_method=True)
 
 
 class LlmServiceServicer:
@@ -72,6 +77,16 @@ class LlmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTools(self, request, context):
+        """ListTools returns the tools this run may hand to a model: every declared tool of every installed tool
+        pack on the run's effective allowlist, as the host reads them from the lockfile (never from the agent).
+        It does not need an LLM grant; it fails like every call with TASK_NOT_FETCHED, RUN_FINISHED,
+        TOO_MANY_REFUSALS or HOST_ERROR.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LlmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -84,6 +99,11 @@ def add_LlmServiceServicer_to_server(servicer, server):
                     servicer.StreamLlm,
                     request_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.StreamLlmRequest.FromString,
                     response_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.StreamLlmResponse.SerializeToString,
+            ),
+            'ListTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTools,
+                    request_deserializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.ListToolsRequest.FromString,
+                    response_serializer=sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.ListToolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,6 +161,33 @@ class LlmService:
             '/agentnode.sandbox.v1.LlmService/StreamLlm',
             sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.StreamLlmRequest.SerializeToString,
             sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.StreamLlmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentnode.sandbox.v1.LlmService/ListTools',
+            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.ListToolsRequest.SerializeToString,
+            sandbox__wrapper_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_llm__pb2.ListToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n=sandbox_wrapper/_proto/agentnode/sandbox/v1/toolsandbox.proto\x12\x14\x61gentnode.sandbox.v1\"+\n\x0fToolServerHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"Y\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x12\n\nentrypoint\x18\x02 \x01(\t\x12\x10\n\x08\x66\x61llback\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\"\x88\x01\n\tToolReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x15\n\x0bresult_json\x18\x02 \x01(\tH\x00\x12\x34\n\x07\x66\x61ilure\x18\x03 \x01(\x0e\x32!.agentnode.sandbox.v1.ToolFailureH\x00\x12\x12\n\nerror_type\x18\x04 \x01(\tB\t\n\x07outcome*\xb4\x01\n\x0bToolFailure\x12\x1c\n\x18TOOL_FAILURE_UNSPECIFIED\x10\x00\x12\x15\n\x11TOOL_FAILURE_LOAD\x10\x01\x12\x17\n\x13TOOL_FAILURE_RAISED\x10\x02\x12!\n\x1dTOOL_FAILURE_NOT_SERIALIZABLE\x10\x03\x12\x1a\n\x16TOOL_FAILURE_TOO_LARGE\x10\x04\x12\x18\n\x14TOOL_FAILURE_MISSING\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n=sandbox_wrapper/_proto/agentnode/sandbox/v1/toolsandbox.proto\x12\x14\x61gentnode.sandbox.v1\"+\n\x0fToolServerHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"`\n\x0fSandboxToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x12\n\nentrypoint\x18\x02 \x01(\t\x12\x10\n\x08\x66\x61llback\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\"\x88\x01\n\tToolReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x15\n\x0bresult_json\x18\x02 \x01(\tH\x00\x12\x34\n\x07\x66\x61ilure\x18\x03 \x01(\x0e\x32!.agentnode.sandbox.v1.ToolFailureH\x00\x12\x12\n\nerror_type\x18\x04 \x01(\tB\t\n\x07outcome*\xb4\x01\n\x0bToolFailure\x12\x1c\n\x18TOOL_FAILURE_UNSPECIFIED\x10\x00\x12\x15\n\x11TOOL_FAILURE_LOAD\x10\x01\x12\x17\n\x13TOOL_FAILURE_RAISED\x10\x02\x12!\n\x1dTOOL_FAILURE_NOT_SERIALIZABLE\x10\x03\x12\x1a\n\x16TOOL_FAILURE_TOO_LARGE\x10\x04\x12\x18\n\x14TOOL_FAILURE_MISSING\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandbox_wrapper._proto.agentnode.sandbox.v1.toolsandbox_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLFAILURE']._serialized_start=363
-  _globals['_TOOLFAILURE']._serialized_end=543
+  _globals['_TOOLFAILURE']._serialized_start=370
+  _globals['_TOOLFAILURE']._serialized_end=550
   _globals['_TOOLSERVERHELLO']._serialized_start=87
   _globals['_TOOLSERVERHELLO']._serialized_end=130
-  _globals['_TOOLCALL']._serialized_start=132
-  _globals['_TOOLCALL']._serialized_end=221
-  _globals['_TOOLREPLY']._serialized_start=224
-  _globals['_TOOLREPLY']._serialized_end=360
+  _globals['_SANDBOXTOOLCALL']._serialized_start=132
+  _globals['_SANDBOXTOOLCALL']._serialized_end=228
+  _globals['_TOOLREPLY']._serialized_start=231
+  _globals['_TOOLREPLY']._serialized_end=367
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ class ToolServerHello(_message.Message):
     protocol_version: int
     def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
 
-class ToolCall(_message.Message):
+class SandboxToolCall(_message.Message):
     __slots__ = ("call_id", "entrypoint", "fallback", "arguments_json")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
