@@ -729,6 +729,8 @@ def _host_copy(
         ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            staging.parent.rmdir()  # the pack's directory, if this failed install was its first copy
         raise
     return dest
 

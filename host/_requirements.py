@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+import time
 import tomllib
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -56,6 +57,8 @@ MAX_WHEELS = 200
 """Wheels one resolution may bring (the requirements and everything they depend on)."""
 MAX_WHEEL_BYTES = 512 * 2**20
 """Downloaded wheels in total, for one target."""
+STOP_POLL_SECONDS = 0.5
+"""How often a running download is checked against MAX_WHEELS and MAX_WHEEL_BYTES."""
 MAX_SITE_BYTES = 1024 * 2**20
 """Unpacked wheels in total (a wheel's sizes are checked before anything is written)."""
 MAX_SITE_FILES = 50_000
@@ -113,8 +116,11 @@ def _refused(what: str, problem: str, hint: str) -> PackError:
 
 
 def _shown(text: str) -> str:
-    """A requirement as the pack wrote it, for an error line: escaped and short."""
-    return repr(safe_line(text, limit=80))
+    """A requirement as the pack wrote it, for an error line: escaped (once) and short, in quotes."""
+    return f"'{safe_line(text, limit=80)}'"
+
+
+_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".egg")
 
 
 def validate_requirement(text: object, index: int) -> Requirement:
@@ -151,6 +157,14 @@ def validate_requirement(text: object, index: int) -> Requirement:
             f"{_shown(text)} is not a PEP 508 requirement",
             "write it as NAME[extras] SPECIFIERS [; marker], e.g. \"requests>=2.31\"",
         ) from None
+    if req.name.lower().endswith(_ARCHIVE_SUFFIXES):
+        # pip reads such a name as a local file to unpack (and build), whatever --only-binary says
+        raise _refused(
+            where,
+            f"{_shown(text)} names an archive file, not a package",
+            "list the package by its name; for a wheel that is on no index, install with --offline "
+            "--find-links DIR holding it",
+        )
     if req.url:
         raise _refused(
             where,
@@ -358,11 +372,16 @@ class Finished:
 
     code: int | None
     output: str
+    stopped: bool = False
+    """The caller's `stop()` ended it (a bound was crossed), not the timeout."""
 
 
-def run_step(cmd: Sequence[str], *, timeout: float, cwd: Path) -> Finished:
+def run_step(
+    cmd: Sequence[str], *, timeout: float, cwd: Path, stop: Callable[[], bool] | None = None
+) -> Finished:
     """Run one command in its own process group, output captured to a file; the group is killed at the
-    timeout (pip --python starts a second interpreter) or when the caller is interrupted."""
+    timeout (pip --python starts a second interpreter), when the caller is interrupted, or as soon as
+    `stop()` (polled every STOP_POLL_SECONDS) says so: code None, `stopped` True."""
     with tempfile.TemporaryFile(prefix="agentnode-pip-") as out:
         proc = subprocess.Popen(
             list(cmd),
@@ -374,10 +393,14 @@ def run_step(cmd: Sequence[str], *, timeout: float, cwd: Path) -> Finished:
             start_new_session=True,
         )
         code: int | None = None
+        stopped = False
+        deadline = time.monotonic() + timeout
         try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
+            while code is None and time.monotonic() < deadline and not stopped:
+                try:
+                    code = proc.wait(timeout=min(STOP_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    stopped = stop is not None and stop()
         finally:
             if proc.returncode is None:  # not reaped yet: the group id is still this process's
                 with contextlib.suppress(ProcessLookupError):
@@ -385,7 +408,7 @@ def run_step(cmd: Sequence[str], *, timeout: float, cwd: Path) -> Finished:
                 proc.wait()
         size = out.seek(0, os.SEEK_END)
         out.seek(max(0, size - _OUTPUT_TAIL))
-        return Finished(code, out.read().decode("utf-8", "replace"))
+        return Finished(code, out.read().decode("utf-8", "replace"), stopped)
 
 
 def summary(output: str, limit: int = 240) -> str:
@@ -479,6 +502,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _over_download_bounds(directory: Path) -> bool:
+    """Whether pip's download directory already holds more than the wheels or bytes one resolution may
+    bring (pip's partial files included)."""
+    files = total = 0
+    with os.scandir(directory) as it:
+        for entry in it:
+            files += 1
+            with contextlib.suppress(OSError):
+                total += entry.stat(follow_symlinks=False).st_size
+    return files > MAX_WHEELS or total > MAX_WHEEL_BYTES
+
+
 def _downloaded(directory: Path, target: Target) -> tuple[Wheel, ...]:
     """The wheels pip saved, checked (names, count, total size, platform) and hashed."""
     with os.scandir(directory) as it:
@@ -532,7 +567,14 @@ def resolve(
         download_command(declared.requirements, target, source, directory),
         timeout=DOWNLOAD_TIMEOUT,
         cwd=directory,
+        stop=lambda: _over_download_bounds(directory),  # refused while pip downloads, not after
     )
+    if done.stopped:
+        raise PackError(
+            f"the pack's requirements resolve to more than {MAX_WHEELS} wheels or "
+            f"{MAX_WHEEL_BYTES // 2**20} MiB of downloads",
+            hint="ask the pack's publisher to trim its requirements",
+        )
     if done.code != 0:
         raise _resolve_failed(done, declared, target, source)
     wheels = _downloaded(directory, target)
@@ -565,6 +607,49 @@ def _unsafe_member(name: str) -> bool:
     )
 
 
+def _site_members(zf: zipfile.ZipFile, wheel: Path) -> list[tuple[zipfile.ZipInfo, tuple[str, ...]]]:
+    """The files of a wheel that land in a site, with their paths there; an unsafe path is refused."""
+    members: list[tuple[zipfile.ZipInfo, tuple[str, ...]]] = []
+    for info in zf.infolist():
+        if _unsafe_member(info.filename):
+            shown = safe_line(info.filename, limit=80)
+            raise PackError(
+                f"{safe_token(wheel.name)} holds an unsafe path '{shown}'",
+                hint="ask the pack's publisher to replace that requirement",
+            )
+        parts = PurePosixPath(info.filename).parts
+        if parts[0].endswith(".data"):
+            if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                continue
+            parts = parts[2:]
+        if not info.is_dir():
+            members.append((info, parts))
+    return members
+
+
+def check_archives(wheels: Sequence[Path]) -> None:
+    """Refuse wheels that hold an unsafe path or unpack, all together, to more than MAX_SITE_FILES files or
+    MAX_SITE_BYTES, judged from their zip directories before a byte is extracted (by us or by pip)."""
+    total = files = 0
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                members = _site_members(zf, wheel)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
+            raise PackError(
+                f"cannot read {safe_token(wheel.name)} ({type(exc).__name__})",
+                hint="check free space in the temporary directory (TMPDIR), then install again",
+            ) from None
+        files += len(members)
+        total += sum(info.file_size for info, _ in members)
+        if files > MAX_SITE_FILES or total > MAX_SITE_BYTES:
+            raise PackError(
+                f"the pack's requirements unpack to more than {MAX_SITE_FILES} files or "
+                f"{MAX_SITE_BYTES // 2**20} MiB",
+                hint="ask the pack's publisher to trim its requirements",
+            )
+
+
 def unpack_site(wheels: Sequence[Path], site: Path) -> None:
     """Install wheels by unpacking them into `site` (an import root), each archive checked first.
 
@@ -572,36 +657,12 @@ def unpack_site(wheels: Sequence[Path], site: Path) -> None:
     runs them). Sizes and counts are bounded by what the archives declare, before any byte is written
     (zipfile stops at the declared size and fails the CRC of anything longer).
     """
-    total = files = 0
+    check_archives(wheels)
     site.mkdir(parents=True, exist_ok=True)
     for wheel in wheels:
         try:
             with zipfile.ZipFile(wheel) as zf:
-                members: list[tuple[zipfile.ZipInfo, tuple[str, ...]]] = []
-                for info in zf.infolist():
-                    if _unsafe_member(info.filename):
-                        shown = safe_line(info.filename, limit=80)
-                        raise PackError(
-                            f"{safe_token(wheel.name)} holds an unsafe path {shown!r}",
-                            hint="ask the pack's publisher to replace that requirement",
-                        )
-                    parts = PurePosixPath(info.filename).parts
-                    if parts[0].endswith(".data"):
-                        if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                            continue
-                        parts = parts[2:]
-                    if info.is_dir():
-                        continue
-                    files += 1
-                    total += info.file_size
-                    members.append((info, parts))
-                if files > MAX_SITE_FILES or total > MAX_SITE_BYTES:
-                    raise PackError(
-                        f"the pack's requirements unpack to more than {MAX_SITE_FILES} files or "
-                        f"{MAX_SITE_BYTES // 2**20} MiB",
-                        hint="ask the pack's publisher to trim its requirements",
-                    )
-                for info, parts in members:
+                for info, parts in _site_members(zf, wheel):
                     dest = site.joinpath(*parts)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     with zf.open(info) as src, dest.open("wb") as out:
@@ -665,6 +726,7 @@ def _step_failed(what: str, done: Finished, timeout: float) -> PackError:
 def build_venv(env_dir: Path, resolved: Resolved, progress: Progress | None = None) -> None:
     """A virtual environment at `env_dir` holding exactly the resolved wheels (for a trusted toolpack)."""
     say = progress or (lambda _line: None)
+    check_archives(resolved.paths())  # the same bounds as an unpacked site, before pip extracts anything
     say(f"requirements: creating the tool environment {env_dir.name}")
     done = run_step(venv_command(env_dir), timeout=VENV_TIMEOUT, cwd=env_dir.parent)
     if done.code != 0:

@@ -79,6 +79,9 @@ def test_plain_pep508_requirements_pass_in_normalized_form(text: str, normalized
         ("six" + ESC, "printable ASCII"),
         ("six\n--index-url x", "printable ASCII"),
         ("a" * 201, "longer than 200 characters"),
+        ("hx-sdist.tar.gz", "names an archive file"),
+        ("evil.whl", "names an archive file"),
+        ("pkg.ZIP>=1", "names an archive file"),
         (3, "is not a string"),
         (["six"], "is not a string"),
     ],
@@ -316,6 +319,36 @@ def test_unpacked_sizes_are_bounded_before_anything_is_written(
     with pytest.raises(PackError, match="unpack to more than"):
         rq.unpack_site([wheel], tmp_path / "site")
     assert not (tmp_path / "site" / "demo").exists()
+
+
+def test_a_tool_environment_gets_the_same_archive_bounds_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rq, "MAX_SITE_BYTES", 1000)
+    wheel = make_wheel(tmp_path / "w", "demo", "1.0", {"demo/big.py": "#" * 2000})
+    resolved = Resolved(image_target("x86_64"), (Wheel(wheel.name, "0" * 64),), wheel.parent)
+    env = tmp_path / "env"
+    with pytest.raises(PackError, match="unpack to more than"):
+        rq.build_venv(env, resolved)
+    assert not env.exists()  # refused before the venv was even created
+
+
+def test_a_download_is_stopped_as_soon_as_it_crosses_the_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rq, "MAX_WHEELS", 3)
+    monkeypatch.setattr(rq, "STOP_POLL_SECONDS", 0.05)
+    d = tmp_path / "d"
+    d.mkdir()
+    # A "pip" that keeps downloading: a file every 10 ms, for a minute.
+    writer = (
+        "import time, pathlib\nfor i in range(6000):\n    pathlib.Path(f'w{i}.whl').touch(); time.sleep(.01)"
+    )
+    started = time.monotonic()
+    over = lambda: rq._over_download_bounds(d)  # noqa: E731
+    done = rq.run_step([sys.executable, "-c", writer], timeout=60, cwd=d, stop=over)
+    assert done.stopped and done.code is None and time.monotonic() - started < 10
+    assert len(list(d.iterdir())) < 100  # killed early, not at the end
 
 
 def test_downloaded_files_are_checked_and_hashed(tmp_path: Path) -> None:
