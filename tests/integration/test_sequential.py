@@ -28,39 +28,13 @@ from tests.support.cli import cli, json_out
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 from tests.support.schema import check_schema
+from tests.support.step_tools import STEP_TOOLS, STEP_TOOLS_MANIFEST
 
 pytestmark = pytest.mark.docker
 
 EXAMPLES = REPO / "examples"
 OWN = "seqtest-"
 
-STEP_TOOLS = """
-import time
-
-def combine(count, reversed):
-    return {"summary": "%d words, reversed: %s" % (count["count"], reversed["text"])}
-
-def fail(**kwargs):
-    raise ValueError("tool-authored failure text")
-
-def nap(seconds, log):
-    with open(log, "a") as fh:
-        fh.write("call\\n")
-    time.sleep(seconds)
-    return {"slept": seconds}
-"""
-
-STEP_TOOLS_MANIFEST = {
-    "package_id": "step-tools",
-    "version": "1.0.0",
-    "package_type": "toolpack",
-    "entrypoint": "step_tools",
-    "capabilities": {"tools": [
-        {"name": "combine", "entrypoint": "step_tools:combine"},
-        {"name": "fail", "entrypoint": "step_tools:fail"},
-        {"name": "nap", "entrypoint": "step_tools:nap"},
-    ]},
-}  # fmt: skip
 
 COUNT = {"name": "count_step", "tool": "word-tools:count_words", "input_mapping": {"text": "$input.text"}}
 REVERSE = {"name": "reverse_step", "tool": "word-tools:reverse_words",

@@ -36,6 +36,7 @@ from host._sequential import (
 )
 from host._session import RunOutcome
 from tests.support.paths import REPO
+from tests.support.step_tools import STEP_TOOLS, STEP_TOOLS_MANIFEST
 
 
 def S(
@@ -408,37 +409,6 @@ def test_a_sequential_run_may_make_one_call_per_step_whatever_its_limits_say() -
 
 # --- whole runs through SandboxHost.run, with real tool workers and no engine ----------------------------
 
-STEP_TOOLS = '''
-import time
-
-def shout(text, times=1):
-    return {"text": (text.upper() + "!") * times}
-
-def combine(count, reversed):
-    return {"summary": "%d words, reversed: %s" % (count["count"], reversed["text"])}
-
-def fail(**kwargs):
-    raise ValueError("tool-authored failure text")
-
-def nap(seconds, log):
-    with open(log, "a") as fh:
-        fh.write("call\\n")
-    time.sleep(seconds)
-    return {"slept": seconds}
-'''
-
-STEP_TOOLS_MANIFEST = {
-    "package_id": "step-tools",
-    "version": "1.0.0",
-    "package_type": "toolpack",
-    "entrypoint": "step_tools",
-    "capabilities": {"tools": [
-        {"name": "shout", "entrypoint": "step_tools:shout"},
-        {"name": "combine", "entrypoint": "step_tools:combine"},
-        {"name": "fail", "entrypoint": "step_tools:fail"},
-        {"name": "nap", "entrypoint": "step_tools:nap"},
-    ]},
-}  # fmt: skip
 
 
 class Lab:
