@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -28,10 +29,9 @@ GENESIS = "0" * 64
 
 _ACTIONS = frozenset({"allow", "deny"})
 _SOURCES = frozenset(s.value for s in Source)
-_LLM_INT_KEYS = (
-    "max_calls",
-    "max_input_chars",
-    "max_output_chars",
+_LLM_CAP_KEYS = ("max_calls", "max_input_chars", "max_output_chars")
+_LLM_BUDGET_KEYS = ("max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd")
+_LLM_COUNTER_KEYS = (
     "requests",
     "calls",
     "ok",
@@ -40,9 +40,26 @@ _LLM_INT_KEYS = (
     "refused_input",
     "refused_output",
     "refused_model",
+    "refused_tool",
     "provider_errors",
+    # token and cost budgets (host/_budget.py) and provider retries: counts, never text
+    "input_tokens",
+    "output_tokens",
+    "overshoot_tokens",
+    "reservations",
+    "refused_input_tokens",
+    "refused_total_tokens",
+    "refused_cost",
+    "retries",
+    "retries_rate_limited",
+    "retries_server_error",
+    "retries_connection",
 )
-_LLM_KEYS = ("enabled", *_LLM_INT_KEYS[:3], "allowed_models", *_LLM_INT_KEYS[3:], "model")
+_LLM_NUMBER_KEYS = frozenset({"max_cost_usd", "cost_usd"})
+"""Dollar amounts: finite non-negative numbers, recorded as floats."""
+_LLM_KEYS = (
+    "enabled", *_LLM_CAP_KEYS, "allowed_models", *_LLM_BUDGET_KEYS, *_LLM_COUNTER_KEYS, "cost_usd", "model",
+)  # fmt: skip
 _CHAIN_KEYS = frozenset({"ts", "seq", "prev"})
 RUN_EVENT = "agent_run"
 """The one record that ends a run (its outcome, counters and caps)."""
@@ -79,19 +96,23 @@ def run_record(
     tool_calls_host_worker: int = 0,
     tool_calls_tool_sandbox: int = 0,
     tool_sandboxes_started: int = 0,
+    llm_tool_calls: int = 0,
+    llm_tool_calls_refused: int = 0,
 ) -> dict[str, Any]:
     """Build the one `agent_run` record of a run; sanitized by construction.
 
     The tool counters say where calls ran: `tool_calls` of them, `tool_calls_host_worker` in the host's
     worker processes (trusted and curated packs) and `tool_calls_tool_sandbox` in the run's tool sandboxes
-    (community packs), of which it started `tool_sandboxes_started`.
+    (community packs), of which it started `tool_sandboxes_started`. `llm_tool_calls` counts the tool calls
+    completions returned to the agent (the model's requests, whether or not the agent then ran them), of which
+    `llm_tool_calls_refused` named no tool the request offered (host/_llmtools.py).
 
     Only these typed fields reach the log. `llm` (effective caps + usage counters, None when no LLM policy
     applied) is filtered to the known keys with the expected types (ints, the `enabled` bool, the host-side
-    `model` string, `allowed_models` as a sorted list of strings, or None); any other key or value shape is
-    dropped. So no prompt, completion, API key, provider error, tool argument/result or agent-authored
-    text can ever be audited. `reason`, `action` and `source` outside their fixed sets are programming
-    errors and raise ValueError.
+    `model` string, `allowed_models` as a sorted list of strings, `max_cost_usd` and `cost_usd` as finite
+    non-negative floats, or None); any other key or value shape is dropped. So no prompt, completion, API
+    key, provider error, tool argument/result or agent-authored text can ever be audited. `reason`,
+    `action` and `source` outside their fixed sets are programming errors and raise ValueError.
     """
     if reason not in AUDIT_REASONS:
         raise ValueError(f"audit reason {reason!r} is not in AuditReason")
@@ -118,6 +139,8 @@ def run_record(
         "tool_calls_host_worker": int(tool_calls_host_worker),
         "tool_calls_tool_sandbox": int(tool_calls_tool_sandbox),
         "tool_sandboxes_started": int(tool_sandboxes_started),
+        "llm_tool_calls": int(llm_tool_calls),
+        "llm_tool_calls_refused": int(llm_tool_calls_refused),
     }
 
 
@@ -169,6 +192,10 @@ def _sanitize_llm(llm: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "allowed_models":
             if isinstance(value, list | tuple | set | frozenset) and all(isinstance(m, str) for m in value):
                 out[key] = sorted(value)
+        elif key in _LLM_NUMBER_KEYS:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if number and math.isfinite(value) and value >= 0:
+                out[key] = float(value)
         elif isinstance(value, int) and not isinstance(value, bool):
             out[key] = value
     return out

@@ -5,15 +5,18 @@ Keys come from the process environment or, where it has none, from the `.env` be
 Which provider and model serve a run: the host config's `agent_sandbox.llm` pins win, then the agent's
 entry in `agent-config.json`, then auto-detection (OPENAI_API_KEY, then ANTHROPIC_API_KEY).
 
-A sandboxed agent sends messages; the broker checks them against the run's `LlmPolicy`, calls the
-host-chosen provider and model, and answers with text, a finish reason and token counts. Every refusal and
-provider failure becomes an `LlmRefusal` with a fixed, generic message: provider error text can carry the
-key, URLs or the prompt, so it is never relayed, logged or chained.
+A sandboxed agent sends messages (and, optionally, the names of tools from its run's catalog, a tool choice
+and a response format: host/_llmtools.py); the broker checks them against the run's `LlmPolicy`, calls the
+host-chosen provider and model with the host's own tool definitions, and answers with text, tool calls, a
+finish reason and token counts. Every refusal and provider failure becomes an `LlmRefusal` with a fixed,
+generic message: provider error text can carry the key, URLs or the prompt, so it is never relayed, logged
+or chained.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -22,11 +25,44 @@ import stat
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
+from host._budget import (
+    UNPRICED_HINT,
+    BudgetRefusal,
+    LlmBudget,
+    Reservation,
+    RetryCounts,
+    RetryPolicy,
+    call_with_retries,
+    estimate_tokens,
+)
 from host._config import AgentLlmConfig, LlmHostConfig
 from host._errors import CallRefusal, ConfigError
+from host._json import check_finite
+from host._llmtools import (
+    EMPTY_CATALOG,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    RESPONSE_TOOL,
+    CallDelta,
+    CallStream,
+    LlmCall,
+    ModelToolCall,
+    Prepared,
+    Rejected,
+    ToolCatalog,
+    TooManyToolCalls,
+    anthropic_request,
+    canonical_json,
+    check_tools,
+    json_string_bytes,
+    model_call,
+    openai_request,
+    prepare,
+)
 from host._policy import LlmPolicy
 from host._vocab import WireReason
 
@@ -35,6 +71,7 @@ if TYPE_CHECKING:
     import openai
 
 logger = logging.getLogger("agentnode.sandbox.broker")
+_T = TypeVar("_T")
 
 # provider -> (API key variable, base URL variable, default base URL, default model). An
 # openai_compatible server (Ollama, vLLM) has no default URL and may need no key.
@@ -59,7 +96,6 @@ _AUTO_DETECT = ("openai", "anthropic")  # the agentnode SDK's order, by which ke
 MAX_ENV_FILE_BYTES = 64 * 1024
 """A larger `.env` is refused: it is a handful of KEY=VALUE lines, never a data file."""
 _KEYLESS = "not-needed"  # the SDK insists on a key; local openai_compatible servers ignore it
-_ROLES = frozenset({"system", "user", "assistant"})
 MAX_MESSAGES = 256
 """Messages one call may carry; more is LLM_INPUT_TOO_LARGE, refused before any message is looked at."""
 MESSAGE_OVERHEAD_CHARS = 4
@@ -68,7 +104,8 @@ MESSAGE_OVERHEAD_CHARS = 4
 6 of "system"). Empty messages are not free, so many of them can never add up to a large request under a
 small cap."""
 FRAMING_BYTES_PER_MESSAGE = 16
-"""Upper bound on one message's encoding overhead (field tags, length prefixes) in a request."""
+"""Upper bound on the encoding overhead (field tags, length prefixes) of one message, one tool definition
+or one tool call in a request."""
 _CHARS_PER_TOKEN = 3  # conservative: real text averages ~4 chars/token, so the char cap is what bites
 _MAX_TOKENS_CEILING = 16384
 _FINISH_REASONS = {
@@ -80,29 +117,39 @@ _FINISH_REASONS = {
     "model_context_window_exceeded": "length",
     "content_filter": "content_filter",
     "refusal": "content_filter",
+    "tool_calls": "tool_calls",
+    "tool_use": "tool_calls",
 }
 
 # Fixed wording per wire reason: a refusal can never carry provider text, a key, a URL or the model name.
 _REFUSAL_MESSAGES: dict[WireReason, str] = {
     WireReason.LLM_NOT_GRANTED: "LLM access is not granted to this run (llm_access.enabled is not declared "
     "or the host disabled it)",
-    WireReason.INVALID_REQUEST: "messages must be a non-empty list of {role, content} with role system, user "
-    "or assistant and string content",
+    WireReason.INVALID_REQUEST: "the LLM request is malformed: messages must be a non-empty list of {role, "
+    "content} with role system, user, assistant or tool and string content; tool calls only on assistant "
+    "messages (unique ids, tools this request defines, arguments a JSON object), each answered by a tool "
+    "message with its tool_call_id right after; tool_choice required needs tools; a response format is "
+    "text, a JSON object or an object JSON schema with a name of [A-Za-z0-9_-]",
     WireReason.LLM_INPUT_TOO_LARGE: "LLM request exceeds the allowed input size",
     WireReason.LLM_MODEL_NOT_ALLOWED: "the host-configured LLM model is not allowed for this agent",
+    WireReason.LLM_TOOL_NOT_ALLOWED: "the request offers the model a tool that is not among this run's tool "
+    "definitions (ListTools: the tools of its allowlist)",
     WireReason.LLM_CALL_LIMIT: "LLM call limit reached for this run",
     WireReason.LLM_OUTPUT_TOO_LARGE: "LLM response exceeds the allowed output size",
     WireReason.LLM_RATE_LIMITED: "the LLM provider is rate-limiting the host; try again later",
     WireReason.LLM_TIMEOUT: "the LLM provider did not answer in time",
     WireReason.LLM_UNAVAILABLE: "the host's LLM provider is unavailable",
+    WireReason.LLM_TOKEN_BUDGET: "the run's LLM token budget is used up (max_total_tokens)",
+    WireReason.LLM_COST_BUDGET: "the run's LLM cost budget is used up (max_cost_usd)",
 }
 
 
 class LlmRefusal(CallRefusal):
-    """A refused or failed LLM call; `message` is a fixed generic text per reason, so nothing leaks."""
+    """A refused or failed LLM call; `message` is a fixed generic text per reason, so nothing leaks (a
+    budget refusal's own fixed text names its cap)."""
 
-    def __init__(self, reason: WireReason) -> None:
-        super().__init__(reason, _REFUSAL_MESSAGES[reason])
+    def __init__(self, reason: WireReason, message: str | None = None) -> None:
+        super().__init__(reason, _REFUSAL_MESSAGES[reason] if message is None else message)
 
 
 @dataclass(frozen=True)
@@ -110,9 +157,20 @@ class Completion:
     """One completion as the sandbox may see it: no model name, no provider metadata."""
 
     content: str
-    finish_reason: str  # "stop" | "length" | "content_filter" | "other" | "" (provider did not say)
+    finish_reason: str  # "stop" | "length" | "content_filter" | "tool_calls" | "other" | "" (did not say)
     input_tokens: int
     output_tokens: int
+    tool_calls: tuple[ModelToolCall, ...] = ()
+    """The model's tool calls, in its order (host/_llmtools.py normalizes both APIs to this shape)."""
+
+    @property
+    def output_chars(self) -> int:
+        """What max_output_chars bounds: the text plus every tool call's arguments."""
+        return len(self.content) + sum(len(c.arguments_json) for c in self.tool_calls)
+
+
+StreamItem = str | CallDelta | Completion
+"""What a stream yields: text pieces, tool-call pieces, then one final Completion."""
 
 
 @dataclass(frozen=True)
@@ -128,12 +186,11 @@ class _Binding:
 class _Adapter(Protocol):
     """One provider SDK behind the two calls the broker needs."""
 
-    def complete(self, messages: list[dict[str, str]], max_tokens: int) -> Completion: ...
+    def complete(self, request: Prepared, max_tokens: int) -> Completion: ...
 
-    def stream(
-        self, messages: list[dict[str, str]], max_tokens: int
-    ) -> Generator[str | Completion, None, None]:
-        """Text pieces as they come, then one Completion with content ""; closing it ends the HTTP stream."""
+    def stream(self, request: Prepared, max_tokens: int) -> Generator[StreamItem, None, None]:
+        """Text and tool-call pieces as they come, then one Completion with content "" and the completed
+        tool calls; closing it ends the HTTP stream."""
         ...
 
     def reason_for(self, exc: Exception) -> WireReason: ...
@@ -150,17 +207,34 @@ def _tokens(value: object) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def _finish(value: object) -> str:
+def _finish(value: object, calls: bool = False) -> str:
+    """The contract's finish reason; a completion with tool calls that says it stopped stopped for them
+    (some OpenAI-compatible servers answer `stop`)."""
     if not value:
-        return ""
-    return _FINISH_REASONS.get(str(value), "other")
+        return "tool_calls" if calls else ""
+    reason = _FINISH_REASONS.get(str(value), "other")
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
-def _finished(value: object) -> str:
+def _finished(value: object, calls: bool = False) -> str:
     """A streamed finish reason; a stream without one was cut off or was never a real stream."""
     if not value:
         raise ValueError("stream ended without a finish reason")
-    return _finish(value)
+    return _finish(value, calls)
+
+
+def _json_answer(value: object) -> str:
+    """An Anthropic response tool's input as the completion's JSON text."""
+    check_finite(value)
+    if not isinstance(value, dict):
+        raise TypeError("the response tool's input is not an object")
+    return canonical_json(value)
+
+
+def _bounded(calls: Sequence[Any]) -> Sequence[Any]:
+    if len(calls) > MAX_TOOL_CALLS:
+        raise TooManyToolCalls
+    return calls
 
 
 class _OpenAiAdapter:
@@ -182,26 +256,27 @@ class _OpenAiAdapter:
     def _bounds(self, max_tokens: int) -> dict[str, Any]:
         return {"max_completion_tokens": max_tokens} if self._completion_bound else {"max_tokens": max_tokens}
 
-    def complete(self, messages: list[dict[str, str]], max_tokens: int) -> Completion:
+    def complete(self, request: Prepared, max_tokens: int) -> Completion:
         resp = self._client.chat.completions.create(
-            model=self._model, messages=_as_any(messages), **self._bounds(max_tokens)
+            model=self._model, **_as_any(openai_request(request)), **self._bounds(max_tokens)
         )
         choice = resp.choices[0]
+        calls = tuple(_openai_call(request, c) for c in _bounded(choice.message.tool_calls or ()))
         return Completion(
             content=_text(choice.message.content or ""),
-            finish_reason=_finish(choice.finish_reason),
+            finish_reason=_finish(choice.finish_reason, bool(calls)),
             input_tokens=_tokens(resp.usage.prompt_tokens) if resp.usage else 0,
             output_tokens=_tokens(resp.usage.completion_tokens) if resp.usage else 0,
+            tool_calls=calls,
         )
 
-    def stream(
-        self, messages: list[dict[str, str]], max_tokens: int
-    ) -> Generator[str | Completion, None, None]:
+    def stream(self, request: Prepared, max_tokens: int) -> Generator[StreamItem, None, None]:
         usage: openai.types.CompletionUsage | None = None
         finish: str | None = None
+        calls = CallStream(request)
         with self._client.chat.completions.create(
             model=self._model,
-            messages=_as_any(messages),
+            **_as_any(openai_request(request)),
             stream=True,
             stream_options={"include_usage": True},
             **self._bounds(max_tokens),
@@ -211,12 +286,17 @@ class _OpenAiAdapter:
                 for choice in chunk.choices[:1]:
                     if choice.delta.content:
                         yield _text(choice.delta.content)
+                    for piece in choice.delta.tool_calls or ():
+                        fn = piece.function
+                        yield calls.piece(piece.index, piece.id, fn and fn.name, fn and fn.arguments)
                     finish = choice.finish_reason or finish
+        done = calls.calls()
         yield Completion(
             content="",
-            finish_reason=_finished(finish),
+            finish_reason=_finished(finish, bool(done)),
             input_tokens=_tokens(usage.prompt_tokens) if usage else 0,
             output_tokens=_tokens(usage.completion_tokens) if usage else 0,
+            tool_calls=done,
         )
 
     def reason_for(self, exc: Exception) -> WireReason:
@@ -227,8 +307,18 @@ class _OpenAiAdapter:
         return WireReason.LLM_UNAVAILABLE
 
 
+def _openai_call(request: Prepared, call: Any) -> ModelToolCall:
+    """A function call (a `custom` tool call names nothing the request defined: refused)."""
+    function = getattr(call, "function", None) if getattr(call, "type", None) == "function" else None
+    if function is None:
+        custom = getattr(call, "custom", None)
+        return model_call(request, getattr(call, "id", None), getattr(custom, "name", ""), None)
+    return model_call(request, call.id, function.name, function.arguments)
+
+
 class _AnthropicAdapter:
-    """Anthropic through the anthropic SDK's messages API; system messages go to `system=`."""
+    """Anthropic through the anthropic SDK's messages API; system messages go to `system=`, tool calls are
+    tool_use blocks, a JSON response format is a forced response tool (host/_llmtools.py)."""
 
     def __init__(self, binding: _Binding, timeout: float) -> None:
         import anthropic  # noqa: PLC0415  see _OpenAiAdapter
@@ -249,45 +339,76 @@ class _AnthropicAdapter:
         self._timeouts: tuple[type[Exception], ...] = (anthropic.APITimeoutError, httpx2.TimeoutException)
         self._rate_limited = anthropic.RateLimitError
 
-    def _request(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-        # Empty system messages add nothing but separators, so they are dropped, not joined.
-        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
-        request: dict[str, Any] = {
-            "model": self._model,
-            "max_tokens": max_tokens,
-            "messages": [m for m in messages if m["role"] != "system"],
-        }
-        if system:
-            request["system"] = system
-        return request
+    def _request(self, request: Prepared, max_tokens: int) -> dict[str, Any]:
+        return {"model": self._model, "max_tokens": max_tokens, **anthropic_request(request)}
 
-    def complete(self, messages: list[dict[str, str]], max_tokens: int) -> Completion:
-        resp: anthropic.types.Message = self._client.messages.create(**self._request(messages, max_tokens))
+    def complete(self, request: Prepared, max_tokens: int) -> Completion:
+        resp: anthropic.types.Message = self._client.messages.create(**self._request(request, max_tokens))
+        texts: list[str] = []
+        answer: str | None = None
+        calls: list[ModelToolCall] = []
+        for block in resp.content:
+            if block.type == "text":
+                texts.append(_text(block.text))
+            elif block.type == "tool_use":
+                if request.json_mode and block.name == RESPONSE_TOOL and answer is None:
+                    answer = _json_answer(block.input)
+                else:
+                    calls.append(model_call(request, block.id, block.name, block.input))
+        _bounded(calls)
+        # JSON mode: the content is the response tool's input only (a forced tool writes no text beside it).
+        content = (answer or "") if request.json_mode else "".join(texts)
+        stop = resp.stop_reason
+        if request.json_mode and not calls and stop == "tool_use":
+            stop = "end_turn"  # the model answered through the response tool
         return Completion(
-            content="".join(_text(block.text) for block in resp.content if block.type == "text"),
-            finish_reason=_finish(resp.stop_reason),
+            content=content,
+            finish_reason=_finish(stop, bool(calls)),
             input_tokens=_tokens(resp.usage.input_tokens),
             output_tokens=_tokens(resp.usage.output_tokens),
+            tool_calls=tuple(calls),
         )
 
-    def stream(
-        self, messages: list[dict[str, str]], max_tokens: int
-    ) -> Generator[str | Completion, None, None]:
+    def stream(self, request: Prepared, max_tokens: int) -> Generator[StreamItem, None, None]:
         finish: str | None = None
         input_tokens = output_tokens = 0
+        calls = CallStream(request)
+        blocks: dict[int, str] = {}  # content block index -> "call" or "answer"
+        answer_chars = 0
         events: anthropic.Stream[anthropic.types.RawMessageStreamEvent] = self._client.messages.create(
-            **self._request(messages, max_tokens), stream=True
+            **self._request(request, max_tokens), stream=True
         )
         with events:
             for event in events:
                 if event.type == "message_start":
                     input_tokens = _tokens(event.message.usage.input_tokens)
-                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    yield _text(event.delta.text)
+                elif event.type == "content_block_start" and event.content_block.type == "tool_use":
+                    block = event.content_block
+                    if request.json_mode and block.name == RESPONSE_TOOL and "answer" not in blocks.values():
+                        blocks[event.index] = "answer"
+                    else:
+                        blocks[event.index] = "call"
+                        yield calls.piece(event.index, block.id, block.name, None)
+                elif event.type == "content_block_delta":
+                    delta = event.delta
+                    kind = blocks.get(event.index)
+                    if delta.type == "text_delta" and not request.json_mode:
+                        yield _text(delta.text)
+                    elif delta.type == "input_json_delta" and kind == "call":
+                        yield calls.piece(event.index, arguments=_text(delta.partial_json))
+                    elif delta.type == "input_json_delta" and kind == "answer" and delta.partial_json:
+                        answer_chars += len(delta.partial_json)
+                        yield _text(delta.partial_json)
+                elif event.type == "content_block_stop" and blocks.get(event.index) == "answer":
+                    if not answer_chars:
+                        yield "{}"  # an empty input streams no JSON at all
                 elif event.type == "message_delta":
                     finish = event.delta.stop_reason or finish
                     output_tokens = _tokens(event.usage.output_tokens)
-        yield Completion("", _finished(finish), input_tokens, output_tokens)
+        done = calls.calls()
+        if request.json_mode and not done and finish == "tool_use":
+            finish = "end_turn"  # the model answered through the response tool
+        yield Completion("", _finished(finish, bool(done)), input_tokens, output_tokens, done)
 
     def reason_for(self, exc: Exception) -> WireReason:
         if isinstance(exc, self._timeouts):
@@ -297,9 +418,9 @@ class _AnthropicAdapter:
         return WireReason.LLM_UNAVAILABLE
 
 
-def _as_any(messages: list[dict[str, str]]) -> Any:
-    """Our validated {role, content} dicts are exactly the SDKs' message TypedDicts."""
-    return messages
+def _as_any(request: dict[str, Any]) -> Any:
+    """Our validated request fields are exactly the SDKs' parameter TypedDicts."""
+    return request
 
 
 # --- .env: parsed, never executed --------------------------------------------------------------------
@@ -545,8 +666,11 @@ class LlmBroker:
     lacks, and neither is ever copied into os.environ or into any child's environment.
     """
 
-    def __init__(self, host: LlmHostConfig, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, host: LlmHostConfig, env: Mapping[str, str] | None = None, *, retry: RetryPolicy | None = None
+    ) -> None:
         self._host = host
+        self._retry = RetryPolicy() if retry is None else retry
         file_env = read_env_file(host.env_file) if host.env_file is not None else {}
         names = {var for spec in _PROVIDERS.values() for var in spec[:2]}
         names |= {a.api_key_env for a in host.agents.values() if a.api_key_env}
@@ -564,9 +688,12 @@ class LlmBroker:
         can be made, how they were chosen and why not; never the key or URL."""
         return self._resolution(slug).describe()
 
-    def session(self, policy: LlmPolicy, slug: str | None = None) -> LlmSession:
-        """A fresh budget for one run of agent `slug` (its agent-config.json entry picks the provider)."""
-        return LlmSession(self, policy, self._resolution(slug))
+    def session(
+        self, policy: LlmPolicy, slug: str | None = None, *, deadline: float | None = None
+    ) -> LlmSession:
+        """A fresh budget for one run of agent `slug` (its agent-config.json entry picks the provider);
+        `deadline` (time.monotonic) bounds its provider retries."""
+        return LlmSession(self, policy, self._resolution(slug), deadline=deadline)
 
     def _client(self, binding: _Binding) -> _Adapter:
         """The provider adapter for `binding`, built once; raises when the SDK cannot load."""
@@ -582,16 +709,34 @@ class LlmSession:
     """One run's LLM budget; thread-safe. Checks run before any spend, and a call slot is reserved before
     the provider is called, so concurrent calls can never exceed `max_calls`.
 
-    Order: granted → message count → well-formed → input size → provider configured → model allowed →
-    call slot. Only the last consumes a call: a request refused earlier cost nothing and is not charged.
-    The RPC layer runs `screen` first, on a request it has not even decoded yet.
+    Order: granted → message count → tools on the run's catalog → well-formed → input size → provider
+    configured → model allowed → token/cost budget (host/_budget.py: reserved, settled after the call) →
+    call slot. Only the last two consume anything: a request refused earlier cost nothing and is not
+    charged. A transient provider failure (429, 5xx, a reset connection) is retried within the call's one
+    slot and reservation, with bounded backoff, never past the run's deadline. The RPC layer runs `screen`
+    first, on a request it has not even decoded yet.
     """
 
-    def __init__(self, broker: LlmBroker, policy: LlmPolicy, resolution: _Resolution | None = None) -> None:
+    def __init__(
+        self,
+        broker: LlmBroker,
+        policy: LlmPolicy,
+        resolution: _Resolution | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> None:
         self._broker = broker
         self._policy = policy
         self._resolution = broker._default if resolution is None else resolution
         self._lock = threading.Lock()
+        # Token and cost budgets and provider retries (host/_budget.py): reserved in _admit, settled in
+        # _settled; counts only, for the audit (budget_usage).
+        self._budget = LlmBudget.for_policy(policy, broker._host.prices)
+        self._retries = RetryCounts()
+        self._deadline = deadline
+        self._tools: Callable[[], ToolCatalog] | None = None
+        self._catalog: ToolCatalog | None = None
+        self._catalog_lock = threading.Lock()
         self._usage: dict[str, Any] = {
             "requests": 0,
             "calls": 0,
@@ -601,24 +746,53 @@ class LlmSession:
             "refused_input": 0,
             "refused_output": 0,
             "refused_model": 0,
+            "refused_tool": 0,
             "provider_errors": 0,
+            "tool_calls": 0,
+            "tool_calls_refused": 0,
             "model": None,
         }
 
+    def use_tools(self, catalog: Callable[[], ToolCatalog]) -> None:
+        """Where the run's tool catalog comes from (host/_wiring.py); built on first use, once per run.
+        Without it the run has no tools to offer a model."""
+        self._tools = catalog
+
+    def tool_catalog(self) -> ToolCatalog:
+        """The tools this run may hand to a model (ListTools), built once; needs no LLM grant."""
+        with self._catalog_lock:
+            if self._catalog is None:
+                self._catalog = self._tools() if self._tools is not None else EMPTY_CATALOG
+                if self._catalog.dropped:
+                    logger.warning(
+                        "%d declared tool(s) left out of this run's tool definitions (too many, too large, "
+                        "or not an object schema)", self._catalog.dropped,
+                    )  # fmt: skip
+            return self._catalog
+
     @property
     def max_request_bytes(self) -> int:
-        """The most bytes an admissible input can take encoded: `input_chars` counts every role and content
-        at least as its UTF-8 bytes (what protobuf carries), and each of at most MAX_MESSAGES messages adds
-        at most FRAMING_BYTES_PER_MESSAGE of framing."""
+        """The most bytes an admissible input can take encoded: the input size counts every text a request
+        carries at least as its UTF-8 bytes (what protobuf carries), and each of at most MAX_MESSAGES
+        messages, MAX_TOOLS tool definitions and MAX_TOOL_CALLS tool calls adds at most
+        FRAMING_BYTES_PER_MESSAGE of framing."""
         if not self._policy.enabled:
             return 0
-        return self._policy.max_input_chars + FRAMING_BYTES_PER_MESSAGE * MAX_MESSAGES + 256
+        framed = MAX_MESSAGES + MAX_TOOLS + MAX_TOOL_CALLS
+        return self._policy.max_input_chars + FRAMING_BYTES_PER_MESSAGE * framed + 256
 
-    def screen(self, *, request_bytes: int | None = None, message_count: int | None = None) -> None:
+    def screen(
+        self,
+        *,
+        request_bytes: int | None = None,
+        message_count: int | None = None,
+        tool_count: int | None = None,
+    ) -> None:
         """The checks that need no message at all, so a request that cannot pass costs nothing to refuse.
 
         Granted, a call left, an encoded size that could fit the input cap (`max_request_bytes`), at most
-        MAX_MESSAGES messages. A refusal counts exactly as it would in `call`; passing counts nothing.
+        MAX_MESSAGES messages and MAX_TOOLS tools. A refusal counts exactly as it would in `call`; passing
+        counts nothing.
         """
         if not self._policy.enabled:
             self._refuse_request(WireReason.LLM_NOT_GRANTED, "refused_disabled")
@@ -627,61 +801,118 @@ class LlmSession:
         too_many_bytes = request_bytes is not None and request_bytes > self.max_request_bytes
         if too_many_bytes or (message_count is not None and message_count > MAX_MESSAGES):
             self._refuse_request(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
+        if tool_count is not None and tool_count > MAX_TOOLS:
+            self._refuse_request(WireReason.LLM_TOOL_NOT_ALLOWED, "refused_tool")
 
     def call(
-        self, messages: Sequence[Mapping[str, str]], *, on_admit: Callable[[], None] | None = None
+        self, request: LlmCall | Sequence[Mapping[str, Any]], *, on_admit: Callable[[], None] | None = None
     ) -> Completion:
-        """One completion; raises LlmRefusal. `on_admit` runs once every check passed and a call was
-        reserved, before the provider is called (the RPC layer counts the run as active from there)."""
-        adapter, wire, max_tokens = self._admit(messages, on_admit)
+        """One completion; raises LlmRefusal. `request` is an LlmCall or just its messages. `on_admit` runs
+        once every check passed and a call was reserved, before the provider is called (the RPC layer counts
+        the run as active from there)."""
+        admitted = self._admit(_as_call(request), on_admit)
+        reason = WireReason.LLM_OUTPUT_TOO_LARGE
+        complete = partial(admitted.adapter.complete, admitted.request, admitted.max_tokens)
         try:
-            completion = adapter.complete(wire, max_tokens)
+            completion = self._retrying(complete)
+        except TooManyToolCalls:
+            self._settled(admitted, None, generated=True)
+            self._count("refused_output")
         except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
-            reason = self._provider_failed(adapter.reason_for(exc), exc)
+            self._settled(admitted, None)
+            reason = self._provider_failed(admitted.adapter.reason_for(exc), exc)
         else:
-            if len(completion.content) > self._policy.max_output_chars:
+            self._settled(admitted, completion)
+            if completion.output_chars > self._policy.max_output_chars:
                 self._refuse(WireReason.LLM_OUTPUT_TOO_LARGE, "refused_output")
-            self._count("ok")
+            self._delivered(completion)
             return completion
         raise LlmRefusal(reason)  # outside the handler: the provider exception is not chained
 
     def stream(
-        self, messages: Sequence[Mapping[str, str]], *, on_admit: Callable[[], None] | None = None
-    ) -> Iterator[str | Completion]:
-        """Text chunks as they arrive, then one Completion with content "" (the text was already sent).
+        self, request: LlmCall | Sequence[Mapping[str, Any]], *, on_admit: Callable[[], None] | None = None
+    ) -> Iterator[StreamItem]:
+        """Text chunks and tool-call pieces (CallDelta) as they arrive, then one Completion with content ""
+        (the text was already sent) and the completed tool calls.
 
-        At the output cap it yields text up to exactly `max_output_chars`, closes the provider stream and
-        raises LlmRefusal(LLM_OUTPUT_TOO_LARGE). Closing this generator closes the provider stream. As a
-        generator, it checks and sends nothing until the first `next()`; `on_admit` is as for `call`.
+        The output cap counts text and tool-call argument pieces together: at the cap it yields up to exactly
+        `max_output_chars`, closes the provider stream and raises LlmRefusal(LLM_OUTPUT_TOO_LARGE). Closing
+        this generator closes the provider stream. As a generator, it checks and sends nothing until the
+        first `next()`; `on_admit` is as for `call`.
         """
-        adapter, wire, max_tokens = self._admit(messages, on_admit)
+        admitted = self._admit(_as_call(request), on_admit)
         sent = 0
-        with contextlib.closing(adapter.stream(wire, max_tokens)) as chunks:
-            while True:
-                try:
-                    item = next(chunks)
-                except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
-                    reason = self._provider_failed(adapter.reason_for(exc), exc)
-                    break
-                if isinstance(item, Completion):
-                    self._count("ok")
+        final: Completion | None = None
+        failed = False
+        try:
+            with contextlib.closing(self._retrying_stream(admitted)) as chunks:
+                while True:
+                    try:
+                        item = next(chunks)
+                    except TooManyToolCalls:
+                        reason = WireReason.LLM_OUTPUT_TOO_LARGE
+                        self._count("refused_output")
+                        break
+                    except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
+                        failed = True
+                        reason = self._provider_failed(admitted.adapter.reason_for(exc), exc)
+                        break
+                    if isinstance(item, Completion):
+                        final = item
+                        self._settled(admitted, final)
+                        self._delivered(final)
+                        yield final
+                        return
+                    size = len(item) if isinstance(item, str) else len(item.arguments)
+                    room = self._policy.max_output_chars - sent
+                    if size > room:
+                        chunks.close()  # stop the spend now, even if the consumer never asks for more
+                        self._count("refused_output")
+                        if isinstance(item, str) and room:
+                            yield item[:room]
+                        elif isinstance(item, CallDelta) and (room or item.name):
+                            yield dataclasses.replace(item, arguments=item.arguments[:room])
+                        raise LlmRefusal(WireReason.LLM_OUTPUT_TOO_LARGE)
+                    sent += size
                     yield item
-                    return
-                room = self._policy.max_output_chars - sent
-                if len(item) > room:
-                    chunks.close()  # stop the spend now, even if the consumer never asks for more
-                    self._count("refused_output")
-                    if room:
-                        yield item[:room]
-                    raise LlmRefusal(WireReason.LLM_OUTPUT_TOO_LARGE)
-                sent += len(item)
-                yield item
+        finally:
+            if final is None:  # failed, cut at the cap, or closed by the consumer: usage never came
+                self._settled(admitted, None, generated=not failed)
         raise LlmRefusal(reason)
 
     def usage(self) -> dict[str, Any]:
         """Counters and the host-side model name, for the audit record only (never sent to the sandbox)."""
         with self._lock:
             return dict(self._usage)
+
+    def budget_usage(self) -> dict[str, Any]:
+        """Token, cost and retry counts (host/_budget.py), for the audit record only."""
+        return {**self._budget.totals(), **self._retries.totals()}
+
+    def _retrying(self, attempt: Callable[[], _T]) -> _T:
+        """`attempt()`, retried on transient provider failures (429, 5xx, a reset connection) with bounded
+        backoff inside the run's deadline; the call keeps its one call slot and budget reservation."""
+        retry, counts = self._broker._retry, self._retries
+        return call_with_retries(attempt, policy=retry, counts=counts, deadline=self._deadline)
+
+    def _retrying_stream(self, admitted: _Admitted) -> Generator[StreamItem, None, None]:
+        """The adapter's stream, its opening (up to the first item) retried like a call; later failures are
+        not (the agent may already have text)."""
+        opened: list[Generator[StreamItem, None, None]] = []
+
+        def first() -> StreamItem:
+            if opened:
+                opened.pop().close()
+            opened.append(admitted.adapter.stream(admitted.request, admitted.max_tokens))
+            return next(opened[0])
+
+        try:
+            item = self._retrying(first)
+            yield item
+            yield from opened[0]
+        finally:
+            for chunks in opened:
+                chunks.close()
 
     @property
     def calls_remaining(self) -> int:
@@ -691,18 +922,25 @@ class LlmSession:
         with self._lock:
             return max(0, self._policy.max_calls - int(self._usage["calls"]))
 
-    def _admit(
-        self, messages: Sequence[Mapping[str, str]], on_admit: Callable[[], None] | None
-    ) -> tuple[_Adapter, list[dict[str, str]], int]:
+    def _admit(self, call: LlmCall, on_admit: Callable[[], None] | None) -> _Admitted:
         """Run every check, reserve a call slot and return what the provider call needs."""
         self._count("requests")
         if not self._policy.enabled:
             self._refuse(WireReason.LLM_NOT_GRANTED, "refused_disabled")
-        if isinstance(messages, Sequence) and len(messages) > MAX_MESSAGES:
+        if isinstance(call.messages, Sequence) and len(call.messages) > MAX_MESSAGES:
             # before looking at a single message
             self._refuse(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
-        wire = _validated(messages)
-        if input_chars(wire) > self._policy.max_input_chars:
+        try:
+            tools = check_tools(call.tools, self.tool_catalog()) if call.tools else ()
+        except Rejected as rejected:
+            if rejected.reason == WireReason.LLM_TOOL_NOT_ALLOWED:
+                self._refuse(rejected.reason, "refused_tool")
+            raise LlmRefusal(rejected.reason) from None
+        try:
+            request = prepare(call, tools)
+        except Rejected as rejected:
+            raise LlmRefusal(rejected.reason) from None
+        if request.chars > self._policy.max_input_chars:
             self._refuse(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
         binding = self._resolution.binding
         if binding is None:
@@ -722,15 +960,50 @@ class LlmSession:
             self._provider_failed(WireReason.LLM_UNAVAILABLE, exc)
         if adapter is None:
             raise LlmRefusal(WireReason.LLM_UNAVAILABLE)
+        max_tokens = max(1, math.ceil(self._policy.max_output_chars / _CHARS_PER_TOKEN))
+        max_tokens = min(_MAX_TOKENS_CEILING, max_tokens)
+        # Budgets (host/_budget.py): reserved after every free check and before the call slot, in one step
+        # under the budget's lock; max_tokens becomes what is left. A refusal names its cap (nothing spent).
+        try:
+            reservation = self._budget.reserve(_estimate(request), binding.model, output_limit=max_tokens)
+        except BudgetRefusal as refusal:
+            if refusal.unpriced:
+                logger.warning("LLM call refused: max_cost_usd is set and %s", UNPRICED_HINT)
+            raise LlmRefusal(refusal.reason, refusal.message) from None
         with self._lock:
             if self._usage["calls"] >= self._policy.max_calls:
                 self._usage["refused_limit"] += 1
+                self._budget.cancel(reservation)
                 raise LlmRefusal(WireReason.LLM_CALL_LIMIT)
             self._usage["calls"] += 1
         if on_admit is not None:
             on_admit()
-        max_tokens = max(1, math.ceil(self._policy.max_output_chars / _CHARS_PER_TOKEN))
-        return adapter, wire, min(_MAX_TOKENS_CEILING, max_tokens)
+        return _Admitted(adapter, request, reservation.max_tokens, reservation)
+
+    def _settled(
+        self, admitted: _Admitted, completion: Completion | None, *, generated: bool = False
+    ) -> None:
+        """The provider call of `admitted` is over: `completion` carries the provider's own usage, None when
+        it failed, was cut at the output cap or was closed early, before usage was known. Only the first
+        call per admitted call counts (the budget ignores the rest).
+
+        Settled from the provider's counts; without them a failed call is charged its input estimate and no
+        output, one that `generated` output (cut at a cap, closed early) its whole reservation.
+        """
+        if completion is not None:
+            self._budget.settle(admitted.reservation, completion.input_tokens, completion.output_tokens)
+        elif generated:
+            self._budget.settle(admitted.reservation, None, None)
+        else:
+            self._budget.release(admitted.reservation)
+
+    def _delivered(self, completion: Completion) -> None:
+        """A completion goes to the agent: count it and the model's tool calls (refused ones apart)."""
+        refused = sum(1 for c in completion.tool_calls if c.refused)
+        with self._lock:
+            self._usage["ok"] += 1
+            self._usage["tool_calls"] += len(completion.tool_calls)
+            self._usage["tool_calls_refused"] += refused
 
     def _count(self, counter: str) -> None:
         with self._lock:
@@ -754,59 +1027,48 @@ class LlmSession:
         return reason
 
 
-_TWO_BYTE_ESCAPES = b'"\\\b\f\n\r\t'
-"""Characters JSON writes as a backslash and one letter."""
-_SIX_BYTE_ESCAPES = bytes(c for c in range(0x20) if c not in _TWO_BYTE_ESCAPES)
-"""The other control characters, which JSON writes as \\u00XX."""
+@dataclass(frozen=True)
+class _Admitted:
+    """A call that passed every check and holds a call slot: what its provider call needs."""
+
+    adapter: _Adapter
+    request: Prepared
+    max_tokens: int
+    reservation: Reservation
 
 
-def json_string_bytes(text: str) -> int:
-    """The bytes `text` takes inside a JSON string as both SDKs send it: `json.dumps(text,
-    ensure_ascii=False)[1:-1]` encoded as UTF-8 (openai and anthropic serialize request bodies with
-    `ensure_ascii=False` and send UTF-8, as httpx does), so a control character counts 6 (or 2 for
-    \\b \\f \\n \\r \\t), `"` and `\\` 2, any other character its UTF-8 length (1 to 4).
+def _estimate(request: Prepared) -> int:
+    """The request's input-token estimate (host/_budget.py): every text it sends, roles, names and ids."""
+    names: list[str] = [t.name for t in request.tools]
+    for m in request.messages:
+        names += [m.role, m.tool_call_id, *(x for c in m.tool_calls for x in (c.id, c.name))]
+    return estimate_tokens([*request.texts(), *names], messages=len(request.messages))
 
-    Computed without building the escaped text: one UTF-8 encode and two byte deletions, all in C and O(n).
-    Control characters, `"` and `\\` are single bytes in UTF-8 and never occur inside a multi-byte one.
-    """
-    raw = text.encode("utf-8", "surrogatepass")
-    two = len(raw) - len(raw.translate(None, _TWO_BYTE_ESCAPES))
-    six = len(raw) - len(raw.translate(None, _SIX_BYTE_ESCAPES))
-    return len(raw) + two + 5 * six
+
+def _as_call(request: LlmCall | Sequence[Mapping[str, Any]]) -> LlmCall:
+    return request if isinstance(request, LlmCall) else LlmCall(messages=request)
 
 
 def input_chars(messages: Sequence[Mapping[str, str]]) -> int:
-    """The input size a call is capped on (`max_input_chars`): every role and every content as the bytes it
-    takes in the request body (`json_string_bytes`: JSON-escaped, UTF-8), plus MESSAGE_OVERHEAD_CHARS per
-    message. For plain ASCII text without quotes, backslashes or control characters that is one per
-    character; text that escaping or UTF-8 makes longer on the wire counts what it sends, so no content
-    shape can make a request several times the cap.
+    """The input size of plain {role, content} messages, as a call is capped on (`max_input_chars`): every
+    role and every content as the bytes it takes in the request body (`json_string_bytes`: JSON-escaped,
+    UTF-8), plus MESSAGE_OVERHEAD_CHARS per message. For plain ASCII text without quotes, backslashes or
+    control characters that is one per character; text that escaping or UTF-8 makes longer on the wire
+    counts what it sends, so no content shape can make a request several times the cap.
 
     It bounds what either adapter sends of roles and contents: OpenAI gets each as counted; Anthropic gets
     the non-system messages as counted plus the non-empty system contents joined by "\\n\\n" (4 bytes
     escaped), which is less than their roles, contents and overheads together. The rest of the body is
     JSON structure: at most a fixed ~25 bytes a message besides what is counted, and a few fields.
+
+    A request with tools, tool calls, tool results or a response format counts those too
+    (host/_llmtools.prepare): tool definitions as the host sends them, call ids, names and arguments, result
+    ids, the response schema, each the larger of what the agent sent and what the provider is sent.
     """
     return sum(
         json_string_bytes(m["role"]) + json_string_bytes(m["content"]) + MESSAGE_OVERHEAD_CHARS
         for m in messages
     )
-
-
-def _validated(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
-    """Plain {role, content} dicts, or LlmRefusal(INVALID_REQUEST); other message keys are dropped."""
-    wire: list[dict[str, str]] = []
-    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise LlmRefusal(WireReason.INVALID_REQUEST)
-    for message in messages:
-        role = message.get("role") if isinstance(message, Mapping) else None
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if not isinstance(role, str) or role not in _ROLES or not isinstance(content, str):
-            raise LlmRefusal(WireReason.INVALID_REQUEST)
-        wire.append({"role": role, "content": content})
-    if not wire:
-        raise LlmRefusal(WireReason.INVALID_REQUEST)
-    return wire
 
 
 __all__ = [
@@ -816,8 +1078,10 @@ __all__ = [
     "MESSAGE_OVERHEAD_CHARS",
     "Completion",
     "LlmBroker",
+    "LlmCall",
     "LlmRefusal",
     "LlmSession",
+    "StreamItem",
     "input_chars",
     "json_string_bytes",
     "parse_env_text",

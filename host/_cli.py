@@ -493,6 +493,24 @@ def _human_explain(p: Mapping[str, Any]) -> None:
         for key in ("max_calls", "max_input_chars", "max_output_chars"):
             lowered = f" (lowered from {safe_line(req['llm'][key])})" if key in llm["clamped"] else ""
             line(f"llm {key}", f"{safe_line(llm[key])}{lowered}")
+        for key in ("max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd"):
+            if llm.get(key) is None:
+                continue  # no such budget: the character caps above still bound every call
+            lowered = f" (lowered from {safe_line(req['llm'].get(key))})" if key in llm["clamped"] else ""
+            line(f"llm {key}", f"{safe_line(llm[key])}{lowered}")
+        price = llm.get("price")
+        if price is not None:
+            line(
+                "llm price",
+                f"{safe_line(price.get('input_per_million'))} / "
+                f"{safe_line(price.get('output_per_million'))} USD per million input / output tokens",
+            )
+        elif llm.get("max_cost_usd") is not None:
+            line(
+                "llm price",
+                "none for the host model: max_cost_usd refuses every call (add the model to "
+                "agent_sandbox.llm.prices)",
+            )
         models = llm["allowed_models"]
         line("llm models", "any host model" if models is None else names(models) or "none")
     provider = safe_line(f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip())

@@ -32,6 +32,11 @@ WIRE_UINT32_MAX = 2**32 - 1
 """Limits cross to the sandbox as uint32 (session.proto): a larger number would not survive the wire."""
 DEFAULT_MAX_RUNTIME_SECONDS = 3600
 """The runtime ceiling when the operator sets none (the pack format's own maximum): no run is unbounded."""
+MAX_PRICED_MODELS = 256
+"""Entries `agent_sandbox.llm.prices` may hold."""
+MAX_MODEL_NAME_CHARS = 200
+MAX_PRICE_PER_MILLION = 1_000_000.0
+"""A price above this (USD per million tokens) is a typo, not a model."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,14 @@ class AgentLlmConfig:
 
 
 @dataclass(frozen=True)
+class ModelPrice:
+    """One entry of `agent_sandbox.llm.prices`: USD per million input and output tokens (finite, >= 0)."""
+
+    input_per_million: float
+    output_per_million: float
+
+
+@dataclass(frozen=True)
 class LlmHostConfig:
     """`agent_sandbox.llm`: the host ceiling for brokered LLM access and the provider binding."""
 
@@ -67,6 +80,14 @@ class LlmHostConfig:
     max_input_chars: int | None = None
     max_output_chars: int | None = None
     allowed_models: tuple[str, ...] | None = None
+    max_input_tokens: int | None = None
+    """Token ceilings (host/_budget.py): per call for input and output, per run in all; None: no ceiling."""
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_cost_usd: float | None = None
+    """Ceiling on a run's provider cost, priced from `prices`; a model without a price is refused under it."""
+    prices: Mapping[str, ModelPrice] = field(default_factory=dict)
+    """USD per million tokens by host-side model name (the model the provider is called with)."""
     provider: str | None = None
     model: str | None = None
     base_url: str | None = None
@@ -363,6 +384,41 @@ class _Validator:
             raise self.fail(key, "expected a positive number", value)
         return float(value)
 
+    def price(self, value: Any, key: str) -> float:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not 0 <= value <= MAX_PRICE_PER_MILLION:
+            raise self.fail(
+                key, f"expected a finite non-negative number (USD per million tokens) up to "
+                f"{MAX_PRICE_PER_MILLION:.0f}", value,
+            )  # fmt: skip
+        return float(value)
+
+    def prices(self, value: Any, key: str) -> dict[str, ModelPrice]:
+        """`{"<model>": {"input_per_million": x, "output_per_million": y}}`, both numbers required."""
+        if not isinstance(value, dict):
+            raise self.fail(key, "expected an object mapping model names to prices", value)
+        if len(value) > MAX_PRICED_MODELS:
+            raise self.fail(key, f"expected at most {MAX_PRICED_MODELS} models", f"{len(value)} models")
+        out: dict[str, ModelPrice] = {}
+        for model, entry in value.items():
+            if not model or len(model) > MAX_MODEL_NAME_CHARS or not model.isprintable():
+                raise self.fail(
+                    key, f"expected model names of 1 to {MAX_MODEL_NAME_CHARS} printable characters", model
+                )
+            where = f"{key}.{model}"
+            data = self.section(entry, where, ("input_per_million", "output_per_million"))
+            for name in ("input_per_million", "output_per_million"):
+                if name not in data:
+                    raise ConfigError(
+                        f"{where}.{name}: required (USD per million tokens)",
+                        hint=f"Add {where}.{name} in {self.config_file}.",
+                    )
+            out[model] = ModelPrice(
+                input_per_million=self.price(data["input_per_million"], f"{where}.input_per_million"),
+                output_per_million=self.price(data["output_per_million"], f"{where}.output_per_million"),
+            )
+        return out
+
     def text(self, value: Any, key: str) -> str:
         if not isinstance(value, str) or not value:
             raise self.fail(key, "expected a non-empty string", value)
@@ -427,16 +483,23 @@ class _Validator:
 
     def llm(self, value: Any, key: str) -> LlmHostConfig:
         allowed = ("enabled", "max_calls", "max_input_chars", "max_output_chars", "allowed_models",
+                   "max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd", "prices",
                    "provider", "model", "base_url", "timeout_seconds", "grant_declared")
         data = self.section(value, key, allowed)
         timeout = self.optional(data, f"{key}.timeout_seconds", self.positive_number)
         grant_declared = self.optional(data, f"{key}.grant_declared", self.boolean)
+        prices = self.optional(data, f"{key}.prices", self.prices)
         return LlmHostConfig(
             enabled=self.optional(data, f"{key}.enabled", self.boolean),
             max_calls=self.optional(data, f"{key}.max_calls", self.positive_int),
             max_input_chars=self.optional(data, f"{key}.max_input_chars", self.positive_int),
             max_output_chars=self.optional(data, f"{key}.max_output_chars", self.positive_int),
             allowed_models=self.optional(data, f"{key}.allowed_models", self.names),
+            max_input_tokens=self.optional(data, f"{key}.max_input_tokens", self.positive_int),
+            max_output_tokens=self.optional(data, f"{key}.max_output_tokens", self.positive_int),
+            max_total_tokens=self.optional(data, f"{key}.max_total_tokens", self.positive_int),
+            max_cost_usd=self.optional(data, f"{key}.max_cost_usd", self.positive_number),
+            prices={} if prices is None else prices,
             provider=self.optional(data, f"{key}.provider", self.choice(PROVIDERS)),
             model=self.optional(data, f"{key}.model", self.text),
             base_url=self.optional(data, f"{key}.base_url", self.text),

@@ -10,7 +10,7 @@ from typing import Any
 from host._broker import LlmBroker
 from host._config import HostConfig, load_config, sandbox_enabled
 from host._errors import AuditReason, PackError, RefusedError
-from host._manifest import LLM_CAP_KEYS, AgentManifest
+from host._manifest import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
 from host._packs import LockEntry, Lockfile
 from host._policy import RouteDecision, RunPolicy, declares_llm, resolve_run_policy, route_run
 from host._vocab import Route, Trust
@@ -86,8 +86,12 @@ class Explanation:
         p, m, cfg = self.policy, self.manifest, self.config.agent_sandbox
         sandboxed = self.decision.route is not Route.HOST
         refused = self.decision.route is Route.REFUSED
-        requested_llm = {key: m.llm_access.get(key) for key in LLM_CAP_KEYS}
+        requested_llm = {
+            key: m.llm_access.get(key) for key in (*LLM_CAP_KEYS, *LLM_TOKEN_CAP_KEYS, LLM_COST_CAP_KEY)
+        }
         models = m.llm_access.get("allowed_models")
+        model = self.llm_provider.get("model")
+        price = cfg.llm.prices.get(model) if isinstance(model, str) else None
         return {
             "slug": self.entry.slug,
             "version": self.entry.version,
@@ -110,6 +114,14 @@ class Explanation:
                 "max_input_chars": p.llm.max_input_chars,
                 "max_output_chars": p.llm.max_output_chars,
                 "allowed_models": None if p.llm.allowed_models is None else sorted(p.llm.allowed_models),
+                "max_input_tokens": p.llm.max_input_tokens,
+                "max_output_tokens": p.llm.max_output_tokens,
+                "max_total_tokens": p.llm.max_total_tokens,
+                "max_cost_usd": p.llm.max_cost_usd,
+                "price": None if price is None else {
+                    "input_per_million": price.input_per_million,
+                    "output_per_million": price.output_per_million,
+                },
                 "clamped": list(p.llm.clamped),
                 "provider": self.llm_provider.get("provider"),
                 "model": self.llm_provider.get("model"),

@@ -62,6 +62,11 @@ FORMAT_MODULE_RE = re.compile(rf"{_FORMAT_IDENT}(?:\.{_FORMAT_IDENT})+")
 FORMAT_ENTRYPOINT_RE = re.compile(rf"{_FORMAT_IDENT}(?:\.{_FORMAT_IDENT})+:{_FORMAT_IDENT}")
 """The format's v2 entrypoint: a v1 module path, `:`, a function name."""
 LLM_CAP_KEYS = ("max_calls", "max_input_chars", "max_output_chars")
+LLM_TOKEN_CAP_KEYS = ("max_input_tokens", "max_output_tokens", "max_total_tokens")
+"""Token budgets (host/_budget.py): input and output per call, everything per run."""
+LLM_COST_CAP_KEY = "max_cost_usd"
+"""The run's provider cost budget in USD, a positive number."""
+MAX_COST_USD = 1_000_000.0
 LIMITS: dict[str, tuple[int, int, int]] = {
     "max_iterations": (1, 100, 12),
     "max_tool_calls": (0, 500, 40),
@@ -126,7 +131,9 @@ _TOOL_KEYS = frozenset(
 _DEPENDENCY_KEYS = frozenset({
     "package_slug", "package_id", "role", "required", "is_required", "min_version", "fallback",
 })  # fmt: skip
-_LLM_ACCESS_KEYS = frozenset({"enabled", "allowed_models", *LLM_CAP_KEYS})
+_LLM_ACCESS_KEYS = frozenset(
+    {"enabled", "allowed_models", *LLM_CAP_KEYS, *LLM_TOKEN_CAP_KEYS, LLM_COST_CAP_KEY}
+)
 
 _HINT = "Fix agentnode.yaml in the pack (or ask its author to) and reinstall it."
 _FILE_HINT = (
@@ -1187,9 +1194,18 @@ class _Parser:
         out: dict[str, Any] = {}
         if "enabled" in block:
             out["enabled"] = block["enabled"] is True
-        for cap in LLM_CAP_KEYS:
+        for cap in (*LLM_CAP_KEYS, *LLM_TOKEN_CAP_KEYS):
             if block.get(cap) is not None:
                 out[cap] = self.positive_int(block[cap], f"agent.llm_access.{cap}", 0)
+        cost = block.get(LLM_COST_CAP_KEY)
+        if cost is not None:
+            number = isinstance(cost, int | float) and not isinstance(cost, bool)
+            if not number or not math.isfinite(cost) or not 0 < cost <= MAX_COST_USD:
+                raise self.fail(
+                    f"agent.llm_access.{LLM_COST_CAP_KEY}",
+                    f"expected a positive number of USD up to {MAX_COST_USD:.0f}, got {_describe(cost)}",
+                )
+            out[LLM_COST_CAP_KEY] = float(cost)
         if block.get("allowed_models") is not None:
             out["allowed_models"] = list(
                 self.names(block["allowed_models"], "agent.llm_access.allowed_models")

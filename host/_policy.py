@@ -8,7 +8,13 @@ from typing import Any
 
 from host._config import HOST_TRUST_POLICIES, AgentSandboxConfig, LlmHostConfig
 from host._errors import AuditReason, ConfigError
-from host._manifest import LLM_CAP_KEYS, AgentManifest, check_llm_access
+from host._manifest import (
+    LLM_CAP_KEYS,
+    LLM_COST_CAP_KEY,
+    LLM_TOKEN_CAP_KEYS,
+    AgentManifest,
+    check_llm_access,
+)
 from host._vocab import HOST_TRUST, Route, Trust
 
 # Conservative built-in LLM ceilings for borrowed host credentials, used where the host sets none.
@@ -46,6 +52,14 @@ class LlmPolicy:
     clamped: tuple[str, ...] = ()
     granted_by: str = ""
     """What granted it: GRANT_LLM_ACCESS, GRANT_DECLARED or GRANT_HOST_PATH; "" when not granted."""
+    max_input_tokens: int | None = None
+    """Token budgets (host/_budget.py), reserved before each provider call: the input estimate per call,
+    the output tokens asked for per call, and all tokens of the run; None: no token cap (the character
+    caps still bound every call)."""
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_cost_usd: float | None = None
+    """The run's provider cost budget in USD, priced by the host's `agent_sandbox.llm.prices`; None: none."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,10 @@ def resolve_llm_policy(
     sets `grant_declared`. An explicit `enabled` always decides (`false` wins over grant_declared); caps and
     allowed_models in the block apply either way, and only ever lower the host ceiling.
 
+    Token and cost budgets (`max_input_tokens`, `max_output_tokens`, `max_total_tokens`, `max_cost_usd`)
+    have no built-in ceiling: the lower of the block's request and the host's ceiling, whichever are set;
+    None when neither is.
+
     Raises ManifestError for a malformed block so a typo never silently widens or drops a restriction.
     """
     check_llm_access(llm_access)
@@ -151,6 +169,9 @@ def resolve_llm_policy(
         caps[key] = ceiling if requested is None else min(requested, ceiling)
         if requested is not None and requested > ceiling:
             clamped.append(key)
+    budgets: dict[str, float | None] = {}
+    for key in (*LLM_TOKEN_CAP_KEYS, LLM_COST_CAP_KEY):
+        budgets[key] = _lower(llm_access.get(key), getattr(host, key), key, clamped)
     raw_models = llm_access.get("allowed_models")
     wanted = None if raw_models is None else frozenset(m.strip() for m in raw_models)
     offered = None if host.allowed_models is None else frozenset(host.allowed_models)
@@ -168,7 +189,25 @@ def resolve_llm_policy(
         allowed_models=models,
         clamped=tuple(clamped),
         granted_by=granted_by,
+        max_input_tokens=_whole(budgets["max_input_tokens"]),
+        max_output_tokens=_whole(budgets["max_output_tokens"]),
+        max_total_tokens=_whole(budgets["max_total_tokens"]),
+        max_cost_usd=budgets[LLM_COST_CAP_KEY],
     )
+
+
+def _lower(requested: float | None, ceiling: float | None, key: str, clamped: list[str]) -> float | None:
+    """The lower of a request and a ceiling where both are set, else whichever is; names a lowered request."""
+    if requested is None or ceiling is None:
+        return ceiling if requested is None else requested
+    if requested > ceiling:
+        clamped.append(key)
+        return ceiling
+    return requested
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def resolve_run_policy(manifest: AgentManifest, cfg: AgentSandboxConfig, *, sandboxed: bool) -> RunPolicy:

@@ -128,6 +128,7 @@ class RunAudit:
         """The run's one end record; False when it could not be written (kept and retried by the log)."""
         a = run.admission
         llm: dict[str, Any] | None = None
+        usage = run.llm.usage() if run.llm is not None else {}
         if a is not None and a.policy is not None and run.llm is not None:
             p = a.policy.llm
             llm = {
@@ -136,7 +137,12 @@ class RunAudit:
                 "max_input_chars": p.max_input_chars,
                 "max_output_chars": p.max_output_chars,
                 "allowed_models": sorted(p.allowed_models) if p.allowed_models is not None else None,
+                "max_input_tokens": p.max_input_tokens,
+                "max_output_tokens": p.max_output_tokens,
+                "max_total_tokens": p.max_total_tokens,
+                "max_cost_usd": p.max_cost_usd,
                 **run.llm.usage(),
+                **run.llm.budget_usage(),
             }
         record = run_record(
             slug=slug,
@@ -156,6 +162,8 @@ class RunAudit:
             tool_calls_host_worker=run.gate.calls_in(MODE_HOST_WORKER) if run.gate else 0,
             tool_calls_tool_sandbox=run.gate.calls_in(MODE_TOOL_SANDBOX) if run.gate else 0,
             tool_sandboxes_started=run.gate.sandboxes_started if run.gate else 0,
+            llm_tool_calls=int(usage.get("tool_calls", 0)),
+            llm_tool_calls_refused=int(usage.get("tool_calls_refused", 0)),
         )
         return self.log.append(record)
 

@@ -51,6 +51,10 @@ agent:
     max_calls: 20               # LLM calls per run
     max_input_chars: 24000      # message text per call (system prompt included)
     max_output_chars: 24000     # longest completion accepted per call
+    # Optional token and money budgets, reserved before each call (omit: only the host's, if any):
+    # max_total_tokens: 50000   # input + output tokens per run, as the provider counts them
+    # max_output_tokens: 2000   # output tokens asked for per call
+    # max_cost_usd: 0.10        # provider cost per run, at the host's prices for its model
     # Optionally restrict which host-chosen models may serve this agent (omit: any host model;
     # an empty list: no model is acceptable).
     # allowed_models: ["gpt-4o-mini", "claude-3-5-haiku-latest"]

@@ -15,6 +15,7 @@ import grpc
 from host._broker import MAX_MESSAGES, Completion, LlmSession
 from host._errors import CallRefusal
 from host._json import JsonRejected, dumps_strict, loads_strict
+from host._llmtools import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
 from host._policy import RunPolicy
 from host._tools import ToolGate, ToolRefusal
 from host._vocab import WireReason
@@ -88,12 +89,15 @@ _STATUS: dict[WireReason, grpc.StatusCode] = {
     WireReason.LLM_INPUT_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     WireReason.LLM_OUTPUT_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     WireReason.LLM_MODEL_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,
+    WireReason.LLM_TOOL_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,
     WireReason.LLM_RATE_LIMITED: grpc.StatusCode.UNAVAILABLE,
     WireReason.LLM_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     WireReason.LLM_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     WireReason.RUN_DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
     WireReason.HOST_ERROR: grpc.StatusCode.INTERNAL,
     WireReason.TOO_MANY_REFUSALS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WireReason.LLM_TOKEN_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,  # host/_budget.py (metered)
+    WireReason.LLM_COST_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 # Refusals that report the run's state, its spent budget or the provider, not a bad request: answered
@@ -121,7 +125,23 @@ _FINISH = {
     "length": llm_pb2.FINISH_REASON_LENGTH,
     "content_filter": llm_pb2.FINISH_REASON_CONTENT_FILTER,
     "other": llm_pb2.FINISH_REASON_OTHER,
+    "tool_calls": llm_pb2.FINISH_REASON_TOOL_CALLS,
 }
+_TOOL_CHOICE = {
+    llm_pb2.TOOL_CHOICE_UNSPECIFIED: "",
+    llm_pb2.TOOL_CHOICE_AUTO: "auto",
+    llm_pb2.TOOL_CHOICE_NONE: "none",
+    llm_pb2.TOOL_CHOICE_REQUIRED: "required",
+}
+_RESPONSE_FORMAT = {
+    llm_pb2.RESPONSE_FORMAT_TYPE_UNSPECIFIED: "",
+    llm_pb2.RESPONSE_FORMAT_TYPE_TEXT: "text",
+    llm_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT: "json_object",
+    llm_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA: "json_schema",
+}
+_UNKNOWN_ENUM = "unknown"  # an open enum carries any number: one we do not know is an invalid request
+LIST_TOOLS_REQUEST_MAX_BYTES = 64
+"""A ListTools request has no fields."""
 
 
 @dataclass(frozen=True)
@@ -672,40 +692,106 @@ class _RunServices:
 
     def _llm_request(
         self, raw: bytes, call: _Call, message_type: type[_LlmRequest]
-    ) -> tuple[LlmSession, list[dict[str, str]]]:
-        """Screen, bound and decode an LLM request; the messages as the broker takes them."""
+    ) -> tuple[LlmSession, LlmCall]:
+        """Screen, bound and decode an LLM request; the request as the broker takes it."""
         _, llm = self.session.require_open()
         llm.screen(request_bytes=len(raw))
-        counts = _field_counts(raw, MAX_MESSAGES + 8, message_type.DESCRIPTOR.name)
-        llm.screen(message_count=MAX_MESSAGES + 1 if counts is None else counts.get(1, 0))
+        max_fields = MAX_MESSAGES + MAX_TOOLS + 8
+        counts = _field_counts(raw, max_fields, message_type.DESCRIPTOR.name)
+        if counts is None:
+            llm.screen(message_count=MAX_MESSAGES + 1)
+        else:
+            llm.screen(message_count=counts.get(1, 0), tool_count=counts.get(2, 0))
         call.decoded = len(raw)
-        request: _LlmRequest = _decode(message_type, raw, MAX_MESSAGES + 8)
-        return llm, [{"role": m.role, "content": m.content} for m in request.messages]
+        request: _LlmRequest = _decode(message_type, raw, max_fields)
+        return llm, _llm_call(request)
 
     def call_llm(self, raw: bytes, call: _Call, context: grpc.ServicerContext) -> llm_pb2.CallLlmResponse:
-        llm, messages = self._llm_request(raw, call, llm_pb2.CallLlmRequest)
-        completion = llm.call(messages, on_admit=call.accept)
+        llm, request = self._llm_request(raw, call, llm_pb2.CallLlmRequest)
+        completion = llm.call(request, on_admit=call.accept)
         return llm_pb2.CallLlmResponse(
             content=completion.content,
             finish_reason=_FINISH.get(completion.finish_reason, llm_pb2.FINISH_REASON_UNSPECIFIED),
             usage=_usage(completion),
             calls_remaining=llm.calls_remaining,
+            tool_calls=_tool_calls(completion.tool_calls),
         )
 
     def stream_llm(
         self, raw: bytes, call: _Call, context: grpc.ServicerContext
     ) -> Iterator[llm_pb2.StreamLlmResponse]:
-        llm, messages = self._llm_request(raw, call, llm_pb2.StreamLlmRequest)
-        for item in llm.stream(messages, on_admit=call.accept):
+        llm, request = self._llm_request(raw, call, llm_pb2.StreamLlmRequest)
+        for item in llm.stream(request, on_admit=call.accept):
             if isinstance(item, str):
                 if item:
                     yield llm_pb2.StreamLlmResponse(delta=item)
+            elif isinstance(item, CallDelta):
+                yield llm_pb2.StreamLlmResponse(
+                    tool_call_deltas=[
+                        llm_pb2.ToolCallDelta(
+                            index=item.index, id=item.id, name=item.name, arguments_delta=item.arguments
+                        )
+                    ]
+                )
             else:
                 yield llm_pb2.StreamLlmResponse(
                     finish_reason=_FINISH.get(item.finish_reason, llm_pb2.FINISH_REASON_UNSPECIFIED),
                     usage=_usage(item),
                     done=True,
+                    tool_calls=_tool_calls(item.tool_calls),
                 )
+
+    def list_tools(self, raw: bytes, call: _Call, context: grpc.ServicerContext) -> llm_pb2.ListToolsResponse:
+        """The run's tool definitions (host/_llmtools.py: built once per run from the lockfile); no LLM
+        grant needed."""
+        _, llm = self.session.require_open()
+        if len(raw) > LIST_TOOLS_REQUEST_MAX_BYTES:
+            raise CallRefusal(
+                WireReason.TOO_LARGE, f"a ListTools request is at most {LIST_TOOLS_REQUEST_MAX_BYTES} bytes"
+            )
+        call.decoded = len(raw)
+        _decode(llm_pb2.ListToolsRequest, raw, 4)
+        call.accept()
+        tools = [(t.name, t.description, t.parameters_json) for t in llm.tool_catalog().definitions]
+        return llm_pb2.ListToolsResponse(
+            tools=[llm_pb2.ToolDefinition(name=n, description=d, parameters_json=p) for n, d, p in tools]
+        )
+
+
+def _llm_call(request: _LlmRequest) -> LlmCall:
+    """The decoded request as plain data; tool definitions by name only (the host has its own copies)."""
+    messages: list[dict[str, Any]] = []
+    for m in request.messages:
+        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "name": c.name, "arguments": c.arguments_json, "refused": c.refused}
+                for c in m.tool_calls
+            ]
+        if m.tool_call_id:
+            message["tool_call_id"] = m.tool_call_id
+        messages.append(message)
+    response_format: dict[str, str] | None = None
+    if request.HasField("response_format"):
+        fmt = request.response_format
+        response_format = {
+            "type": _RESPONSE_FORMAT.get(fmt.type, _UNKNOWN_ENUM),
+            "name": fmt.schema_name,
+            "schema": fmt.schema_json,
+        }
+    return LlmCall(
+        messages=messages,
+        tools=[t.name for t in request.tools],
+        tool_choice=_TOOL_CHOICE.get(request.tool_choice, _UNKNOWN_ENUM),
+        response_format=response_format,
+    )
+
+
+def _tool_calls(calls: tuple[ModelToolCall, ...]) -> list[llm_pb2.ToolCall]:
+    return [
+        llm_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json, refused=c.refused)
+        for c in calls
+    ]
 
 
 def _usage(c: Completion) -> llm_pb2.Usage:
@@ -748,6 +834,7 @@ def build_run_server(
         _service(llm_pb2, "LlmService"): {
             "CallLlm": _unary(session, "CallLlm", svc.call_llm, throttled=True),
             "StreamLlm": _unary_stream(session, "StreamLlm", svc.stream_llm, throttled=True),
+            "ListTools": _unary(session, "ListTools", svc.list_tools, throttled=True),
         },
     }
     for name, methods in services.items():

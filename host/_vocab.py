@@ -79,6 +79,9 @@ class WireReason(enum.StrEnum):
     RUN_DEADLINE = "RUN_DEADLINE"
     HOST_ERROR = "HOST_ERROR"
     TOO_MANY_REFUSALS = "TOO_MANY_REFUSALS"
+    LLM_TOKEN_BUDGET = "LLM_TOKEN_BUDGET"  # noqa: S105  a reason's name, not a secret
+    LLM_COST_BUDGET = "LLM_COST_BUDGET"
+    LLM_TOOL_NOT_ALLOWED = "LLM_TOOL_NOT_ALLOWED"
 
 
 __all__ = ["COMMUNITY_TRUST", "HOST_TRUST", "Route", "Runtime", "Source", "Trust", "WireReason"]

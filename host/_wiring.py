@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from host._broker import LlmBroker, LlmSession
 from host._json import dumps_strict
+from host._llmtools import ToolCatalog, build_catalog
 from host._manifest import AgentManifest, ToolpackManifest
-from host._packs import Lockfile
+from host._packs import LockEntry, Lockfile
 from host._policy import RunPolicy
 from host._session import RunTask
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
 from host._toolsandbox import ToolSandboxes
-from host._vocab import Trust
+from host._vocab import HOST_TRUST, Trust
+
+logger = logging.getLogger(__name__)
 
 
 def lookup_toolpack(lockfile: Lockfile, slug: str) -> InstalledToolpack | None:
     """The installed tool pack `slug` as a gate calls it, or None (not installed, or not a tool pack)."""
-    entry = lockfile.get(slug)
+    return _toolpack(lockfile.get(slug))
+
+
+def _toolpack(entry: LockEntry | None) -> InstalledToolpack | None:
     if entry is None or entry.package_type != "toolpack":
         return None
     manifest = entry.parsed_manifest()
@@ -80,7 +87,47 @@ def run_services(
         deadline=deadline,
         sandboxes=sandboxes,
     )
-    return gate, broker.session(policy.llm, slug=slug)
+    session = broker.session(policy.llm, slug=slug, deadline=deadline)
+    session.use_tools(lambda: tool_catalog(policy, lockfile, packs, lookup, community=sandboxes is not None))
+    return gate, session
 
 
-__all__ = ["lookup_toolpack", "run_services", "run_task"]
+def tool_catalog(
+    policy: RunPolicy,
+    lockfile: Lockfile,
+    packs: dict[str, InstalledToolpack | None],
+    lookup: Callable[[str], InstalledToolpack | None],
+    *,
+    community: bool,
+) -> ToolCatalog:
+    """The run's tool definitions (ListTools), from the packs its gate sees: every declared tool of every
+    installed tool pack on the effective allowlist (None: every installed tool pack, by slug), in allowlist
+    order; community packs only when the run has tool sandboxes (else the gate refuses their calls).
+
+    Called once per run, on first use (host/_broker.LlmSession.tool_catalog). Packs the gate already looked
+    up are reused (`packs`, its per-run cache), so both see one set of installed packs; with no allowlist,
+    the lockfile is read once and every tool pack it holds joins that cache.
+    """
+    if policy.allowed_packages is None:
+        entries = lockfile.entries()
+        for name in sorted(entries):
+            if name not in packs and entries[name].package_type == "toolpack":
+                try:
+                    packs[name] = _toolpack(entries[name])
+                except Exception as exc:  # noqa: BLE001  one broken entry leaves only its own tools out
+                    problem = type(exc).__name__  # (its calls still fail as they would have)
+                    logger.warning("tool pack %s left out of the tool definitions: %s", name, problem)
+        seen = packs.copy()  # one step: the gate may add to its cache meanwhile
+        slugs: list[str] = sorted(name for name, pack in seen.items() if pack is not None)
+    else:
+        slugs = list(dict.fromkeys(policy.allowed_packages))
+    found = (lookup(name) for name in slugs)
+    usable = [
+        (pack.slug, pack.manifest.tools)
+        for pack in found
+        if pack is not None and (community or Trust.parse(pack.trust) in HOST_TRUST)
+    ]
+    return build_catalog(usable)
+
+
+__all__ = ["lookup_toolpack", "run_services", "run_task", "tool_catalog"]

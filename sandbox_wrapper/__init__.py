@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from sandbox_wrapper._context import (
     AgentContext,
+    AsyncLlmStream,
     LLMResult,
     LlmResult,
+    LlmStream,
     RetryConfig,
     RunToolResult,
     ToolContext,
@@ -27,10 +29,12 @@ __all__ = [
     "AgentContext",
     "AgentLimitExceeded",
     "AgentTerminated",
+    "AsyncLlmStream",
     "HostUnavailableError",
     "LLMResult",
     "LlmAccessError",
     "LlmResult",
+    "LlmStream",
     "RetryConfig",
     "RunToolResult",
     "ToolAccessError",

@@ -5,22 +5,30 @@ AgentLimitExceeded, AgentTerminated, retries and breakers) and against the seed'
 every refusal a RuntimeError) both run unchanged. Every decision stays on the host: the counters here
 mirror what the host last reported, and the retry, breaker and termination rules only ever make the agent
 call less, never more than the host allows.
+
+Every call is synchronous, as in the runtime; for `async def` agents each has an awaitable twin (`acall_llm`,
+`arun_tool`, ...) that runs it on a worker thread (asyncio.to_thread), so the one gRPC channel is used as by
+the sync calls and the agent's event loop never blocks on the host.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 import grpc
 
+from sandbox_wrapper import _llm
 from sandbox_wrapper._client import refusal
 from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated, LlmAccessError, ToolAccessError
+from sandbox_wrapper._llm import Messages, loads_finite
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     llm_pb2,
     llm_pb2_grpc,
@@ -33,12 +41,6 @@ _PERMISSION_REASONS = frozenset({"TOOL_NOT_ALLOWED", "TOOL_PACK_UNTRUSTED"})
 # Every other reason (INVALID_REQUEST, TOO_LARGE, TOOL_NOT_FOUND, TOOL_ARGUMENTS_INVALID, RUN_DEADLINE,
 # TOO_MANY_REFUSALS after a burst of refused calls, and any reason a newer host adds) is a failed
 # ToolResult whose error starts with the reason, or an LlmAccessError carrying it.
-_FINISH_REASONS = {
-    llm_pb2.FINISH_REASON_STOP: "stop",
-    llm_pb2.FINISH_REASON_LENGTH: "length",
-    llm_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
-    llm_pb2.FINISH_REASON_OTHER: "other",
-}
 _TOOL_TIMEOUT_PREFIX = "tool timed out"  # the host's error for a tool that ran past its timeout
 
 DEFAULT_STOP_ON_CONSECUTIVE_ERRORS = 3
@@ -49,28 +51,6 @@ BREAKER_COOLDOWN_SECONDS = 30.0
 """How long an open breaker holds calls before it lets one through again (half-open)."""
 MAX_BACKOFF_SECONDS = 15.0
 """Ceiling on any one retry sleep, whatever backoff an agent asks for (the runtime's largest default)."""
-
-Messages = str | Sequence[Mapping[str, str]]
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("a number is out of range (not finite)")
-    return value
-
-
-def loads_finite(text: str) -> Any:
-    """json.loads that refuses what JSON has no room for: NaN, ±Infinity and numbers that overflow (1e999).
-
-    The host applies the same rule at its own boundary; this side never turns such text into a value.
-    """
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
-
 
 # --- results: attributes (the agentnode runtime) and a dict (the seed sandbox) at once -------------------
 
@@ -151,10 +131,15 @@ class ToolResult(_Record):
 class LlmResult(_Record):
     """One completion: agentnode's LLMResult, readable as attributes and as a mapping.
 
-    As a mapping it is also the seed sandbox's completion, `{"role": "assistant", "content": ...}`, so it
-    can be appended to the messages of the next call. `model` is always "" (the host never reveals its
-    model), `tool_calls` always None (the broker offers no tool calling). `usage` carries the runtime's
-    `prompt_tokens`/`completion_tokens` and this wrapper's earlier `input_tokens`/`output_tokens`.
+    As a mapping it is also an assistant message, `{"role": "assistant", "content": ..., "tool_calls":
+    ...}` (the seed sandbox's completion), so it can be appended to the messages of the next call, tool
+    calls included. `tool_calls` is None when the model called no tool, else a list of `{"id", "name",
+    "arguments", "refused"}`: `name` is `<slug>:<tool>` as offered, `arguments` the JSON text of an object
+    (as OpenAI-style clients give it, whichever provider the host uses; `json.loads` it), `refused` True
+    when the model named a tool it was not offered (the host ran nothing). `finish_reason` is "stop",
+    "length", "tool_calls", "content_filter", "other" or "". `model` is always "" (the host never reveals
+    its model). `usage` carries the runtime's `prompt_tokens`/`completion_tokens` and this wrapper's
+    earlier `input_tokens`/`output_tokens`.
     """
 
     __slots__ = ()
@@ -206,7 +191,9 @@ LLMResult = LlmResult
 
 @dataclass
 class ToolContext:
-    """The tools an LLM may be offered: the allowlist, and no tool specs (the host publishes none)."""
+    """The tools an LLM may be offered (from `AgentContext.allowed_tool_context()`): the allowlist, and a
+    spec `{"name": "<slug>:<tool>", "description", "input_schema"}` for each tool the host lists for the
+    run. An agent may pass a filtered copy to call_llm; the host offers only tools of its own list."""
 
     allowed_packages: list[str] = field(default_factory=list)
     tool_specs: list[dict[str, Any]] = field(default_factory=list)
@@ -317,6 +304,8 @@ class AgentContext:
         self._llm_calls_made = 0
         self._consecutive_errors = 0
         self._breakers: dict[str, _Breaker] = {}
+        self._tool_specs: list[dict[str, Any]] | None = None  # the host's ListTools answer, once asked
+        self._tool_specs_lock = threading.Lock()
 
     # --- properties (read-only, as in the agentnode runtime) ---------------------------------------------
 
@@ -397,13 +386,7 @@ class AgentContext:
         the reason. `retry=True` retries a tool that ran and failed (RetryConfig defaults).
         """
         _check_tool_kwargs(kwargs)
-        held = self._held_back(slug)
-        if held is not None:
-            return held
-        result, ran = self._attempt(slug, tool_name, kwargs)
-        if result.success or not ran or not (self._retry.enabled if retry is None else retry):
-            return result
-        return self._retry_loop(slug, tool_name, kwargs, result, self._retry)
+        return self._run(slug, tool_name, kwargs, retry)
 
     def try_tool(self, slug: str, tool_name: str | None = None, **kwargs: Any) -> ToolResult | None:
         """Like run_tool, but None instead of PermissionError or AgentLimitExceeded (AgentTerminated
@@ -465,6 +448,18 @@ class AgentContext:
             breaker = self._breakers.get(slug) or _Breaker(self._clock)
             health = breaker.to_dict()
         return {"slug": slug, "allowed": self._allowed(slug), "circuit_breaker": health}
+
+    def _run(
+        self, slug: str, tool_name: str | None, arguments: Mapping[str, Any], retry: bool | None
+    ) -> ToolResult:
+        """run_tool with the arguments as a mapping (so a tool argument may be named like a parameter)."""
+        held = self._held_back(slug)
+        if held is not None:
+            return held
+        result, ran = self._attempt(slug, tool_name, arguments)
+        if result.success or not ran or not (self._retry.enabled if retry is None else retry):
+            return result
+        return self._retry_loop(slug, tool_name, arguments, result, self._retry)
 
     def _held_back(self, slug: str) -> ToolResult | None:
         """The circuit-breaker result when `slug`'s breaker is open (no call is made), else None."""
@@ -585,61 +580,347 @@ class AgentContext:
     # --- LLM --------------------------------------------------------------------------------------------
 
     def allowed_tool_context(self) -> ToolContext:
-        """The allowlist as a ToolContext for call_llm; never raises. It has no tool specs (the host
-        publishes none), so `has_tools` is False and no tools are offered to the model."""
-        return ToolContext(allowed_packages=list(self._allowed_packages or ()))
+        """The tools this run may offer a model: `tool_specs` from the host's list (ListTools: every declared
+        tool of every installed pack on the run's effective allowlist, named `<slug>:<tool>`), asked for once
+        per run. Never raises and never returns None: an empty allowlist, an older host without ListTools or
+        any failure gives a context without specs (a failure other than an older host is asked again next
+        time). `allowed_packages` is the allowlist, or, when the manifest declares none, the slugs of the
+        listed tools."""
+        try:
+            if self._allowed_packages == ():
+                return ToolContext()  # the runtime's llm_only case: nothing to ask the host
+            specs = copy.deepcopy(self._listed_tools())
+            if self._allowed_packages is not None:
+                packages = list(self._allowed_packages)
+            else:
+                packages = list(dict.fromkeys(spec["name"].partition(":")[0] for spec in specs))
+            return ToolContext(allowed_packages=packages, tool_specs=specs)
+        except Exception:  # noqa: BLE001 - the runtime's contract: never raises
+            return ToolContext(allowed_packages=list(self._allowed_packages or ()))
 
-    def call_llm(self, messages: Messages, *, tool_context: ToolContext | None = None) -> LlmResult:
+    def _listed_tools(self) -> list[dict[str, Any]]:
+        """The host's tool specs for this run, cached after the first answer (an older host's too)."""
+        with self._tool_specs_lock:
+            if self._tool_specs is None:
+                try:
+                    response = self._llm.ListTools(llm_pb2.ListToolsRequest())
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        self._tool_specs = []  # a host from before ListTools: it never offers tools
+                    return []
+                self._tool_specs = [_llm.tool_spec(t) for t in response.tools]
+            return self._tool_specs
+
+    def call_llm(
+        self,
+        messages: Messages,
+        *,
+        tool_context: ToolContext | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+    ) -> LlmResult:
         """One completion from the host's broker; any refusal raises LlmAccessError with its reason.
 
-        `tool_context` is accepted for compatibility and offers the model no tools (see
-        allowed_tool_context), so `tool_calls` is always None.
-        """
+        `messages` is a str (one user message) or message dicts: system/user/assistant/tool, an assistant
+        message with the `tool_calls` an LlmResult carried (an LlmResult itself is one), a tool message with
+        `tool_call_id` and the result as `content` (anything but a str is sent as its JSON). The manifest's
+        system prompt goes first unless a system message is there. `tool_context` offers its `tool_specs`
+        to the model, by name (see allowed_tool_context: the host offers its own declaration of each and
+        refuses a name not on its list); `tool_choice` is "auto", "none", "required" or one offered tool
+        (`{"type": "function", "function": {"name": ...}}`); `response_format` is OpenAI's (`{"type":
+        "json_object"}`, `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`). Wrong
+        types raise TypeError before anything is sent."""
+        request = llm_pb2.CallLlmRequest(messages=self._chat(messages))
+        _options(request, tool_context, response_format, tool_choice)
         try:
-            response = self._llm.CallLlm(llm_pb2.CallLlmRequest(messages=self._chat(messages)))
+            response = self._llm.CallLlm(request)
         except grpc.RpcError as err:
             raise _llm_error(err) from None
         with self._lock:
             self._llm_calls_made += 1
         return LlmResult(
             content=response.content,
-            finish_reason=_FINISH_REASONS.get(response.finish_reason, ""),
+            finish_reason=_llm.FINISH_REASONS.get(response.finish_reason, ""),
             usage=_usage(response.usage),
+            tool_calls=[_llm.tool_call_dict(c) for c in response.tool_calls] or None,
         )
 
     def call_llm_text(self, messages: Messages, **kwargs: Any) -> str:
-        """The completion text alone, for agents that need nothing else."""
+        """The completion text alone (call_llm's keyword arguments apply)."""
         return self.call_llm(messages, **kwargs).content
 
     def run_llm_tool_loop(self, messages: Messages, *, max_rounds: int = 8) -> LlmResult:
-        """The runtime's tool loop; with no tools offered to the model it is one call_llm."""
-        return self.call_llm(messages, tool_context=self.allowed_tool_context())
+        """The runtime's tool loop over allowed_tool_context(): call the model; while it calls tools, run
+        each call (its name split at the first ':' into slug and tool) through the host's gate as try_tool
+        does, feed the results back and call again, at most `max_rounds` calls in all. Returns the first
+        result without tool calls, or the last one (its tool calls not run: nothing would read them).
 
-    def stream_llm(self, messages: Messages) -> Iterator[str]:
-        """Yield completion text as it arrives; at the output cap, raise after the chunks that fit."""
-        stream = self._llm.StreamLlm(llm_pb2.StreamLlmRequest(messages=self._chat(messages)))
+        Each round appends the assistant message with its tool calls and one `tool` message per call with
+        its `tool_call_id`, in the providers' wire format (the runtime's messages carry no ids). A result
+        is sent as is when it is a str, else as JSON; a failure, a refusal, arguments that are not a JSON
+        object and a call the model was not offered (`refused`, never run) as `{"error": ...}`.
+        AgentTerminated and LLM refusals raise, as in the runtime; `messages` is not modified.
+        """
+        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int):
+            raise TypeError("max_rounds must be an int")
+        if max_rounds < 1:
+            raise ValueError("max_rounds must be at least 1")
+        tools = self.allowed_tool_context()
+        conversation: list[Mapping[str, Any]] = (
+            [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
+        )
+        for remaining in range(max_rounds - 1, -1, -1):
+            result = self.call_llm(conversation, tool_context=tools)
+            calls = result.tool_calls
+            if not calls or remaining == 0:
+                return result
+            conversation.append({"role": "assistant", "content": result.content, "tool_calls": calls})
+            for call in calls:
+                output = self._loop_tool_output(call)
+                conversation.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+        raise AssertionError("unreachable: the last round returns")
+
+    def _loop_tool_output(self, call: Mapping[str, Any]) -> str:
+        """Run one of the model's tool calls as try_tool would; the text the model gets back."""
+        name = str(call.get("name", ""))
+        if call.get("refused"):
+            return _error_text(f"'{name}' is not one of the tools offered; it was not run")
         try:
-            for chunk in stream:
-                if chunk.delta:
-                    yield chunk.delta
-                if chunk.done:
-                    with self._lock:
-                        self._llm_calls_made += 1
-        except grpc.RpcError as err:
-            raise _llm_error(err) from None
+            arguments = loads_finite(call.get("arguments") or "{}")
+        except (TypeError, ValueError, RecursionError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            return _error_text(f"the arguments for '{name}' are not a JSON object; it was not run")
+        if "entry" in arguments:
+            return _error_text("'entry' is reserved by the agentnode runtime and cannot be passed to a tool")
+        slug, _, tool_name = name.partition(":")
+        try:
+            result = self._run(slug, tool_name or None, arguments, None)
+        except (ToolAccessError, AgentLimitExceeded) as exc:  # where try_tool returns None
+            return _error_text(str(exc))
+        if not result.success:
+            return _error_text(result.error or "the tool failed")
+        value = result.result
+        return value if isinstance(value, str) else _llm.dumps(value, "the tool result")
+
+    def stream_llm(
+        self,
+        messages: Messages,
+        *,
+        tool_context: ToolContext | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+    ) -> LlmStream:
+        """A streamed completion (call_llm's arguments): iterate it for the text as it arrives; when the
+        iteration ends, its `result` is the LlmResult call_llm would have returned, with the tool calls the
+        model made. At the output cap it raises LlmAccessError after the chunks that fit."""
+        request = llm_pb2.StreamLlmRequest(messages=self._chat(messages))
+        _options(request, tool_context, response_format, tool_choice)
+        return LlmStream(lambda: self._llm.StreamLlm(request), self._count_llm_call)
+
+    def _count_llm_call(self) -> None:
+        with self._lock:
+            self._llm_calls_made += 1
 
     def _chat(self, messages: Messages) -> list[llm_pb2.ChatMessage]:
         """Wire messages with the manifest's system prompt first, unless the agent sent a system message."""
-        items = [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
-        if not all(
-            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in items
-        ):
-            raise TypeError("each LLM message must be a mapping with str 'role' and 'content'")
-        chat = [llm_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in items]
+        chat = _llm.chat_messages(messages)
         if self._system_prompt and not any(m.role == "system" for m in chat):
             chat.insert(0, llm_pb2.ChatMessage(role="system", content=self._system_prompt))
         return chat
+
+    # --- awaitable twins for `async def` agents: the sync call on a worker thread -------------------------
+
+    async def arun_tool(
+        self, slug: str, tool_name: str | None = None, *, retry: bool | None = None, **kwargs: Any
+    ) -> ToolResult:
+        """`await` form of run_tool."""
+        return await asyncio.to_thread(self.run_tool, slug, tool_name, retry=retry, **kwargs)
+
+    async def atry_tool(self, slug: str, tool_name: str | None = None, **kwargs: Any) -> ToolResult | None:
+        """`await` form of try_tool."""
+        return await asyncio.to_thread(self.try_tool, slug, tool_name, **kwargs)
+
+    async def arun_tool_with_retry(
+        self,
+        slug: str,
+        tool_name: str | None = None,
+        *,
+        max_retries: int = 3,
+        backoff_base: float = 1.0,
+        backoff_max: float = 15.0,
+        **kwargs: Any,
+    ) -> ToolResult:
+        """`await` form of run_tool_with_retry (its backoff sleeps on the worker thread)."""
+        return await asyncio.to_thread(
+            self.run_tool_with_retry, slug, tool_name,
+            max_retries=max_retries, backoff_base=backoff_base, backoff_max=backoff_max, **kwargs,
+        )
+
+    async def arun_tool_with_fallback(
+        self, slug: str, tool_name: str | None = None, *, fallbacks: list[str] | None = None, **kwargs: Any
+    ) -> ToolResult:
+        """`await` form of run_tool_with_fallback."""
+        return await asyncio.to_thread(
+            self.run_tool_with_fallback, slug, tool_name, fallbacks=fallbacks, **kwargs
+        )
+
+    async def acall_llm(
+        self,
+        messages: Messages,
+        *,
+        tool_context: ToolContext | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+    ) -> LlmResult:
+        """`await` form of call_llm."""
+        return await asyncio.to_thread(
+            self.call_llm, messages,
+            tool_context=tool_context, response_format=response_format, tool_choice=tool_choice,
+        )
+
+    async def acall_llm_text(self, messages: Messages, **kwargs: Any) -> str:
+        """`await` form of call_llm_text."""
+        return await asyncio.to_thread(self.call_llm_text, messages, **kwargs)
+
+    async def arun_llm_tool_loop(self, messages: Messages, *, max_rounds: int = 8) -> LlmResult:
+        """`await` form of run_llm_tool_loop (the whole loop on one worker thread)."""
+        return await asyncio.to_thread(self.run_llm_tool_loop, messages, max_rounds=max_rounds)
+
+    def astream_llm(
+        self,
+        messages: Messages,
+        *,
+        tool_context: ToolContext | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+    ) -> AsyncLlmStream:
+        """`async for` form of stream_llm (each chunk is awaited on a worker thread); `result` as there."""
+        return AsyncLlmStream(
+            self.stream_llm(
+                messages, tool_context=tool_context, response_format=response_format, tool_choice=tool_choice
+            )
+        )
+
+
+def _options(
+    request: llm_pb2.CallLlmRequest | llm_pb2.StreamLlmRequest,
+    tool_context: ToolContext | None,
+    response_format: Mapping[str, Any] | None,
+    tool_choice: str | Mapping[str, Any] | None,
+) -> None:
+    """Tools, tool choice and response format on a request; with none of them it is a plain text request,
+    exactly as hosts before tool calling received it."""
+    choice, tools = _llm.tool_choice(tool_choice, _llm.tool_definitions(tool_context))
+    fmt = _llm.response_format(response_format)
+    request.tools.extend(tools)
+    request.tool_choice = choice
+    if fmt is not None:
+        request.response_format.CopyFrom(fmt)
+
+
+def _error_text(message: str) -> str:
+    return _llm.dumps({"error": message}, "the error")
+
+
+class LlmStream(Iterator[str]):
+    """A streamed completion: iterating it yields the text as it arrives (the request is sent on the
+    first step). `result` is None until the host's final chunk, then the whole completion as call_llm
+    returns it: content, `tool_calls` (the completed calls; deltas are put together here when the host
+    lists none), usage and finish_reason. `close()` (or leaving a `with` block) cancels a stream that has
+    not finished. A refusal raises LlmAccessError, at the output cap after the chunks that fit."""
+
+    def __init__(self, start: Callable[[], Any], on_done: Callable[[], None]) -> None:
+        self._result: LlmResult | None = None
+        self._call: Any = None
+        self._closed = False
+        self._chunks = self._run(start, on_done)
+
+    @property
+    def result(self) -> LlmResult | None:
+        return self._result
+
+    def __iter__(self) -> LlmStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._chunks)
+
+    def __enter__(self) -> LlmStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel the stream (the host stops the provider's); iterating it afterwards yields nothing."""
+        self._closed = True
+        if self._call is not None and self._result is None:
+            self._call.cancel()
+        try:
+            self._chunks.close()
+        except ValueError:
+            pass  # being iterated on another thread: the cancel ends it there
+
+    def _run(self, start: Callable[[], Any], on_done: Callable[[], None]) -> Generator[str, None, None]:
+        if self._closed:
+            return
+        self._call = call = start()
+        text: list[str] = []
+        deltas = _llm.ToolCallDeltas()
+        try:
+            for chunk in call:
+                for delta in chunk.tool_call_deltas:
+                    deltas.add(delta)
+                if chunk.delta:
+                    text.append(chunk.delta)
+                    yield chunk.delta
+                if chunk.done:
+                    calls = [_llm.tool_call_dict(c) for c in chunk.tool_calls] or deltas.calls()
+                    self._result = LlmResult(
+                        content="".join(text),
+                        finish_reason=_llm.FINISH_REASONS.get(chunk.finish_reason, ""),
+                        usage=_usage(chunk.usage),
+                        tool_calls=calls or None,
+                    )
+                    on_done()
+        except grpc.RpcError as err:
+            if self._closed:
+                return
+            raise _llm_error(err) from None
+        finally:
+            if self._result is None:
+                call.cancel()
+
+
+class AsyncLlmStream(AsyncIterator[str]):
+    """stream_llm for `async for`: each chunk is awaited on a worker thread; `result` as in LlmStream."""
+
+    def __init__(self, stream: LlmStream) -> None:
+        self._stream = stream
+
+    @property
+    def result(self) -> LlmResult | None:
+        return self._stream.result
+
+    def __aiter__(self) -> AsyncLlmStream:
+        return self
+
+    async def __anext__(self) -> str:
+        chunk = await asyncio.to_thread(next, self._stream, None)
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def __aenter__(self) -> AsyncLlmStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel the stream, as LlmStream.close."""
+        self._stream.close()
 
 
 def _usage(usage: llm_pb2.Usage) -> dict[str, int]:

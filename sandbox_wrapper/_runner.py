@@ -17,8 +17,9 @@ import grpc
 
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
-from sandbox_wrapper._context import AgentContext, loads_finite
+from sandbox_wrapper._context import AgentContext
 from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated
+from sandbox_wrapper._llm import loads_finite
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
 from sandbox_wrapper._tool_exec import add_compat_path
 
@@ -96,7 +97,7 @@ def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> sessi
         function = _resolve(task.entrypoint)
         value = function(context, **loads_finite(task.kwargs_json or "{}"))
         if isinstance(value, Awaitable):
-            value = asyncio.run(_await(value))
+            value = asyncio.run(_await(value, context))
         return session_pb2.ReportResultRequest(value_json=_encode(value, task.max_result_bytes))
     except _Failure as failure:
         return _failed(failure.code, str(failure))
@@ -139,9 +140,14 @@ def _resolve(entrypoint: str) -> Callable[..., Any]:
     return function
 
 
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    """Await any awaitable (asyncio.run accepts only coroutines)."""
-    return await awaitable
+async def _await(awaitable: Awaitable[Any], context: AgentContext) -> Any:
+    """Await any awaitable (asyncio.run accepts only coroutines). When it is done, retry sleeps of calls
+    still on worker threads (the awaitable context methods) end at once: asyncio.run waits for those threads
+    before it returns."""
+    try:
+        return await awaitable
+    finally:
+        context._finish()
 
 
 def _encode(value: Any, max_result_bytes: int) -> str:

@@ -199,8 +199,8 @@ def test_tool_raising_hanging_or_crashing(lab: Lab, ledger: Ledger, short_tool_t
 
 
 def test_provider_errors_garbage_and_hang(lab: Lab, ledger: Ledger) -> None:
-    lab.llm.script(
-        Behaviour(status=400), Behaviour(status=503), Behaviour(garbage=True), Behaviour(hang=True)
+    lab.llm.script(  # a 503 is retried by the broker: 3 attempts
+        Behaviour(status=400), *[Behaviour(status=503)] * 3, Behaviour(garbage=True), Behaviour(hang=True)
     )
     lab.agent("provider-faults", PROVIDER_FAULTS, llm_calls=5)
     result = lab.run("provider-faults")

@@ -94,8 +94,8 @@ def test_api_key_cannot_be_found(lab: Lab, ledger: Ledger, monkeypatch: pytest.M
     lab.llm.script(
         Behaviour(status=401),
         Behaviour(status=403),
-        Behaviour(status=429),
-        Behaviour(status=500),
+        *[Behaviour(status=429)] * 3,  # 429 and 5xx are retried by the broker: 3 attempts
+        *[Behaviour(status=500)] * 3,
         Behaviour(garbage=True),
         Behaviour(status=400),
     )

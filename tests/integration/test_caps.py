@@ -349,21 +349,31 @@ CASES = {
         {"ok": 1},
         host_llm={"allowed_models": [HOST_MODEL]},
     ),
+    # 429 and 5xx are retried by the broker (3 attempts in all, one call slot): the agent sees the error
+    # only when every attempt failed.
     "provider-429-rate-limited": LlmCase(
         "enabled: true\n",
         ["hi", "again"],
         ["LLM_RATE_LIMITED", "ok"],
-        2,
-        {"provider_errors": 1, "ok": 1, "calls": 2},
-        script=(Behaviour(status=429),),
+        4,
+        {"provider_errors": 1, "ok": 1, "calls": 2, "retries": 2, "retries_rate_limited": 2},
+        script=(Behaviour(status=429),) * 3,
     ),
     "provider-500-unavailable": LlmCase(
         "enabled: true\n",
         ["hi", "again"],
         ["LLM_UNAVAILABLE", "ok"],
+        4,
+        {"provider_errors": 1, "ok": 1, "retries": 2, "retries_server_error": 2},
+        script=(Behaviour(status=500),) * 3,
+    ),
+    "provider-503-retried-then-ok": LlmCase(
+        "enabled: true\n",
+        ["hi"],
+        ["ok"],
         2,
-        {"provider_errors": 1, "ok": 1},
-        script=(Behaviour(status=500),),
+        {"provider_errors": 0, "ok": 1, "calls": 1, "retries": 1, "retries_server_error": 1},
+        script=(Behaviour(status=503),),
     ),
     "provider-401-unavailable": LlmCase(
         "enabled: true\n",
@@ -404,6 +414,33 @@ CASES = {
         ["ok"],
         1,
         {"max_calls": 20, "max_input_chars": 24000, "max_output_chars": 24000},
+    ),
+    # Token and cost budgets (host/_budget.py): reserved before the call from an input estimate, settled
+    # from the provider's usage (the fake counts characters: "hi" is 2 input tokens, "fake reply" 10 out).
+    "token-budget-refuses-naming-max-total-tokens": LlmCase(
+        "enabled: true\nmax_output_tokens: 20\nmax_total_tokens: 30\n",
+        ["hi", "again", "x"],
+        ["ok", "ok", "LLM_TOKEN_BUDGET"],
+        2,
+        {"max_total_tokens": 30, "max_output_tokens": 20, "calls": 2, "refused_total_tokens": 1,
+         "input_tokens": 7, "output_tokens": 20},
+    ),
+    "cost-budget-priced-from-the-host-table": LlmCase(
+        "enabled: true\n",
+        ["hi"],
+        ["ok"],
+        1,
+        {"input_tokens": 2, "output_tokens": 10, "cost_usd": 1.2e-05, "refused_cost": 0},
+        host_llm={
+            "max_cost_usd": 1.0, "prices": {HOST_MODEL: {"input_per_million": 1, "output_per_million": 1}}
+        },
+    ),
+    "cost-budget-without-a-price-fails-closed": LlmCase(
+        "enabled: true\nmax_cost_usd: 0.5\n",
+        ["hi"],
+        ["LLM_COST_BUDGET"],
+        0,
+        {"calls": 0, "refused_cost": 1, "input_tokens": 0},
     ),
     "host-ceiling-above-builtin": LlmCase(
         "enabled: true\n",
@@ -555,8 +592,8 @@ def test_canary_key_never_leaves_the_host(
     fake_llm.script(
         Behaviour(),
         Behaviour(status=401),
-        Behaviour(status=429),
-        Behaviour(status=500),
+        *[Behaviour(status=429)] * 3,  # retried by the broker: 3 attempts
+        *[Behaviour(status=500)] * 3,
         Behaviour(garbage=True),
         Behaviour(text="streamed reply", chunks=3),
     )
@@ -584,8 +621,8 @@ def test_canary_key_never_leaves_the_host(
     # The tool worker's environment holds no provider key either.
     assert not any("API_KEY" in k for k in seen[6]["result"]["env_keys"])
     assert not any("API_KEY" in k or "BASE_URL" in k for k in result.result["env"])
-    # The provider did receive the key, host-side, on every request.
-    assert len(fake_llm.requests) == 6
+    # The provider did receive the key, host-side, on every request (the 429 and the 500 were tried 3 times).
+    assert len(fake_llm.requests) == 10
     assert all(r.headers["authorization"] == f"Bearer {CANARY}" for r in fake_llm.requests)
     _assert_no_leak(host_state, result, fake_llm, leak_log)
     assert CANARY not in result.logs and CANARY not in result.error
@@ -608,7 +645,7 @@ def test_anthropic_provider_end_to_end(
     fake_llm.script(
         Behaviour(text="anthropic says hi"),
         Behaviour(text="streamed from claude", chunks=4),
-        Behaviour(status=429),
+        *[Behaviour(status=429)] * 3,  # retried by the broker: 3 attempts
     )
     result = _run(
         host_state,

@@ -35,10 +35,12 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Stream:
-    """A scripted StreamLlm answer: these chunks, then a final chunk or the given refusal."""
+    """A scripted StreamLlm answer: these chunks (text, or whole chunks such as tool-call deltas), then a
+    final chunk (with `tool_calls`, finish reason TOOL_CALLS when there are any) or the given refusal."""
 
-    chunks: tuple[str, ...]
+    chunks: tuple[str | llm_pb2.StreamLlmResponse, ...]
     then: Refusal | None = None
+    tool_calls: tuple[llm_pb2.ToolCall, ...] = ()
 
 
 def make_task(**overrides: Any) -> session_pb2.FetchTaskResponse:
@@ -82,10 +84,14 @@ class FakeHost:
     tools: list[tools_pb2.RunToolResponse | Refusal] = field(default_factory=list)
     llm: list[llm_pb2.CallLlmResponse | Refusal] = field(default_factory=list)
     streams: list[Stream] = field(default_factory=list)
+    tool_definitions: list[llm_pb2.ToolDefinition] = field(default_factory=list)
+    list_tools_refusal: Refusal | None = None
     fetches: list[session_pb2.FetchTaskRequest] = field(default_factory=list)
     reports: list[session_pb2.ReportResultRequest] = field(default_factory=list)
     tool_requests: list[tools_pb2.RunToolRequest] = field(default_factory=list)
     llm_requests: list[list[tuple[str, str]]] = field(default_factory=list)
+    llm_calls: list[llm_pb2.CallLlmRequest | llm_pb2.StreamLlmRequest] = field(default_factory=list)
+    list_tools_calls: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -124,6 +130,7 @@ class FakeHost:
     def CallLlm(self, request: llm_pb2.CallLlmRequest, context: Any) -> llm_pb2.CallLlmResponse:
         with self._lock:
             self.llm_requests.append([(m.role, m.content) for m in request.messages])
+            self.llm_calls.append(request)
             answer = self.llm.pop(0) if self.llm else _UNSCRIPTED
         if isinstance(answer, Refusal):
             _abort(context, answer)
@@ -134,16 +141,26 @@ class FakeHost:
     ) -> Iterator[llm_pb2.StreamLlmResponse]:
         with self._lock:
             self.llm_requests.append([(m.role, m.content) for m in request.messages])
+            self.llm_calls.append(request)
             script = self.streams.pop(0) if self.streams else Stream((), _UNSCRIPTED)
         for chunk in script.chunks:
-            yield llm_pb2.StreamLlmResponse(delta=chunk)
+            yield llm_pb2.StreamLlmResponse(delta=chunk) if isinstance(chunk, str) else chunk
         if script.then is not None:
             _abort(context, script.then)
+        calls = bool(script.tool_calls)
         yield llm_pb2.StreamLlmResponse(
-            finish_reason=llm_pb2.FINISH_REASON_STOP,
+            finish_reason=llm_pb2.FINISH_REASON_TOOL_CALLS if calls else llm_pb2.FINISH_REASON_STOP,
             usage=llm_pb2.Usage(input_tokens=1, output_tokens=len(script.chunks)),
             done=True,
+            tool_calls=script.tool_calls,
         )
+
+    def ListTools(self, request: llm_pb2.ListToolsRequest, context: Any) -> llm_pb2.ListToolsResponse:
+        with self._lock:
+            self.list_tools_calls += 1
+        if self.list_tools_refusal is not None:
+            _abort(context, self.list_tools_refusal)
+        return llm_pb2.ListToolsResponse(tools=self.tool_definitions)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from tests.support.paths import CLI_DOC
 _TYPES: dict[str, Any] = {
     "string": str,
     "integer": int,
+    "number": (int, float),
     "boolean": bool,
     "null": type(None),
     "object": dict,

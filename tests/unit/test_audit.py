@@ -38,7 +38,24 @@ FULL_LLM: dict[str, Any] = {
     "refused_input": 0,
     "refused_output": 0,
     "refused_model": 0,
+    "refused_tool": 1,
     "provider_errors": 0,
+    "max_input_tokens": 4000,
+    "max_output_tokens": None,
+    "max_total_tokens": 20_000,
+    "max_cost_usd": 0.5,
+    "input_tokens": 812,
+    "output_tokens": 97,
+    "overshoot_tokens": 0,
+    "reservations": 2,
+    "refused_input_tokens": 0,
+    "refused_total_tokens": 1,
+    "refused_cost": 0,
+    "retries": 3,
+    "retries_rate_limited": 2,
+    "retries_server_error": 1,
+    "retries_connection": 0,
+    "cost_usd": 0.0001799,
     "model": "gpt-a",
 }
 
@@ -59,6 +76,8 @@ def record(slug: str = "demo-agent", **overrides: Any) -> dict[str, Any]:
         "llm": FULL_LLM,
         "tool_calls": 3,
         "tool_refusals": 1,
+        "llm_tool_calls": 4,
+        "llm_tool_calls_refused": 1,
     }
     args.update(overrides)
     return run_record(**args)
@@ -88,13 +107,31 @@ def test_run_record_has_exactly_the_documented_fields() -> None:
     assert list(rec) == [
         "event", "slug", "action", "source", "reason", "trust", "run_id", "sandbox", "runtime",
         "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
-        "tool_calls_host_worker", "tool_calls_tool_sandbox", "tool_sandboxes_started",
+        "tool_calls_host_worker", "tool_calls_tool_sandbox", "tool_sandboxes_started", "llm_tool_calls",
+        "llm_tool_calls_refused",
     ]
     assert rec["event"] == "agent_run"
     assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str
     assert rec["run_id"] == "run-1"
     assert rec["llm"] == {**FULL_LLM, "allowed_models": ["gpt-a", "gpt-b"]}
     assert json.loads(json.dumps(rec)) == rec
+
+
+def test_run_record_llm_matches_the_documented_audit_schema() -> None:
+    from tests.support.schema import check_schema, documented_schema
+
+    paths = documented_schema("audit")
+    documented = {path.removeprefix("[].llm.") for path in paths if path.startswith("[].llm.")}
+    assert set(record()["llm"]) == documented  # every key the audit keeps is documented, and the reverse
+    check_schema("audit", [{**record(), "ts": "t", "seq": 1, "prev": GENESIS}])
+
+
+def test_run_record_keeps_dollar_amounts_only_as_finite_non_negative_numbers() -> None:
+    llm = {"cost_usd": 2, "max_cost_usd": None, "input_tokens": 5}
+    assert record(llm=llm)["llm"] == {"cost_usd": 2.0, "max_cost_usd": None, "input_tokens": 5}
+    for bad in (float("nan"), float("inf"), -0.01, True, "0.5", [0.5], {"usd": 1}):
+        assert record(llm={"cost_usd": bad, "max_cost_usd": bad})["llm"] == {}
+    assert record(llm={"input_tokens": 1.5, "retries": "3", "cost": 9})["llm"] == {}
 
 
 def test_run_record_without_llm_policy_has_null_llm() -> None:

@@ -30,9 +30,11 @@ from host._broker import (
     parse_env_text,
     read_env_file,
 )
+from host._budget import RetryPolicy
 from host._config import AgentLlmConfig, LlmHostConfig
 from host._errors import ConfigError
 from host._hostproc import HostSpec, host_wrapper_env
+from host._llmtools import MAX_TOOL_CALLS, MAX_TOOLS
 from host._policy import LlmPolicy
 from host._rundir import RunDir
 from host._tools import _worker_env
@@ -97,7 +99,8 @@ def test_openai_call_sends_the_host_model_key_and_bound(srv: FakeLlmServer) -> N
     assert "max_tokens" not in req.body
     assert sess.usage() == {
         "requests": 1, "calls": 1, "ok": 1, "refused_disabled": 0, "refused_limit": 0, "refused_input": 0,
-        "refused_output": 0, "refused_model": 0, "provider_errors": 0, "model": "gpt-4o-mini",
+        "refused_output": 0, "refused_model": 0, "refused_tool": 0, "provider_errors": 0, "tool_calls": 0,
+        "tool_calls_refused": 0, "model": "gpt-4o-mini",
     }  # fmt: skip
     assert sess.calls_remaining == 4
 
@@ -348,14 +351,19 @@ def test_provider_errors_map_to_generic_refusals(
     provider: str, streaming: bool, behaviour: Behaviour, reason: str, srv: FakeLlmServer
 ) -> None:
     srv.default = behaviour
-    sess = session(provider, srv)
+    broker = LlmBroker(LlmHostConfig(), env=env_for(provider, srv), retry=RetryPolicy(base_delay=0.0))
+    sess = broker.session(grant())
     exc = refusal(drain if streaming else sess.call, *((sess,) if streaming else (MESSAGES,)))
     assert exc.reason == reason
     assert SECRET_IN_ERROR_BODY not in str(exc)
     assert exc.__cause__ is None
     assert exc.__context__ is None  # the provider exception (and its body) is not chained
-    assert len(srv.requests) == 1  # max_retries=0: a failure is never multiplied
+    # The SDKs never retry (max_retries=0); the broker retries 429 and 5xx only, 3 attempts in all, within
+    # the call's one call slot.
+    transient = behaviour.status in (429, 500)
+    assert len(srv.requests) == (3 if transient else 1)
     assert (sess.usage()["provider_errors"], sess.usage()["calls"]) == (1, 1)
+    assert sess.budget_usage()["retries"] == (2 if transient else 0)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -419,7 +427,9 @@ def test_malformed_messages_are_invalid_requests(messages: Any, srv: FakeLlmServ
     [
         ("openai", "length", "length"),
         ("openai", "content_filter", "content_filter"),
-        ("openai", "tool_calls", "other"),
+        ("openai", "tool_calls", "tool_calls"),
+        ("openai", "function_call", "other"),
+        ("anthropic", "tool_use", "tool_calls"),
         ("anthropic", "max_tokens", "length"),
         ("anthropic", "stop_sequence", "stop"),
         ("anthropic", "refusal", "content_filter"),
@@ -443,7 +453,9 @@ def test_key_url_model_and_provider_text_never_leak(
     prompt = "PROMPT-MARKER-91"
     messages = [{"role": "user", "content": prompt}]
     env: Mapping[str, str] = env_for("openai", srv)
-    broker = LlmBroker(LlmHostConfig(model=model, timeout_seconds=0.3), env=env)
+    # One attempt per call: each scripted failure answers exactly one call.
+    host = LlmHostConfig(model=model, timeout_seconds=0.3)
+    broker = LlmBroker(host, env=env, retry=RetryPolicy(max_attempts=1))
     refusals: list[LlmRefusal] = []
 
     def attempt(policy: LlmPolicy, streaming: bool = False) -> None:
@@ -595,7 +607,8 @@ def test_screen_refuses_what_needs_no_message_and_counts_like_call(srv: FakeLlmS
     assert ungranted.max_request_bytes == 0
     assert refusal(lambda: ungranted.screen(request_bytes=1)).reason == "LLM_NOT_GRANTED"
     sess = session("openai", srv, grant(max_calls=1, max_input_chars=100))
-    assert sess.max_request_bytes == 100 + 16 * MAX_MESSAGES + 256  # input counts at least its UTF-8 bytes
+    # The input counts at least its UTF-8 bytes; framing of each message, tool definition and tool call.
+    assert sess.max_request_bytes == 100 + 16 * (MAX_MESSAGES + MAX_TOOLS + MAX_TOOL_CALLS) + 256
     sess.screen(request_bytes=sess.max_request_bytes, message_count=MAX_MESSAGES)  # passes, counts nothing
     assert sess.usage()["requests"] == 0
     too_big = refusal(lambda: sess.screen(request_bytes=sess.max_request_bytes + 1))

@@ -16,6 +16,7 @@ from host._config import (
     AgentSandboxConfig,
     LimitsCeiling,
     LlmHostConfig,
+    ModelPrice,
     agent_llm_configs,
     config_paths,
     load_config,
@@ -415,3 +416,73 @@ def test_agent_config_errors_never_echo_a_misplaced_key(tmp_path: Path) -> None:
             load_config(_agent_config(tmp_path, {"agents": {"a": {"llm": llm}}}))
         assert secret not in str(info.value) + info.value.hint
         assert "agents.a.llm." in str(info.value)
+
+
+# --- token and cost ceilings, the price table ---------------------------------------------------------
+
+
+def test_token_and_cost_ceilings_and_prices_are_converted(tmp_path: Path) -> None:
+    llm = {
+        "max_input_tokens": 4000, "max_output_tokens": 1000, "max_total_tokens": 50_000,
+        "max_cost_usd": 0.25,
+        "prices": {"gpt-4o-mini": {"input_per_million": 0.15, "output_per_million": 0.6},
+                   "local/llama 3": {"input_per_million": 0, "output_per_million": 0}},
+    }  # fmt: skip
+    got = load_config(_write(tmp_path, {"agent_sandbox": {"llm": llm}})).agent_sandbox
+    assert got == _defaults_in(
+        tmp_path, max_input_tokens=4000, max_output_tokens=1000, max_total_tokens=50_000, max_cost_usd=0.25,
+        prices={"gpt-4o-mini": ModelPrice(0.15, 0.6), "local/llama 3": ModelPrice(0.0, 0.0)},
+    )  # fmt: skip
+    assert isinstance(got.llm.prices["local/llama 3"].input_per_million, float)
+    unset = load_config(_write(tmp_path, {"agent_sandbox": {"llm": {"prices": None, "max_cost_usd": None}}}))
+    assert unset.agent_sandbox == _defaults_in(tmp_path)
+
+
+def _price(input_price: Any = 1.0, output_price: Any = 2.0) -> dict[str, Any]:
+    return {"input_per_million": input_price, "output_per_million": output_price}
+
+
+@pytest.mark.parametrize(
+    ("llm", "message"),
+    [
+        ({"max_total_tokens": 0}, "agent_sandbox.llm.max_total_tokens: expected a positive integer, got 0"),
+        ({"max_input_tokens": 1.5}, "agent_sandbox.llm.max_input_tokens: expected a positive integer"),
+        ({"max_output_tokens": 2**32},
+         "agent_sandbox.llm.max_output_tokens: expected a positive integer up to"),
+        ({"max_cost_usd": 0}, "agent_sandbox.llm.max_cost_usd: expected a positive number, got 0"),
+        ({"max_cost_usd": -1}, "agent_sandbox.llm.max_cost_usd: expected a positive number"),
+        ({"max_cost_usd": float("nan")}, "agent_sandbox.llm.max_cost_usd: expected a positive number"),
+        ({"max_cost_usd": "1"}, "agent_sandbox.llm.max_cost_usd: expected a positive number"),
+        ({"prices": []}, "agent_sandbox.llm.prices: expected an object mapping model names to prices"),
+        ({"prices": {"m": 1.0}}, "agent_sandbox.llm.prices.m: expected an object, got 1.0"),
+        ({"prices": {"m": {"input_per_million": 1}}},
+         "agent_sandbox.llm.prices.m.output_per_million: required"),
+        ({"prices": {"m": {**_price(), "currency": "EUR"}}},
+         "agent_sandbox.llm.prices.m.currency: unknown key"),
+        ({"prices": {"m": _price(-0.1)}},
+         "agent_sandbox.llm.prices.m.input_per_million: expected a finite non-negative number"),
+        ({"prices": {"m": _price(output_price=float("inf"))}},
+         "agent_sandbox.llm.prices.m.output_per_million: expected a finite non-negative number"),
+        ({"prices": {"m": _price(output_price=True)}},
+         "agent_sandbox.llm.prices.m.output_per_million: expected a finite non-negative number"),
+        ({"prices": {"m": _price("0.1")}},
+         "agent_sandbox.llm.prices.m.input_per_million: expected a finite non-negative number"),
+        ({"prices": {"m": _price(2e6)}},
+         "agent_sandbox.llm.prices.m.input_per_million: expected a finite non-negative number (USD per "
+         "million tokens) up to 1000000"),
+        ({"prices": {"": _price()}}, "agent_sandbox.llm.prices: expected model names of 1 to 200 printable"),
+        ({"prices": {"m\x1b[2J": _price()}}, "agent_sandbox.llm.prices: expected model names of 1 to 200"),
+        ({"prices": {"m" * 201: _price()}}, "agent_sandbox.llm.prices: expected model names of 1 to 200"),
+        ({"prices": {f"m{i}": _price() for i in range(257)}},
+         'agent_sandbox.llm.prices: expected at most 256 models, got "257 models"'),
+    ],
+)  # fmt: skip
+def test_budget_ceilings_and_prices_are_validated_naming_the_key(
+    tmp_path: Path, llm: dict[str, Any], message: str
+) -> None:
+    env = _write(tmp_path, {"agent_sandbox": {"llm": llm}})
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    assert str(info.value).startswith(message)
+    assert "\x1b" not in str(info.value)
+    assert str(tmp_path / "config.json") in info.value.hint

@@ -197,6 +197,73 @@ def test_malformed_llm_access_is_a_manifest_error(block: dict[str, Any], key: st
         resolve_llm_policy(block, LlmHostConfig())
 
 
+# --- token and cost budgets ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requested", "ceiling", "expected", "clamped"),
+    [
+        (None, None, None, False),
+        (500, None, 500, False),
+        (None, 800, 800, False),
+        (500, 800, 500, False),
+        (900, 800, 800, True),
+        (800, 800, 800, False),
+    ],
+)
+@pytest.mark.parametrize("key", ["max_input_tokens", "max_output_tokens", "max_total_tokens"])
+def test_token_budgets_take_the_lower_of_request_and_ceiling(
+    key: str, requested: int | None, ceiling: int | None, expected: int | None, clamped: bool
+) -> None:
+    block = {**ON} if requested is None else {**ON, key: requested}
+    ceilings: dict[str, Any] = {key: ceiling}
+    policy = resolve_llm_policy(block, LlmHostConfig(**ceilings))
+    assert getattr(policy, key) == expected
+    assert policy.clamped == ((key,) if clamped else ())
+
+
+def test_cost_budget_takes_the_lower_and_names_a_lowered_request() -> None:
+    host = LlmHostConfig(max_cost_usd=0.5, max_total_tokens=10_000)
+    policy = resolve_llm_policy({**ON, "max_cost_usd": 2, "max_total_tokens": 20_000, "max_calls": 50}, host)
+    assert (policy.max_cost_usd, policy.max_total_tokens) == (0.5, 10_000)
+    assert policy.clamped == ("max_calls", "max_total_tokens", "max_cost_usd")
+    assert resolve_llm_policy({**ON, "max_cost_usd": 0.25}, host).max_cost_usd == 0.25
+    assert resolve_llm_policy(ON, LlmHostConfig()).max_cost_usd is None
+    # Budgets in a block that is not granted grant nothing.
+    assert resolve_llm_policy({"max_total_tokens": 5}, LlmHostConfig(max_total_tokens=9)) == LlmPolicy()
+
+
+def test_run_policy_names_lowered_budgets_and_the_host_path_has_none() -> None:
+    cfg = AgentSandboxConfig(llm=LlmHostConfig(max_output_tokens=100, max_cost_usd=1.0))
+    manifest = _manifest(llm_access={"enabled": True, "max_output_tokens": 4000, "max_cost_usd": 0.5})
+    policy = resolve_run_policy(manifest, cfg, sandboxed=True)
+    assert (policy.llm.max_output_tokens, policy.llm.max_cost_usd) == (100, 0.5)
+    assert policy.clamped == ("llm.max_output_tokens",)
+    host = resolve_run_policy(manifest, cfg, sandboxed=False).llm
+    assert (host.max_input_tokens, host.max_output_tokens, host.max_total_tokens, host.max_cost_usd) == (
+        None, None, None, None
+    )
+
+
+@pytest.mark.parametrize(
+    ("block", "key"),
+    [
+        ({**ON, "max_total_tokens": 0}, "max_total_tokens"),
+        ({**ON, "max_input_tokens": "many"}, "max_input_tokens"),
+        ({**ON, "max_output_tokens": 2**32}, "max_output_tokens"),
+        ({**ON, "max_cost_usd": 0}, "max_cost_usd"),
+        ({**ON, "max_cost_usd": -1.5}, "max_cost_usd"),
+        ({**ON, "max_cost_usd": "1"}, "max_cost_usd"),
+        ({**ON, "max_cost_usd": True}, "max_cost_usd"),
+        ({**ON, "max_cost_usd": float("nan")}, "max_cost_usd"),
+        ({**ON, "max_cost_usd": 2e6}, "max_cost_usd"),
+    ],
+)
+def test_malformed_budgets_are_manifest_errors(block: dict[str, Any], key: str) -> None:
+    with pytest.raises(ManifestError, match=rf"^agent\.llm_access\.{key}: "):
+        resolve_llm_policy(block, LlmHostConfig())
+
+
 # --- run policy -------------------------------------------------------------------------------------------
 
 
@@ -451,3 +518,47 @@ def test_policy_explain_shows_the_grant_the_binding_and_no_key(tmp_path: Path) -
         assert binding == ("openai", "auto-detect", ".env")
     assert explained["optout"]["requested"]["llm"]["declared"] is True
     assert explained["silent"]["requested"]["llm"]["declared"] is False
+
+
+def test_policy_explain_shows_budgets_prices_and_what_the_host_lowered(tmp_path: Path) -> None:
+    env = _explain_env(tmp_path, OPENAI_API_KEY=EXPLAIN_KEY)
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    llm = {
+        "max_total_tokens": 5000, "max_cost_usd": 0.5, "model": "gpt-priced",
+        "prices": {"gpt-priced": {"input_per_million": 0.15, "output_per_million": 0.6}},
+    }  # fmt: skip
+    config = {"agent_sandbox": {"host_trust_policy": "none", "llm": llm}}
+    (state / "config.json").write_text(json.dumps(config))
+    agent = ("  llm_access:\n    enabled: true\n    max_input_tokens: 300\n    max_total_tokens: 9000\n"
+             "    max_cost_usd: 0.25\n")  # fmt: skip
+    pack = write_agent(tmp_path / "src", "budgeted", "def run(ctx):\n    return {}\n", agent=agent)
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    proc = cli(env, "policy", "explain", "budgeted", "--json")
+    assert proc.returncode == 0, proc.stderr
+    p = json_out(proc)
+    check_schema("policy-explain", p)
+    keys = ("max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd")
+    got = {k: p["llm"][k] for k in keys}
+    assert got == {"max_input_tokens": 300, "max_output_tokens": None, "max_total_tokens": 5000,
+                   "max_cost_usd": 0.25}  # fmt: skip
+    assert p["llm"]["price"] == {"input_per_million": 0.15, "output_per_million": 0.6}
+    assert p["llm"]["clamped"] == ["max_total_tokens"] and "llm.max_total_tokens" in p["clamped"]
+    requested = p["requested"]["llm"]
+    assert (requested["max_total_tokens"], requested["max_cost_usd"], requested["max_output_tokens"]) == (
+        9000, 0.25, None
+    )
+    human = cli(env, "policy", "explain", "budgeted").stdout
+    assert "llm max_total_tokens:" in human and "5000 (lowered from 9000)" in human
+    assert "0.15 / 0.6 USD per million" in human and "llm max_output_tokens" not in human
+
+    # The model the host would call has no price: the cost cap refuses every call, and explain says so.
+    llm["model"] = "gpt-unpriced"
+    config = {"agent_sandbox": {"host_trust_policy": "none", "llm": llm}}
+    (state / "config.json").write_text(json.dumps(config))
+    p = json_out(cli(env, "policy", "explain", "budgeted", "--json"))
+    check_schema("policy-explain", p)
+    assert p["llm"]["price"] is None and p["llm"]["max_cost_usd"] == 0.25
+    human = cli(env, "policy", "explain", "budgeted").stdout
+    assert "max_cost_usd refuses every call" in human and "agent_sandbox.llm.prices" in human
+    assert EXPLAIN_KEY not in human

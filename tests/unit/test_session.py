@@ -262,7 +262,7 @@ def assert_refused(err: grpc.RpcError, expected: str) -> None:
 
 def test_errors_proto_names_a_status_for_every_reason() -> None:
     names = {n.removeprefix("ERROR_REASON_") for n in errors_pb2.ErrorReason.keys()} - {"UNSPECIFIED"}
-    assert set(PROTO_STATUS) == names and len(names) == 21
+    assert set(PROTO_STATUS) == names and len(names) == 24
 
 
 def test_server_status_table_matches_errors_proto() -> None:
@@ -743,9 +743,9 @@ def test_the_key_never_crosses_the_socket_or_reaches_a_log(
         Behaviour(garbage=True),
         Behaviour(text="q" * 60),
     ):
-        env.fake_llm.script(behaviour)
+        env.fake_llm.script(*[behaviour] * (3 if behaviour.status == 500 else 1))  # a 5xx is tried 3 times
         note(refused(run.call_llm))
-    env.fake_llm.script(Behaviour(status=500))
+    env.fake_llm.script(*[Behaviour(status=500)] * 3)
     note(refused(run.stream_llm))
     note(refused(run.call_llm, [llm_pb2.ChatMessage(role="user", content="x" * 101)]))
     note(refused(run.run_tool, "community-tools", "echo", {}))
@@ -881,8 +881,9 @@ def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, deco
     )
     assert_refused(raw_call(run.channel, TOOL_METHOD, tool.SerializeToString()), "TOO_LARGE")
     assert run.session.tools.refusals == 1
-    assert run.session.llm.max_request_bytes < 4500  # the input cap in bytes plus framing, no more
-    over = messages_request(1, content="x" * 6000)
+    # The input cap in bytes plus framing (of messages, tool definitions and tool calls), no more.
+    assert run.session.llm.max_request_bytes < 8600
+    over = messages_request(1, content="x" * 9000)
     assert_refused(raw_call(run.channel, LLM_METHOD, over), "LLM_INPUT_TOO_LARGE")
     assert_refused(raw_stream(run.channel, STREAM_METHOD, over), "LLM_INPUT_TOO_LARGE")
     assert run.session.llm.usage()["refused_input"] == 2
@@ -894,13 +895,14 @@ def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, deco
 
 def test_a_call_carries_at_most_max_messages(env: Env, decodes: list[str]) -> None:
     from host._broker import MAX_MESSAGES
+    from host._llmtools import MAX_TOOLS
 
     llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=10**6, max_output_chars=100)
     run = env.started(llm=llm)
     decodes.clear()
     too_many = messages_request(MAX_MESSAGES + 1)
     assert_refused(raw_call(run.channel, LLM_METHOD, too_many), "LLM_INPUT_TOO_LARGE")
-    unknown = messages_request(2, content="hi") + b"\x78\x01" * (MAX_MESSAGES + 16)  # field 15, varints
+    unknown = messages_request(2, content="hi") + b"\x78\x01" * (MAX_MESSAGES + MAX_TOOLS + 16)  # field 15
     assert_refused(raw_call(run.channel, LLM_METHOD, unknown), "LLM_INPUT_TOO_LARGE")
     assert decodes == []
     answer = llm_pb2.CallLlmResponse.FromString(
@@ -1187,3 +1189,101 @@ def test_non_finite_tool_arguments_never_reach_a_tool(env: Env, arguments: str) 
     run = env.started()
     assert_refused(refused(run.run_tool, "word-tools", "echo", arguments), "INVALID_REQUEST")
     assert run.session.tools.calls_made == 0
+
+
+# --- tool definitions and the model's tool calls (issue 15) ------------------------------------------------
+
+
+def _with_tools(run: Run, env: Env) -> None:
+    """The run's catalog, as host/_wiring.py builds it: the allowlisted packs' declared tools."""
+    from host._llmtools import build_catalog
+
+    packs = [env.packs[slug] for slug in ("word-tools", "community-tools")]
+    run.session.llm.use_tools(lambda: build_catalog((p.slug, p.manifest.tools) for p in packs))  # type: ignore[union-attr]
+
+
+def test_list_tools_serves_the_runs_definitions_without_an_llm_grant(env: Env) -> None:
+    run = env.started(llm=LlmPolicy())
+    _with_tools(run, env)
+    answer = run.llm.ListTools(llm_pb2.ListToolsRequest(), timeout=10)
+    assert [(t.name, t.parameters_json) for t in answer.tools] == [
+        ("word-tools:append", '{"type":"object","properties":{"path":{"type":"string"}},"required":["path"],'
+                              '"additionalProperties":false}'),
+        ("word-tools:echo", "{}"),
+        ("community-tools:append", answer.tools[0].parameters_json),
+        ("community-tools:echo", "{}"),
+    ]  # fmt: skip
+    assert env.fake_llm.requests == []
+
+
+def test_list_tools_fails_like_every_call(env: Env) -> None:
+    run = env.start()
+    assert_refused(refused(run.llm.ListTools, llm_pb2.ListToolsRequest()), "TASK_NOT_FETCHED")
+    run.fetch()
+    padded = b"\x0a\x00" * 40  # a ListToolsRequest has no fields
+    assert_refused(raw_call(run.channel, "/agentnode.sandbox.v1.LlmService/ListTools", padded), "TOO_LARGE")
+    assert len(run.llm.ListTools(llm_pb2.ListToolsRequest(), timeout=10).tools) == 0  # no catalog: no tools
+    run.report({"ok": True})
+    assert_refused(refused(run.llm.ListTools, llm_pb2.ListToolsRequest()), "RUN_FINISHED")
+
+
+def test_tools_round_trip_over_the_wire(env: Env) -> None:
+    from tests.support.fake_llm import FakeToolCall
+
+    run = env.started()
+    _with_tools(run, env)
+    calls = (FakeToolCall("word-tools:echo", {"ok": 1}), FakeToolCall("evil:rm"))
+    env.fake_llm.default = Behaviour(text="done", tool_calls=calls, echo_results=True)
+    echo = llm_pb2.ToolDefinition(name="word-tools:echo", description="ignored", parameters_json='{"x": 1}')
+    offered = [echo]
+    first = run.llm.CallLlm(llm_pb2.CallLlmRequest(messages=HELLO, tools=offered), timeout=30)
+    assert first.finish_reason == llm_pb2.FINISH_REASON_TOOL_CALLS
+    assert [(c.name, c.arguments_json, c.refused) for c in first.tool_calls] == [
+        ("word-tools:echo", '{"ok":1}', False), ("evil:rm", "{}", True),
+    ]  # fmt: skip
+    # The provider got the host's definition, never the agent's description or schema.
+    [tool] = env.fake_llm.requests[0].body["tools"]
+    function = {"name": "word-tools__echo", "parameters": {"type": "object"}}
+    assert tool == {"type": "function", "function": function}
+    results = [llm_pb2.ChatMessage(role="tool", tool_call_id=c.id, content="1") for c in first.tool_calls]
+    history = [*HELLO, llm_pb2.ChatMessage(role="assistant", tool_calls=first.tool_calls), *results]
+    chunks = list(run.llm.StreamLlm(llm_pb2.StreamLlmRequest(messages=history, tools=offered), timeout=30))
+    assert "".join(c.delta for c in chunks) == "done: 1 | 1"
+    assert chunks[-1].done and chunks[-1].finish_reason == llm_pb2.FINISH_REASON_STOP
+    usage = run.session.llm.usage()  # type: ignore[union-attr]
+    assert (usage["tool_calls"], usage["tool_calls_refused"]) == (2, 1)
+    assert env.fake_llm.problems == []
+
+
+def test_a_streamed_tool_call_arrives_as_deltas_then_whole(env: Env) -> None:
+    from tests.support.fake_llm import FakeToolCall
+
+    run = env.started()
+    _with_tools(run, env)
+    env.fake_llm.default = Behaviour(tool_calls=(FakeToolCall("word-tools:append", {"path": "/tmp/x"}),))
+    offered = [llm_pb2.ToolDefinition(name="word-tools:append")]
+    chunks = list(run.llm.StreamLlm(llm_pb2.StreamLlmRequest(messages=HELLO, tools=offered), timeout=30))
+    deltas = [d for c in chunks for d in c.tool_call_deltas]
+    assert deltas[0].name == "word-tools:append" and deltas[0].id
+    assert json.loads("".join(d.arguments_delta for d in deltas)) == {"path": "/tmp/x"}
+    final = chunks[-1]
+    assert final.done and final.finish_reason == llm_pb2.FINISH_REASON_TOOL_CALLS
+    assert [(c.id, c.name, c.arguments_json) for c in final.tool_calls] == [
+        (deltas[0].id, "word-tools:append", '{"path":"/tmp/x"}')
+    ]
+
+
+def test_a_tool_outside_the_runs_definitions_is_refused_before_the_provider(env: Env) -> None:
+    run = env.started()
+    _with_tools(run, env)
+    ghost = [llm_pb2.ToolDefinition(name="ghost:run")]
+    err = refused(run.llm.CallLlm, llm_pb2.CallLlmRequest(messages=HELLO, tools=ghost))
+    assert_refused(err, "LLM_TOOL_NOT_ALLOWED")
+    err = refused(run.llm.StreamLlm, llm_pb2.StreamLlmRequest(messages=HELLO, tools=ghost))
+    assert_refused(err, "LLM_TOOL_NOT_ALLOWED")
+    bad = llm_pb2.CallLlmRequest(messages=HELLO, tool_choice=77)  # type: ignore[arg-type]  # an open enum
+    assert_refused(refused(run.llm.CallLlm, bad), "INVALID_REQUEST")
+    orphan = llm_pb2.CallLlmRequest(messages=[*HELLO, llm_pb2.ChatMessage(role="tool", tool_call_id="c1")])
+    assert_refused(refused(run.llm.CallLlm, orphan), "INVALID_REQUEST")
+    assert env.fake_llm.requests == []
+    assert run.session.llm.usage()["refused_tool"] == 2  # type: ignore[union-attr]

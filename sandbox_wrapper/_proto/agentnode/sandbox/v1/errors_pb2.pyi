@@ -29,6 +29,9 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_RUN_DEADLINE: _ClassVar[ErrorReason]
     ERROR_REASON_HOST_ERROR: _ClassVar[ErrorReason]
     ERROR_REASON_TOO_MANY_REFUSALS: _ClassVar[ErrorReason]
+    ERROR_REASON_LLM_TOKEN_BUDGET: _ClassVar[ErrorReason]
+    ERROR_REASON_LLM_COST_BUDGET: _ClassVar[ErrorReason]
+    ERROR_REASON_LLM_TOOL_NOT_ALLOWED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_TASK_ALREADY_FETCHED: ErrorReason
 ERROR_REASON_TASK_NOT_FETCHED: ErrorReason
@@ -51,5 +54,8 @@ ERROR_REASON_LLM_UNAVAILABLE: ErrorReason
 ERROR_REASON_RUN_DEADLINE: ErrorReason
 ERROR_REASON_HOST_ERROR: ErrorReason
 ERROR_REASON_TOO_MANY_REFUSALS: ErrorReason
+ERROR_REASON_LLM_TOKEN_BUDGET: ErrorReason
+ERROR_REASON_LLM_COST_BUDGET: ErrorReason
+ERROR_REASON_LLM_TOOL_NOT_ALLOWED: ErrorReason
 GRPC_STATUS_FIELD_NUMBER: _ClassVar[int]
 grpc_status: _descriptor.FieldDescriptor
