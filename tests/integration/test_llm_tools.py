@@ -313,3 +313,59 @@ def test_json_output_and_provider_errors_in_a_tool_loop(bench: Bench, provider: 
     else:
         assert body["tool_choice"] == {"type": "any"}  # a tool call, or the answer through the response tool
     _assert_no_leak(bench, result)
+
+
+CONTEXT_AGENT = """
+import asyncio
+
+
+async def run(context, stream=False, **kwargs):
+    tools = context.allowed_tool_context()
+    messages = [{"role": "user", "content": "reverse the goal's words"}]
+    if stream:
+        with context.stream_llm(messages, tool_context=tools) as s:
+            text = "".join(s)
+        first = s.result
+    else:
+        first = await context.acall_llm(messages, tool_context=tools)
+    final = await context.arun_llm_tool_loop(messages, max_rounds=4)
+    return {
+        "specs": [spec["name"] for spec in tools.tool_specs],
+        "first": {
+            "finish": first.finish_reason,
+            "calls": [[c["name"], c["arguments"]] for c in first.tool_calls],
+        },
+        "final": final.content,
+        "tool_calls_made": context.tool_calls_made,
+    }
+"""
+
+
+@STREAMING
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_the_agent_context_drives_a_model_tool_loop(
+    bench: Bench, runtime: str, provider: str, streaming: bool
+) -> None:
+    """AgentContext v1 as a published agent calls it (allowed_tool_context, call_llm with a tool context,
+    run_llm_tool_loop), from an async entrypoint, through the real wrapper in a real sandbox."""
+    bench.fake.default = Behaviour(
+        text="the words, reversed", tool_calls=(FakeToolCall(REVERSE, {"text": GOAL}),), echo_results=True
+    )
+    _setup(bench, provider)
+    extra = "tool_access:\n  allowed_packages: [word-tools]\nllm_access:\n  enabled: true\n"
+    bench.state.install(bench.make_agent("ctx-looper", CONTEXT_AGENT, extra=extra))
+    host = bench.state.host()
+    try:
+        result = host.run("ctx-looper", goal=GOAL, kwargs={"stream": streaming}, runtime=runtime)
+    finally:
+        host.close()
+    assert result.success, (result.error_code, result.error, result.logs)
+    out = result.result
+    assert out["specs"] == ["word-tools:count_words", REVERSE]
+    assert out["first"]["finish"] == "tool_calls"
+    [[name, arguments]] = out["first"]["calls"]
+    assert (name, json.loads(arguments)) == (REVERSE, {"text": GOAL})
+    assert out["final"] == 'the words, reversed: {"text": "gamma beta alpha"}'
+    assert out["tool_calls_made"] == 1  # the loop's one call went through the gate
+    assert bench.fake.problems == []
+    _assert_no_leak(bench, result)
