@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import struct
 import subprocess
 import threading
@@ -17,13 +18,13 @@ from typing import Any
 import grpc
 
 from bench._report import TOOL_SANDBOX_STAGES, med, ratio, summary
-from bench._state import BENCH_LABEL, FAKE_KEY, BenchState
+from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
 from host._client import RunnerClient
 from host._config import LlmHostConfig, load_config
 from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, container_spec, remove_and_verify
-from host._manifest import ToolSpec
+from host._llmtools import LlmCall, build_catalog, check_tools, openai_request, prepare
 from host._policy import LlmPolicy, RunPolicy
 from host._pool import PoolSettings
 from host._rundir import make_run_dir
@@ -31,7 +32,7 @@ from host._runner import RunResult, SandboxHost
 from host._sandbox import Sandbox
 from host._serve import serve
 from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
-from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner, resolve_tool
+from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
 from sandbox_wrapper import PROTOCOL_VERSION
 
@@ -170,7 +171,9 @@ def _teardown_steps(state: BenchState, host: SandboxHost, runtime: str, *,
             time.sleep(0.001)
         out["exit_wait"] = _since(t)
         session.cancel()
-        out["server_stop"] = _timed(lambda: box.server.stop(grace=None))
+        server = box.server
+        assert server is not None  # a sandbox always serves its socket
+        out["server_stop"] = _timed(lambda: server.stop(grace=None))
         cid = box.container_id or box.name
         out["remove_verify"] = _timed(lambda: remove_and_verify(host.client(), cid, box.name))
         out["rundir"] = _timed(box.rundir.remove)
@@ -305,7 +308,7 @@ def _echo_server(socket_path: str) -> grpc.Server:
 class _FreeRunner(ToolRunner):
     """Tools that cost nothing: what remains of a call is gRPC, the servicer and the gate's admission."""
 
-    def run(self, pack: InstalledToolpack, tool: ToolSpec, arguments: dict[str, Any], *,
+    def run(self, pack: InstalledToolpack, tool: ResolvedTool, arguments: dict[str, Any], *,
             timeout: float) -> ToolOutcome:
         return ToolOutcome(success=True, result={}, error="", mode_used="")
 
@@ -564,6 +567,91 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
     return out
 
 
+# -- broker with tools and a schema --------------------------------------------------------------------
+
+
+def _schema_of_size(size: int) -> dict[str, Any]:
+    """An object schema whose compact JSON text is at least `size` bytes: described string fields."""
+    schema: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
+    i = 0
+    while len(json.dumps(schema, separators=(",", ":"))) < size:
+        schema["properties"][f"field_{i}"] = {"type": "string", "description": f"Part {i} of the answer."}
+        schema["required"].append(f"field_{i}")
+        i += 1
+    return schema
+
+
+def broker_tools(state: BenchState, n: int, warmup: int) -> dict[str, Any]:
+    """The broker's overhead on a call that offers LLM_TOOL_COUNT installed tool definitions and asks for a
+    2 KiB JSON-schema response format: the host's `LlmSession.call` / `.stream` against the openai SDK
+    sending the very request the broker sends (`openai_request` of the prepared call, same bounds) to the
+    same fake provider, interleaved; the time to the first streamed text chunk likewise."""
+    import openai  # noqa: PLC0415 (only the broker sections need the SDK)
+
+    host = SandboxHost(env=state.env)
+    try:
+        pack = lookup_toolpack(host.lockfile, state.llm_tools)
+    finally:
+        host.close()
+    assert pack is not None
+    catalog = build_catalog([(pack.slug, pack.manifest.tools)])
+    if len(catalog.definitions) != LLM_TOOL_COUNT:
+        raise RuntimeError(f"{len(catalog.definitions)} tool definitions, not {LLM_TOOL_COUNT}")
+    schema_text = json.dumps(_schema_of_size(2048), separators=(",", ":"))
+    call = LlmCall(
+        messages=[{"role": "system", "content": "You are a bench agent."},
+                  {"role": "user", "content": "Look up the records and answer as the schema says."}],
+        tools=[d.name for d in catalog.definitions],
+        response_format={"type": "json_schema", "name": "bench_answer",
+                         "schema": schema_text},
+    )
+    max_output_chars = 24000
+    llm = LlmBroker(load_config(state.env).agent_sandbox.llm, state.env)
+    model = str(llm.describe()["model"])
+    session = llm.session(LlmPolicy(enabled=True, max_calls=2 * (n + warmup), max_input_chars=64000,
+                                    max_output_chars=max_output_chars))
+    session.use_tools(lambda: catalog)
+    # What the broker sends (host/_broker.py: the adapter's request and its max_tokens for these caps).
+    sent = {**openai_request(prepare(call, check_tools(call.tools, catalog))),
+            "max_completion_tokens": min(16384, math.ceil(max_output_chars / 3))}
+    sdk = openai.OpenAI(api_key=FAKE_KEY, base_url=state.provider.base_url, max_retries=0, timeout=60)
+
+    def direct_stream() -> Iterator[str | None]:
+        with sdk.chat.completions.create(model=model, **sent, stream=True,
+                                         stream_options={"include_usage": True}) as chunks:
+            yield from (c.choices[0].delta.content for c in chunks if c.choices)
+
+    def session_call() -> None:
+        if not session.call(call).content:
+            raise RuntimeError("the broker's completion has no JSON answer")
+
+    paths: dict[str, Callable[[], float]] = {
+        "direct_ms": lambda: _timed(lambda: sdk.chat.completions.create(model=model, **sent)),
+        "session_ms": lambda: _timed(session_call),
+        "direct_first_chunk_ms": lambda: _first_chunk(direct_stream),
+        "session_first_chunk_ms": lambda: _first_chunk(
+            lambda: (x for x in session.stream(call) if isinstance(x, str))),
+    }
+    samples: dict[str, list[float]] = {key: [] for key in paths}
+    try:
+        for i in range(warmup + n):
+            for key, measure in paths.items():  # interleaved, so drift hits all paths alike
+                value = measure()
+                if i >= warmup:
+                    samples[key].append(value)
+    finally:
+        sdk.close()
+    out: dict[str, Any] = {"tools": LLM_TOOL_COUNT, "schema_bytes": len(schema_text),
+                           "request_bytes": len(json.dumps(sent, separators=(",", ":"))),
+                           **{key: summary(v) for key, v in samples.items()}}
+    direct, hosted = med(out["direct_ms"]), med(out["session_ms"])
+    first_direct, first_hosted = med(out["direct_first_chunk_ms"]), med(out["session_first_chunk_ms"])
+    out["overhead_ms"] = None if direct is None or hosted is None else round(hosted - direct, 3)
+    out["first_chunk_overhead_ms"] = (None if first_direct is None or first_hosted is None
+                                      else round(first_hosted - first_direct, 3))
+    return out
+
+
 # -- warm pools ------------------------------------------------------------------------------------
 
 
@@ -687,4 +775,4 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     }
 
 
-__all__ = ["broker", "calls", "cold", "rpc_from_container", "stdio", "warm"]
+__all__ = ["broker", "broker_tools", "calls", "cold", "rpc_from_container", "stdio", "warm"]

@@ -129,6 +129,30 @@ NOOP_TOOL = '''
 '''
 
 
+LLM_TOOL_COUNT = 8
+"""Tools in the bench's tool-definitions pack: what the broker's tool-calling overhead is measured with."""
+
+
+def _llm_tools_manifest() -> str:
+    """`capabilities.tools` of the tool-definitions pack: LLM_TOOL_COUNT no-op tools, each with a described
+    object schema of a few typed properties (as real packs declare them)."""
+    lines = ["entrypoint: bench_tools", "capabilities:", "  tools:"]
+    for i in range(LLM_TOOL_COUNT):
+        lines += [
+            f"    - name: tool_{i}",
+            f'      description: "Bench tool {i}: looks up records by query, with paging and filters."',
+            '      entrypoint: "bench_tools:noop"',
+            "      input_schema:",
+            "        type: object",
+            "        properties:",
+            '          query: {type: string, description: "What to look for."}',
+            "          limit: {type: integer, minimum: 1, maximum: 100}",
+            "          tags: {type: array, items: {type: string}}",
+            "        required: [query]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 class FakeProvider:
     """tests/support/fake_llm in its own process, so its work never shares the host's GIL."""
 
@@ -158,7 +182,7 @@ class FakeProvider:
 
 
 class BenchState:
-    """A throwaway host: config pinned to the image, three agent packs and a no-op toolpack installed.
+    """A throwaway host: config pinned to the image, the bench agent packs and no-op toolpacks installed.
 
     Slugs carry a per-run tag, so pack volumes never collide with another benchmark or test running at
     the same time, and cleanup removes exactly what this run created.
@@ -187,6 +211,7 @@ class BenchState:
         self.community_tools = f"bench-ctools-{self.tag}"
         self.toolbox_caller = f"bench-toolboxcaller-{self.tag}"
         self.llm_caller = f"bench-llmcaller-{self.tag}"
+        self.llm_tools = f"bench-llmtools-{self.tag}"
         self.installed: list[str] = []
         self.volume = ""
         try:
@@ -203,6 +228,8 @@ class BenchState:
             self._install(self.toolbox_caller, TOOLBOX_CALLER, "agent", "agent",
                           agent=f"  tool_access: {{allowed_packages: [{self.tools}, "
                                 f"{self.community_tools}]}}\n")
+            self._install(self.llm_tools, NOOP_TOOL, "toolpack", "bench_tools", trust="trusted",
+                          extra=_llm_tools_manifest())
             self._install(self.llm_caller, LLM_CALLER, "agent", "agent",
                           agent="  llm_access: {enabled: true, max_calls: 100000}\n")
         except BaseException:  # a failed setup leaves no provider process or pack behind
@@ -265,4 +292,4 @@ class BenchState:
             print(f"[bench] could not remove: {', '.join(left)}", file=sys.stderr)
 
 
-__all__ = ["BENCH_LABEL", "FAKE_KEY", "BenchState", "FakeProvider"]
+__all__ = ["BENCH_LABEL", "FAKE_KEY", "LLM_TOOL_COUNT", "BenchState", "FakeProvider"]

@@ -20,7 +20,7 @@ from typing import Any
 from bench import _measure
 from bench._concurrency import concurrency
 from bench._report import REPO, machine_facts, render, targets
-from bench._state import BenchState
+from bench._state import LLM_TOOL_COUNT, BenchState
 from host._engine import connect
 from host._image import build_image
 
@@ -78,7 +78,8 @@ def _log(message: str, loads: dict[str, float]) -> None:
 def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[str, Any]:
     client = connect()
     results: dict[str, Any] = {"mode": mode, "command": command, "plan": plan.__dict__,
-                               "cold": {}, "calls": {}, "tool_sandbox": {}, "broker": {}, "concurrency": {},
+                               "cold": {}, "calls": {}, "tool_sandbox": {}, "broker": {}, "broker_tools": {},
+                               "concurrency": {},
                                "warm": {},
                                "load_by_section": {}, "quiesce_s": {}, "errors": []}
     loads: dict[str, float] = results["load_by_section"]
@@ -100,6 +101,10 @@ def run_all(plan: Plan, runtimes: list[str], mode: str, command: str) -> dict[st
         results["machine"]["image"] = image
         state = BenchState(client, image)
         try:
+            # Host-side only (no sandbox): measured once, not per runtime.
+            measure(f"host: broker, {LLM_TOOL_COUNT} tools and a 2 KiB schema ({plan.calls} calls each)",
+                    results, "broker_tools",
+                    partial(_measure.broker_tools, state, plan.calls, plan.calls_warmup))
             for rt in runtimes:
                 measure(f"{rt}: cold start vs docker floor ({plan.cold} runs each)", results["cold"], rt,
                         partial(_measure.cold, state, rt, plan.cold))

@@ -38,6 +38,10 @@ def test_smoke_writes_every_section(
     broker = data["broker"]["runc"]
     for key in ("direct_ms", "session_ms", "sandbox_ms", "direct_first_chunk_ms", "sandbox_first_chunk_ms"):
         assert broker[key]["n"] == run.SMOKE.broker
+    tools = data["broker_tools"]
+    assert (tools["tools"], tools["schema_bytes"] >= 2048) == (8, True)
+    for key in ("direct_ms", "session_ms", "direct_first_chunk_ms", "session_first_chunk_ms"):
+        assert tools[key]["n"] == run.SMOKE.calls
     level = data["concurrency"]["runc"][str(run.SMOKE.levels[0])]
     assert level["failures"] == 0 and level["leftovers"] == 0 and level["peak_active"] >= 1
     warm = data["warm"]["runc"]
@@ -55,6 +59,7 @@ def test_targets_say_met_missed_or_not_measured() -> None:
         "cold": {"runc": {"ratio": 1.2}, "runsc": {"ratio": 1.4}},
         "calls": {"runc": {"tool_over_echo": None}},
         "broker": {"runc": {"overhead_ms": 2.5}},
+        "broker_tools": {"overhead_ms": 0.5, "first_chunk_overhead_ms": None},
         "concurrency": {"runc": {"64": {"failures": 0, "leftovers": 1, "throughput": 9.0,
                                          "host_mb_per_run": 5.0}}},
         "warm": {"runc": {"server_ms": {"n": 3, "median": 24.0}, "speedup": 9.5}},
@@ -65,6 +70,8 @@ def test_targets_say_met_missed_or_not_measured() -> None:
         ("cold run / docker floor", "runsc"): "missed",
         ("tool call / bare gRPC echo", "runc"): "not measured",
         ("broker overhead (median)", "runc"): "missed",
+        ("broker overhead, 8 tools + 2 KiB JSON schema (median)", "host"): "met",
+        ("first streamed chunk after the provider's, same call (median)", "host"): "not measured",
         ("64 concurrent: failures", "runc"): "met",
         ("64 concurrent: leftovers", "runc"): "missed",
         ("64 concurrent: throughput", "runc"): "met",

@@ -601,11 +601,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tool-arguments", metavar="JSON", default="{}", help="the call's arguments (a JSON object)"
     )
+    parser.add_argument(
+        "--text", default=None, help="the reply text (with --tool-call: the final answer, before the results)"
+    )
     args = parser.parse_args(argv)
     with FakeLlmServer(args.port) as srv:
+        text = args.text if args.text is not None else "done" if args.tool_call else Behaviour.text
         if args.tool_call:
             call = FakeToolCall(args.tool_call, json.loads(args.tool_arguments))
-            srv.default = Behaviour(text="done", tool_calls=(call,), echo_results=True)
+            srv.default = Behaviour(text=text, tool_calls=(call,), echo_results=True)
+        else:
+            srv.default = Behaviour(text=text)
         print(f"FAKE_LLM_URL={srv.base_url}", flush=True)
         try:
             while True:

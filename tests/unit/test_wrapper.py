@@ -316,6 +316,8 @@ def test_hello_agent_example(served: Served) -> None:
         "goal": "Say hello and count the words of this goal",
         "refusals": [],
         "word_count": 9,
+        "offered_tools": [],  # the fake host lists no tools: the model is offered none
+        "model_tool_calls": [],
         "greeting": "Hello, Ada!",
         "tool_calls_made": 1,
         "tools_remaining": 9,
@@ -326,6 +328,38 @@ def test_hello_agent_example(served: Served) -> None:
     ((system, user),) = served.host.llm_requests
     assert system == ("system", "You are a friendly agent. Answer in one short sentence.\n")
     assert user[0] == "user" and "Ada" in user[1]
+
+
+def test_hello_agent_runs_the_tool_call_the_model_chooses(served: Served) -> None:
+    pack = EXAMPLES / "hello-agent"
+    served.host.task = agent_task(pack, kwargs_json='{"name": "Ada"}')
+    served.host.tool_definitions.append(llm_pb2.ToolDefinition(
+        name="word-tools:count_words", description="Count words.", parameters_json='{"type":"object"}'))
+    for calls_made in (1, 2):
+        served.host.tools.append(tools_pb2.RunToolResponse(
+            success=True, result_json='{"count": 3}', mode_used="host_worker",
+            tool_calls_made=calls_made, tools_remaining=10 - calls_made,
+        ))
+    call = llm_pb2.ToolCall(id="call_1", name="word-tools:count_words", arguments_json='{"text":"a b c"}')
+    served.host.llm.append(llm_pb2.CallLlmResponse(
+        finish_reason=llm_pb2.FINISH_REASON_TOOL_CALLS, tool_calls=[call]))
+    served.host.llm.append(completion("Hello, Ada! The goal has 3 words."))
+    proc = run_wrapper(served.socket_path, pack)
+    assert proc.returncode == 0, proc.stderr
+    value = value_of(served.host)
+    assert value["refusals"] == [] and value["offered_tools"] == ["word-tools:count_words"]
+    assert value["model_tool_calls"] == [
+        {"tool": "word-tools:count_words", "arguments": '{"text":"a b c"}', "result": {"count": 3}}
+    ]
+    assert value["greeting"] == "Hello, Ada! The goal has 3 words."
+    assert value["tool_calls_made"] == 2
+    first, second = served.host.llm_calls
+    assert [t.name for t in first.tools] == [t.name for t in second.tools] == ["word-tools:count_words"]
+    assert [m.role for m in second.messages] == ["system", "user", "assistant", "tool"]
+    tool_message = second.messages[3]
+    assert (tool_message.tool_call_id, json.loads(tool_message.content)) == ("call_1", {"count": 3})
+    chosen = served.host.tool_requests[1]
+    assert (chosen.tool_name, json.loads(chosen.arguments_json)) == ("count_words", {"text": "a b c"})
 
 
 def test_hello_agent_records_refusals_instead_of_failing(served: Served) -> None:
