@@ -819,8 +819,10 @@ class LlmSession:
             self._settled(admitted, None, generated=True)
             self._count("refused_output")
         except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
-            self._settled(admitted, None)
-            reason = self._provider_failed(admitted.adapter.reason_for(exc), exc)
+            kind = admitted.adapter.reason_for(exc)
+            # A timed-out call may have been generating (and billed) all along: charge its whole reservation.
+            self._settled(admitted, None, generated=kind is WireReason.LLM_TIMEOUT)
+            reason = self._provider_failed(kind, exc)
         else:
             self._settled(admitted, completion)
             if completion.output_chars > self._policy.max_output_chars:
@@ -843,7 +845,7 @@ class LlmSession:
         admitted = self._admit(_as_call(request), on_admit)
         sent = 0
         final: Completion | None = None
-        failed = False
+        failed = started = False
         try:
             with contextlib.closing(self._retrying_stream(admitted)) as chunks:
                 while True:
@@ -854,12 +856,17 @@ class LlmSession:
                         self._count("refused_output")
                         break
                     except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
-                        failed = True
-                        reason = self._provider_failed(admitted.adapter.reason_for(exc), exc)
+                        kind = admitted.adapter.reason_for(exc)
+                        failed = not started and kind is not WireReason.LLM_TIMEOUT  # else it was generating
+                        reason = self._provider_failed(kind, exc)
                         break
+                    started = True
                     if isinstance(item, Completion):
                         final = item
                         self._settled(admitted, final)
+                        if final.output_chars > self._policy.max_output_chars:
+                            # the final chunk re-sends the calls' canonical arguments: the cap holds there too
+                            self._refuse(WireReason.LLM_OUTPUT_TOO_LARGE, "refused_output")
                         self._delivered(final)
                         yield final
                         return
@@ -893,7 +900,10 @@ class LlmSession:
         """`attempt()`, retried on transient provider failures (429, 5xx, a reset connection) with bounded
         backoff inside the run's deadline; the call keeps its one call slot and budget reservation."""
         retry, counts = self._broker._retry, self._retries
-        return call_with_retries(attempt, policy=retry, counts=counts, deadline=self._deadline)
+        # A retry starts only if a whole attempt (up to the provider timeout) fits before the run's deadline.
+        span = self._broker._host.timeout_seconds
+        deadline = None if self._deadline is None else self._deadline - span
+        return call_with_retries(attempt, policy=retry, counts=counts, deadline=deadline)
 
     def _retrying_stream(self, admitted: _Admitted) -> Generator[StreamItem, None, None]:
         """The adapter's stream, its opening (up to the first item) retried like a call; later failures are

@@ -705,3 +705,15 @@ def test_every_admitted_call_is_settled_exactly_once(
         sess.call(tools_call(["evil:rm"]))  # refused before admission: nothing to settle
     assert [s is not None for s in settled] == [True, False, True, True, False, False]
     assert settled[0] is not None and settled[0][1] == 2
+
+
+def test_a_streams_final_chunk_is_held_to_the_output_cap_too(srv: FakeLlmServer) -> None:
+    # Canonical JSON can be longer than what streamed (1E15 is 1000000000000000.0 once parsed and written):
+    # the final chunk re-sends every call's canonical arguments, so the cap is checked there as well.
+    raw = '{"n":1E15,"m":2E15}'
+    srv.default = Behaviour(tool_calls=(FakeToolCall(REVERSE, raw, raw=True),))
+    sess = session("openai", srv, max_output_chars=len(raw) + 2)
+    with pytest.raises(LlmRefusal) as info:
+        list(sess.stream(LlmCall([USER], tools=[REVERSE])))
+    assert info.value.reason == "LLM_OUTPUT_TOO_LARGE"
+    assert sess.usage()["refused_output"] == 1

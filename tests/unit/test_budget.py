@@ -520,3 +520,31 @@ def test_no_retry_past_the_runs_deadline(srv: FakeLlmServer) -> None:
         sess.call(PROMPT)
     assert info.value.reason == "LLM_UNAVAILABLE" and len(srv.requests) == 1  # 0.5 s + 1 s to spare > 1.2 s
     assert sess.budget_usage()["retries"] == 0
+
+
+def test_a_timed_out_call_is_charged_its_whole_reservation(srv: FakeLlmServer) -> None:
+    # The provider may have been generating (and billing) until the timeout: charge what was reserved.
+    env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": srv.base_url_openai}
+    host = LlmHostConfig(prices={"gpt-4o-mini": ModelPrice(1.0, 2.0)}, timeout_seconds=0.3)
+    policy = LlmPolicy(enabled=True, max_calls=5, max_input_chars=1000, max_output_chars=1000,
+                       max_output_tokens=50, max_total_tokens=10_000)  # fmt: skip
+    sess = LlmBroker(host, env=env, retry=RetryPolicy(base_delay=0.0)).session(policy)
+    srv.default = Behaviour(delay=1.0)
+    with pytest.raises(LlmRefusal) as info:
+        sess.call(PROMPT)
+    assert info.value.reason == "LLM_TIMEOUT"
+    usage = sess.budget_usage()
+    assert (usage["input_tokens"], usage["output_tokens"]) == (PROMPT_ESTIMATE, 50)
+
+
+def test_a_retry_starts_only_when_a_whole_attempt_fits_before_the_deadline(srv: FakeLlmServer) -> None:
+    env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": srv.base_url_openai}
+    policy = LlmPolicy(enabled=True, max_calls=5, max_input_chars=1000, max_output_chars=1000)
+    host = LlmHostConfig(timeout_seconds=30)
+    sess = LlmBroker(host, env=env, retry=RetryPolicy(base_delay=0.0)).session(
+        policy, deadline=time.monotonic() + 20  # 20 s left: a retry could still be running 30 s from now
+    )
+    srv.script(Behaviour(status=503), Behaviour(status=503))
+    with pytest.raises(LlmRefusal):
+        sess.call(PROMPT)
+    assert len(srv.requests) == 1 and sess.budget_usage()["retries"] == 0
