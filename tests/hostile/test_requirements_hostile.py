@@ -45,8 +45,8 @@ pytestmark = pytest.mark.docker
 RAW = {"\x1b": "ESC", "\x07": "BEL", "\x9b": "8-bit CSI", "\u202e": "RLO"}
 HOSTILE_REQ = "six\x1b]0;pwned\x07\x9b31m\u202etxt"
 """A requirement whose text would retitle the terminal and reverse the line if echoed raw."""
-HOSTILE_REQ_SHOWN = "six\\\\x1b]0;pwned\\\\x07\\\\x9b31m\\\\u202etxt"
-"""How the install error shows it: escaped (\\x1b ...), then quoted by repr (so each backslash doubles)."""
+HOSTILE_REQ_SHOWN = "six\\x1b]0;pwned\\x07\\x9b31m\\u202etxt"
+"""How the install error shows it: each escape written out once (\\x1b ...), in quotes."""
 
 INJECTIONS = {
     "index-url-option": ("--index-url=http://127.0.0.1:9/simple", "looks like a pip option"),

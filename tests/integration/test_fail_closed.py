@@ -314,7 +314,9 @@ def test_container_exiting_before_reporting(case: Callable[..., Case], runtime: 
 class BrokenBroker(LlmBroker):
     """A broker with a bug: the host loop must fail closed and still write its audit record."""
 
-    def session(self, policy: LlmPolicy, slug: str | None = None) -> LlmSession:
+    def session(
+        self, policy: LlmPolicy, slug: str | None = None, *, deadline: float | None = None
+    ) -> LlmSession:
         raise RuntimeError("secret-ish broker failure text")
 
 
