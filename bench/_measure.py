@@ -83,6 +83,18 @@ def _timed(call: Callable[[], object]) -> float:
     return _since(t)
 
 
+def _interleaved(paths: dict[str, Callable[[], float]], *, n: int, warmup: int) -> dict[str, list[float]]:
+    """`n` samples of each path (each returns its own ms) after `warmup` rounds, the paths taken in turn
+    each round so load drift hits them all alike."""
+    samples: dict[str, list[float]] = {key: [] for key in paths}
+    for i in range(warmup + n):
+        for key, measure in paths.items():
+            value = measure()
+            if i >= warmup:
+                samples[key].append(value)
+    return samples
+
+
 def _ok(result: RunResult) -> RunResult:
     if not result.success:
         raise RuntimeError(f"bench run failed: {result.error_code}: {result.error}\n{result.logs[-2000:]}")
@@ -425,19 +437,13 @@ def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[st
                         runner=runner, deadline=time.monotonic() + 600)
 
     as_run, cached = gate(lookup), gate(lambda _slug: pack)
-    paths: dict[str, Callable[[], object]] = {
-        "gate_ms": lambda: as_run.call(state.tools, "noop", "{}"),
-        "gate_cached_lookup_ms": lambda: cached.call(state.tools, "noop", "{}"),
-        "worker_ms": lambda: runner.run(pack, tool, {}, timeout=60),
+    paths: dict[str, Callable[[], float]] = {
+        "gate_ms": lambda: _timed(lambda: as_run.call(state.tools, "noop", "{}")),
+        "gate_cached_lookup_ms": lambda: _timed(lambda: cached.call(state.tools, "noop", "{}")),
+        "worker_ms": lambda: _timed(lambda: runner.run(pack, tool, {}, timeout=60)),
     }
-    samples: dict[str, list[float]] = {key: [] for key in paths}
     try:
-        for i in range(warmup + n):
-            for key, call in paths.items():  # interleaved, so drift hits all three alike
-                t = time.perf_counter()
-                call()
-                if i >= warmup:
-                    samples[key].append(_since(t))
+        samples = _interleaved(paths, n=n, warmup=warmup)
     finally:
         runner.close()
         host.close()
@@ -543,13 +549,8 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
         "session_first_chunk_ms": lambda: _first_chunk(
             lambda: (x for x in session.stream(messages) if isinstance(x, str))),
     }
-    samples: dict[str, list[float]] = {key: [] for key in paths}
     try:
-        for i in range(warmup + n):
-            for key, measure in paths.items():  # interleaved, so drift hits all paths alike
-                value = measure()
-                if i >= warmup:
-                    samples[key].append(value)
+        samples = _interleaved(paths, n=n, warmup=warmup)
     finally:
         sdk.close()
     host = SandboxHost(env=state.env)
@@ -632,13 +633,8 @@ def broker_tools(state: BenchState, n: int, warmup: int) -> dict[str, Any]:
         "session_first_chunk_ms": lambda: _first_chunk(
             lambda: (x for x in session.stream(call) if isinstance(x, str))),
     }
-    samples: dict[str, list[float]] = {key: [] for key in paths}
     try:
-        for i in range(warmup + n):
-            for key, measure in paths.items():  # interleaved, so drift hits all paths alike
-                value = measure()
-                if i >= warmup:
-                    samples[key].append(value)
+        samples = _interleaved(paths, n=n, warmup=warmup)
     finally:
         sdk.close()
     out: dict[str, Any] = {"tools": LLM_TOOL_COUNT, "schema_bytes": len(schema_text),
