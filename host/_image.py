@@ -185,7 +185,8 @@ def parse_requirements(text: str) -> tuple[PinnedWheel, ...]:
     return tuple(pins)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """A file's sha256 (hex), read in 1 MiB chunks."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -207,7 +208,7 @@ def cached_wheels(pins: Iterable[PinnedWheel], cache_dir: Path, arch: str) -> di
             if (
                 wheel.name.lower().startswith(prefix)
                 and (platform == "any" or f"_{arch}" in platform)
-                and _sha256_file(wheel) in pin.hashes
+                and sha256_file(wheel) in pin.hashes
             ):
                 found[pin.name] = wheel
                 break
@@ -652,5 +653,6 @@ __all__ = [
     "image_inputs_hash",
     "image_status",
     "pull_image",
+    "sha256_file",
     "verify_pinned_image",
 ]

@@ -45,6 +45,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from host._errors import PackError
+from host._image import sha256_file
 from host._terminal import safe_line, safe_token
 
 Progress = Callable[[str], None]
@@ -494,14 +495,6 @@ def _resolve_failed(done: Finished, declared: Declared, target: Target, source: 
     )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _over_download_bounds(directory: Path) -> bool:
     """Whether pip's download directory already holds more than the wheels or bytes one resolution may
     bring (pip's partial files included)."""
@@ -551,7 +544,7 @@ def _downloaded(directory: Path, target: Target) -> tuple[Wheel, ...]:
                 f"the pack's requirements take more than {MAX_WHEEL_BYTES // 2**20} MiB of wheels",
                 hint="ask the pack's publisher to trim its requirements",
             )
-        wheels.append(Wheel(entry.name, _sha256(Path(entry.path))))
+        wheels.append(Wheel(entry.name, sha256_file(Path(entry.path))))
     return tuple(wheels)
 
 
