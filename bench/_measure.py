@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from host._broker import LlmBroker
 from host._client import RunnerClient
 from host._config import LlmHostConfig, load_config
 from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, container_spec, remove_and_verify
-from host._llmtools import LlmCall, build_catalog, check_tools, openai_request, prepare
+from host._llmtools import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host._policy import LlmPolicy, RunPolicy
 from host._pool import PoolSettings
 from host._rundir import make_run_dir
@@ -525,8 +526,45 @@ def _first_chunk(chunks: Callable[[], Iterable[str | None]]) -> float:
     return first if first is not None else _since(t)
 
 
+@dataclass(frozen=True)
+class _ToolsCall:
+    """The broker_tools call: LLM_TOOL_COUNT installed tool definitions and a 2 KiB JSON-schema response
+    format, as the broker takes it (`call`) and as the openai SDK sends it (`sent`, what the broker sends)."""
+
+    catalog: ToolCatalog
+    schema: dict[str, Any]
+    call: LlmCall
+    sent: dict[str, Any]
+    max_output_chars: int = 24000
+
+
+def _tools_call(state: BenchState) -> _ToolsCall:
+    host = SandboxHost(env=state.env)
+    try:
+        pack = lookup_toolpack(host.lockfile, state.llm_tools)
+    finally:
+        host.close()
+    assert pack is not None
+    catalog = build_catalog([(pack.slug, pack.manifest.tools)])
+    if len(catalog.definitions) != LLM_TOOL_COUNT:
+        raise RuntimeError(f"{len(catalog.definitions)} tool definitions, not {LLM_TOOL_COUNT}")
+    schema = _schema_of_size(2048)
+    call = LlmCall(
+        messages=[{"role": "system", "content": "You are a bench agent."},
+                  {"role": "user", "content": "Look up the records and answer as the schema says."}],
+        tools=[d.name for d in catalog.definitions],
+        response_format={"type": "json_schema", "name": "bench_answer",
+                         "schema": json.dumps(schema, separators=(",", ":"))},
+    )
+    # What the broker sends (host/_broker.py: the adapter's request and its max_tokens for these caps).
+    sent = {**openai_request(prepare(call, check_tools(call.tools, catalog))),
+            "max_completion_tokens": min(16384, math.ceil(24000 / 3))}
+    return _ToolsCall(catalog, schema, call, sent)
+
+
 def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any]:
-    """CallLlm from the sandbox, the host's LlmSession, and the openai SDK straight to the provider."""
+    """CallLlm from the sandbox, the host's LlmSession, and the openai SDK straight to the provider; the
+    same from the sandbox for the broker_tools call (8 tools, a 2 KiB schema) against the SDK sending it."""
     import openai  # noqa: PLC0415 (only the broker section needs the SDK)
 
     llm = LlmBroker(load_config(state.env).agent_sandbox.llm, state.env)
@@ -535,19 +573,22 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
                                     max_output_chars=24000))
     sdk = openai.OpenAI(api_key=FAKE_KEY, base_url=state.provider.base_url, max_retries=0, timeout=60)
     messages: Any = [{"role": "user", "content": "ping"}]
+    tools = _tools_call(state)
 
-    def direct_stream() -> Iterator[str | None]:
-        with sdk.chat.completions.create(model=model, messages=messages, max_completion_tokens=100,
-                                         stream=True, stream_options={"include_usage": True}) as chunks:
+    def direct_stream(**request: Any) -> Iterator[str | None]:
+        with sdk.chat.completions.create(model=model, **request, stream=True,
+                                         stream_options={"include_usage": True}) as chunks:
             yield from (c.choices[0].delta.content for c in chunks if c.choices)
 
+    plain = {"messages": messages, "max_completion_tokens": 100}
     paths: dict[str, Callable[[], float]] = {
-        "direct_ms": lambda: _timed(
-            lambda: sdk.chat.completions.create(model=model, messages=messages, max_completion_tokens=100)),
+        "direct_ms": lambda: _timed(lambda: sdk.chat.completions.create(model=model, **plain)),
         "session_ms": lambda: _timed(lambda: session.call(messages)),
-        "direct_first_chunk_ms": lambda: _first_chunk(direct_stream),
+        "direct_first_chunk_ms": lambda: _first_chunk(lambda: direct_stream(**plain)),
         "session_first_chunk_ms": lambda: _first_chunk(
             lambda: (x for x in session.stream(messages) if isinstance(x, str))),
+        "direct_tools_ms": lambda: _timed(lambda: sdk.chat.completions.create(model=model, **tools.sent)),
+        "direct_tools_first_chunk_ms": lambda: _first_chunk(lambda: direct_stream(**tools.sent)),
     }
     try:
         samples = _interleaved(paths, n=n, warmup=warmup)
@@ -556,15 +597,24 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
     host = SandboxHost(env=state.env)
     try:
         result = _ok(host.run(state.llm_caller, runtime=runtime, kwargs={"n": n, "warmup": warmup}))
+        with_tools = _ok(host.run(state.llm_caller, runtime=runtime,
+                                  kwargs={"n": n, "warmup": warmup, "schema": tools.schema}))
     finally:
         host.close()
     out: dict[str, Any] = {"model": model, **{key: summary(v) for key, v in samples.items()}}
     out["sandbox_ms"] = summary(result.result["call_ms"])
     out["sandbox_first_chunk_ms"] = summary(result.result["first_chunk_ms"])
-    direct = med(out["direct_ms"]) or 0.0
-    inside, hosted = med(out["sandbox_ms"]), med(out["session_ms"])
-    out["overhead_ms"] = None if inside is None else round(inside - direct, 3)
-    out["session_overhead_ms"] = None if hosted is None else round(hosted - direct, 3)
+    out["sandbox_tools_ms"] = summary(with_tools.result["call_ms"])
+    out["sandbox_tools_first_chunk_ms"] = summary(with_tools.result["first_chunk_ms"])
+
+    def over(key: str, floor: str) -> float | None:
+        a, b = med(out[key]), med(out[floor])
+        return None if a is None or b is None else round(a - b, 3)
+
+    out["overhead_ms"] = over("sandbox_ms", "direct_ms")
+    out["session_overhead_ms"] = over("session_ms", "direct_ms")
+    out["tools_overhead_ms"] = over("sandbox_tools_ms", "direct_tools_ms")
+    out["tools_first_chunk_overhead_ms"] = over("sandbox_tools_first_chunk_ms", "direct_tools_first_chunk_ms")
     return out
 
 
@@ -583,38 +633,19 @@ def _schema_of_size(size: int) -> dict[str, Any]:
 
 
 def broker_tools(state: BenchState, n: int, warmup: int) -> dict[str, Any]:
-    """The broker's overhead on a call that offers LLM_TOOL_COUNT installed tool definitions and asks for a
-    2 KiB JSON-schema response format: the host's `LlmSession.call` / `.stream` against the openai SDK
-    sending the very request the broker sends (`openai_request` of the prepared call, same bounds) to the
-    same fake provider, interleaved; the time to the first streamed text chunk likewise."""
+    """The broker's own overhead on the broker_tools call (LLM_TOOL_COUNT installed tool definitions and a
+    2 KiB JSON-schema response format), host-side: `LlmSession.call` / `.stream` against the openai SDK
+    sending the very request the broker sends to the same fake provider, interleaved; the time to the first
+    streamed text chunk likewise. (The `broker` section measures the same call from inside the sandbox.)"""
     import openai  # noqa: PLC0415 (only the broker sections need the SDK)
 
-    host = SandboxHost(env=state.env)
-    try:
-        pack = lookup_toolpack(host.lockfile, state.llm_tools)
-    finally:
-        host.close()
-    assert pack is not None
-    catalog = build_catalog([(pack.slug, pack.manifest.tools)])
-    if len(catalog.definitions) != LLM_TOOL_COUNT:
-        raise RuntimeError(f"{len(catalog.definitions)} tool definitions, not {LLM_TOOL_COUNT}")
-    schema_text = json.dumps(_schema_of_size(2048), separators=(",", ":"))
-    call = LlmCall(
-        messages=[{"role": "system", "content": "You are a bench agent."},
-                  {"role": "user", "content": "Look up the records and answer as the schema says."}],
-        tools=[d.name for d in catalog.definitions],
-        response_format={"type": "json_schema", "name": "bench_answer",
-                         "schema": schema_text},
-    )
-    max_output_chars = 24000
+    tools = _tools_call(state)
+    call, catalog, sent = tools.call, tools.catalog, tools.sent
     llm = LlmBroker(load_config(state.env).agent_sandbox.llm, state.env)
     model = str(llm.describe()["model"])
     session = llm.session(LlmPolicy(enabled=True, max_calls=2 * (n + warmup), max_input_chars=64000,
-                                    max_output_chars=max_output_chars))
+                                    max_output_chars=tools.max_output_chars))
     session.use_tools(lambda: catalog)
-    # What the broker sends (host/_broker.py: the adapter's request and its max_tokens for these caps).
-    sent = {**openai_request(prepare(call, check_tools(call.tools, catalog))),
-            "max_completion_tokens": min(16384, math.ceil(max_output_chars / 3))}
     sdk = openai.OpenAI(api_key=FAKE_KEY, base_url=state.provider.base_url, max_retries=0, timeout=60)
 
     def direct_stream() -> Iterator[str | None]:
@@ -637,6 +668,7 @@ def broker_tools(state: BenchState, n: int, warmup: int) -> dict[str, Any]:
         samples = _interleaved(paths, n=n, warmup=warmup)
     finally:
         sdk.close()
+    schema_text = json.dumps(tools.schema, separators=(",", ":"))
     out: dict[str, Any] = {"tools": LLM_TOOL_COUNT, "schema_bytes": len(schema_text),
                            "request_bytes": len(json.dumps(sent, separators=(",", ":"))),
                            **{key: summary(v) for key, v in samples.items()}}

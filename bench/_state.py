@@ -102,19 +102,30 @@ LLM_CALLER = """
     import time
 
     MESSAGES = [{"role": "user", "content": "ping"}]
+    TOOL_MESSAGES = [
+        {"role": "system", "content": "You are a bench agent."},
+        {"role": "user", "content": "Look up the records and answer as the schema says."},
+    ]
 
 
-    def run(context, n=20, warmup=3, **kwargs):
+    def run(context, n=20, warmup=3, schema=None, **kwargs):
+        # schema: offer every allowed tool and ask for a JSON answer of this schema (the broker_tools call)
+        messages, options = MESSAGES, {}
+        if schema is not None:
+            messages = TOOL_MESSAGES
+            options = {"tool_context": context.allowed_tool_context(),
+                       "response_format": {"type": "json_schema",
+                                           "json_schema": {"name": "bench_answer", "schema": schema}}}
         for _ in range(warmup):
-            context.call_llm(MESSAGES)
+            context.call_llm(messages, **options)
         calls, firsts = [], []
         for _ in range(n):
             t = time.perf_counter()
-            context.call_llm(MESSAGES)
+            context.call_llm(messages, **options)
             calls.append((time.perf_counter() - t) * 1000)
         for _ in range(n):
             t = time.perf_counter()
-            chunks = context.stream_llm(MESSAGES)
+            chunks = context.stream_llm(messages, **options)
             next(chunks)
             firsts.append((time.perf_counter() - t) * 1000)
             for _ in chunks:
@@ -231,7 +242,8 @@ class BenchState:
             self._install(self.llm_tools, NOOP_TOOL, "toolpack", "bench_tools", trust="trusted",
                           extra=_llm_tools_manifest())
             self._install(self.llm_caller, LLM_CALLER, "agent", "agent",
-                          agent="  llm_access: {enabled: true, max_calls: 100000}\n")
+                          agent="  llm_access: {enabled: true, max_calls: 100000}\n"
+                                f"  tool_access: {{allowed_packages: [{self.llm_tools}]}}\n")
         except BaseException:  # a failed setup leaves no provider process or pack behind
             self.close()
             raise

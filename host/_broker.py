@@ -25,7 +25,6 @@ import stat
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
@@ -36,8 +35,10 @@ from host._budget import (
     Reservation,
     RetryCounts,
     RetryPolicy,
+    Transient,
     call_with_retries,
     estimate_tokens,
+    may_have_reached_provider,
 )
 from host._config import AgentLlmConfig, LlmHostConfig
 from host._errors import CallRefusal, ConfigError
@@ -261,7 +262,8 @@ class _OpenAiAdapter:
             model=self._model, **_as_any(openai_request(request)), **self._bounds(max_tokens)
         )
         choice = resp.choices[0]
-        calls = tuple(_openai_call(request, c) for c in _bounded(choice.message.tool_calls or ()))
+        taken: set[str] = set()
+        calls = tuple(_openai_call(request, c, taken) for c in _bounded(choice.message.tool_calls or ()))
         return Completion(
             content=_text(choice.message.content or ""),
             finish_reason=_finish(choice.finish_reason, bool(calls)),
@@ -307,13 +309,14 @@ class _OpenAiAdapter:
         return WireReason.LLM_UNAVAILABLE
 
 
-def _openai_call(request: Prepared, call: Any) -> ModelToolCall:
-    """A function call (a `custom` tool call names nothing the request defined: refused)."""
+def _openai_call(request: Prepared, call: Any, taken: set[str]) -> ModelToolCall:
+    """A function call (a `custom` tool call names nothing the request defined: refused); `taken`: the ids
+    of the completion's calls so far."""
     function = getattr(call, "function", None) if getattr(call, "type", None) == "function" else None
     if function is None:
         custom = getattr(call, "custom", None)
-        return model_call(request, getattr(call, "id", None), getattr(custom, "name", ""), None)
-    return model_call(request, call.id, function.name, function.arguments)
+        return model_call(request, getattr(call, "id", None), getattr(custom, "name", ""), None, taken)
+    return model_call(request, call.id, function.name, function.arguments, taken)
 
 
 class _AnthropicAdapter:
@@ -347,6 +350,7 @@ class _AnthropicAdapter:
         texts: list[str] = []
         answer: str | None = None
         calls: list[ModelToolCall] = []
+        taken: set[str] = set()
         for block in resp.content:
             if block.type == "text":
                 texts.append(_text(block.text))
@@ -354,7 +358,7 @@ class _AnthropicAdapter:
                 if request.json_mode and block.name == RESPONSE_TOOL and answer is None:
                     answer = _json_answer(block.input)
                 else:
-                    calls.append(model_call(request, block.id, block.name, block.input))
+                    calls.append(model_call(request, block.id, block.name, block.input, taken))
         _bounded(calls)
         # JSON mode: the content is the response tool's input only (a forced tool writes no text beside it).
         content = (answer or "") if request.json_mode else "".join(texts)
@@ -734,9 +738,11 @@ class LlmSession:
         self._budget = LlmBudget.for_policy(policy, broker._host.prices)
         self._retries = RetryCounts()
         self._deadline = deadline
+        self._closed = threading.Event()  # the run ended: a provider retry waiting to start gives up
         self._tools: Callable[[], ToolCatalog] | None = None
         self._catalog: ToolCatalog | None = None
         self._catalog_lock = threading.Lock()
+        self._catalog_failure: Exception | None = None
         self._usage: dict[str, Any] = {
             "requests": 0,
             "calls": 0,
@@ -753,16 +759,27 @@ class LlmSession:
             "model": None,
         }
 
+    def close(self) -> None:
+        """The run ended: a call waiting to retry its provider gives up at once with its last failure."""
+        self._closed.set()
+
     def use_tools(self, catalog: Callable[[], ToolCatalog]) -> None:
         """Where the run's tool catalog comes from (host/_wiring.py); built on first use, once per run.
         Without it the run has no tools to offer a model."""
         self._tools = catalog
 
     def tool_catalog(self) -> ToolCatalog:
-        """The tools this run may hand to a model (ListTools), built once; needs no LLM grant."""
+        """The tools this run may hand to a model (ListTools), built once; needs no LLM grant. A build that
+        failed (the lockfile unreadable) fails every later ask the same way without building again."""
         with self._catalog_lock:
+            if self._catalog_failure is not None:
+                raise self._catalog_failure
             if self._catalog is None:
-                self._catalog = self._tools() if self._tools is not None else EMPTY_CATALOG
+                try:
+                    self._catalog = self._tools() if self._tools is not None else EMPTY_CATALOG
+                except Exception as exc:
+                    self._catalog_failure = exc
+                    raise
                 if self._catalog.dropped:
                     logger.warning(
                         "%d declared tool(s) left out of this run's tool definitions (too many, too large, "
@@ -790,14 +807,19 @@ class LlmSession:
     ) -> None:
         """The checks that need no message at all, so a request that cannot pass costs nothing to refuse.
 
-        Granted, a call left, an encoded size that could fit the input cap (`max_request_bytes`), at most
-        MAX_MESSAGES messages and MAX_TOOLS tools. A refusal counts exactly as it would in `call`; passing
-        counts nothing.
+        Granted, a call left, a token and cost budget not used up, an encoded size that could fit the input
+        cap (`max_request_bytes`), at most MAX_MESSAGES messages and MAX_TOOLS tools. A refusal counts
+        exactly as it would in `call`; passing counts nothing.
         """
         if not self._policy.enabled:
             self._refuse_request(WireReason.LLM_NOT_GRANTED, "refused_disabled")
         if self.calls_remaining == 0:
             self._refuse_request(WireReason.LLM_CALL_LIMIT, "refused_limit")
+        try:
+            self._budget.screen()
+        except BudgetRefusal as refusal:
+            self._count("requests")
+            raise LlmRefusal(refusal.reason, refusal.message) from None
         too_many_bytes = request_bytes is not None and request_bytes > self.max_request_bytes
         if too_many_bytes or (message_count is not None and message_count > MAX_MESSAGES):
             self._refuse_request(WireReason.LLM_INPUT_TOO_LARGE, "refused_input")
@@ -812,9 +834,14 @@ class LlmSession:
         the run as active from there)."""
         admitted = self._admit(_as_call(request), on_admit)
         reason = WireReason.LLM_OUTPUT_TOO_LARGE
-        complete = partial(admitted.adapter.complete, admitted.request, admitted.max_tokens)
+
+        def complete() -> Completion:
+            return admitted.adapter.complete(admitted.request, admitted.reservation.max_tokens)
+
         try:
-            completion = self._retrying(complete)
+            completion = self._retrying(complete, admitted)
+        except BudgetRefusal as refusal:  # a retry the budget no longer covers (its attempt was charged)
+            raise LlmRefusal(refusal.reason, refusal.message) from None
         except TooManyToolCalls:
             self._settled(admitted, None, generated=True)
             self._count("refused_output")
@@ -851,6 +878,8 @@ class LlmSession:
                 while True:
                     try:
                         item = next(chunks)
+                    except BudgetRefusal as refusal:  # a retry the budget no longer covers
+                        raise LlmRefusal(refusal.reason, refusal.message) from None
                     except TooManyToolCalls:
                         reason = WireReason.LLM_OUTPUT_TOO_LARGE
                         self._count("refused_output")
@@ -896,14 +925,29 @@ class LlmSession:
         """Token, cost and retry counts (host/_budget.py), for the audit record only."""
         return {**self._budget.totals(), **self._retries.totals()}
 
-    def _retrying(self, attempt: Callable[[], _T]) -> _T:
+    def _retrying(self, attempt: Callable[[], _T], admitted: _Admitted) -> _T:
         """`attempt()`, retried on transient provider failures (429, 5xx, a reset connection) with bounded
-        backoff inside the run's deadline; the call keeps its one call slot and budget reservation."""
+        backoff inside the run's deadline and never after the run ended; the call keeps its one call slot.
+        It keeps its budget reservation too, unless the failed attempt may have reached the provider (a
+        connection lost after it was made): that attempt is charged in full and the retry reserves anew, or
+        raises BudgetRefusal when the budget no longer covers it."""
         retry, counts = self._broker._retry, self._retries
         # A retry starts only if a whole attempt (up to the provider timeout) fits before the run's deadline.
         span = self._broker._host.timeout_seconds
         deadline = None if self._deadline is None else self._deadline - span
-        return call_with_retries(attempt, policy=retry, counts=counts, deadline=deadline)
+
+        def before_retry(kind: Transient, exc: BaseException) -> None:
+            if kind is Transient.CONNECTION and may_have_reached_provider(exc):
+                admitted.reservation = self._budget.renew(admitted.reservation)
+
+        return call_with_retries(
+            attempt,
+            policy=retry,
+            counts=counts,
+            deadline=deadline,
+            sleep=self._closed.wait,
+            before_retry=before_retry,
+        )
 
     def _retrying_stream(self, admitted: _Admitted) -> Generator[StreamItem, None, None]:
         """The adapter's stream, its opening (up to the first item) retried like a call; later failures are
@@ -913,16 +957,21 @@ class LlmSession:
         def first() -> StreamItem:
             if opened:
                 opened.pop().close()
-            opened.append(admitted.adapter.stream(admitted.request, admitted.max_tokens))
+            opened.append(admitted.adapter.stream(admitted.request, admitted.reservation.max_tokens))
             return next(opened[0])
 
         try:
-            item = self._retrying(first)
+            item = self._retrying(first, admitted)
             yield item
             yield from opened[0]
         finally:
             for chunks in opened:
                 chunks.close()
+
+    @property
+    def tokens_remaining(self) -> int | None:
+        """The run's max_total_tokens left (settled and reserved tokens taken off); None without the cap."""
+        return self._budget.tokens_left
 
     @property
     def calls_remaining(self) -> int:
@@ -988,7 +1037,7 @@ class LlmSession:
             self._usage["calls"] += 1
         if on_admit is not None:
             on_admit()
-        return _Admitted(adapter, request, reservation.max_tokens, reservation)
+        return _Admitted(adapter, request, reservation)
 
     def _settled(
         self, admitted: _Admitted, completion: Completion | None, *, generated: bool = False
@@ -1037,22 +1086,24 @@ class LlmSession:
         return reason
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Admitted:
-    """A call that passed every check and holds a call slot: what its provider call needs."""
+    """A call that passed every check and holds a call slot: what its provider call needs. `reservation`
+    changes when a retry reserves anew (LlmSession._retrying); its max_tokens is what each attempt asks."""
 
     adapter: _Adapter
     request: Prepared
-    max_tokens: int
     reservation: Reservation
 
 
 def _estimate(request: Prepared) -> int:
-    """The request's input-token estimate (host/_budget.py): every text it sends, roles, names and ids."""
+    """The request's input-token bound (host/_budget.py): every text it sends, roles, names and ids, and the
+    providers' hidden tool prompt when it defines tools or asks for JSON."""
     names: list[str] = [t.name for t in request.tools]
     for m in request.messages:
         names += [m.role, m.tool_call_id, *(x for c in m.tool_calls for x in (c.id, c.name))]
-    return estimate_tokens([*request.texts(), *names], messages=len(request.messages))
+    tools = bool(request.tools) or request.json_mode
+    return estimate_tokens([*request.texts(), *names], messages=len(request.messages), tools=tools)
 
 
 def _as_call(request: LlmCall | Sequence[Mapping[str, Any]]) -> LlmCall:

@@ -7,22 +7,27 @@ can never together reserve more than a budget holds: of 50 calls racing for a bu
 
 Caps, checked in this order (the first that fails names itself in the refusal):
 
-- `max_input_tokens` (per call): the call's input estimate may not exceed it (LLM_INPUT_TOO_LARGE).
+- `max_input_tokens` (per call): the call's input bound may not exceed it (LLM_INPUT_TOO_LARGE).
 - `max_cost_usd` with no price for the model: refused, fail closed (LLM_COST_BUDGET); add the model to
   `agent_sandbox.llm.prices`.
-- `max_total_tokens` (per run): settled tokens plus open reservations plus this call's input estimate plus
+- `max_total_tokens` (per run): settled tokens plus open reservations plus this call's input bound plus
   at least one output token must fit (LLM_TOKEN_BUDGET).
-- `max_cost_usd` (per run): settled cost plus reserved cost plus the estimate's input cost plus at least
+- `max_cost_usd` (per run): settled cost plus reserved cost plus the bound's input cost plus at least
   one output token's cost must fit (LLM_COST_BUDGET).
 
 `Reservation.max_tokens` (the output tokens to ask the provider for) is what is left: the least of the
 caller's own bound (`output_limit`, else DEFAULT_MAX_OUTPUT_TOKENS), `max_output_tokens`, the run's tokens
-left after the input estimate, and the output tokens the cost left buys at the model's output price.
+left after the input bound, and the output tokens the cost left buys at the model's output price.
 
-Input estimate (`estimate_input_tokens`): the UTF-8 bytes of every text the request carries divided by
-CHARS_PER_TOKEN (3) and rounded up, plus TOKENS_PER_MESSAGE (4) per message and TOKENS_PER_REQUEST (3).
-Real tokenizers average about 4 characters of English per token and one token per CJK character (3
-bytes), so the estimate is usually high; it is only an estimate, and the provider's own count settles it.
+Input bound (`estimate_input_tokens`): an upper bound of the tokens a request can be, not a guess. The
+providers' tokenizers (byte-level BPE: OpenAI's, Anthropic's; SentencePiece with byte fallback on
+OpenAI-compatible servers) never make a token of less than one byte of UTF-8, so the bound is the UTF-8
+bytes of every text the request carries, plus TOKENS_PER_MESSAGE (4) per message for the role and framing
+tokens, TOKENS_PER_REQUEST (3), and TOOL_PROMPT_TOKENS (400) when the request defines tools or asks for
+JSON (providers add a hidden tool-use prompt: Anthropic documents up to 346 tokens). No text can make the
+provider's count exceed it, so `max_input_tokens`, `max_total_tokens` and `max_cost_usd` hold as ceilings,
+not as estimates; the price is that ordinary English (about 4 bytes a token) is reserved at about 4 times
+what it will cost until the provider's count settles it.
 
 Accounting after the call (never negative; later calls see the true totals):
 
@@ -37,6 +42,10 @@ Accounting after the call (never negative; later calls see the true totals):
 
 Retries of one call share its reservation: a call is charged once, for its final outcome. Rate limits and
 server errors are not billed by the providers the broker speaks to; the attempts are counted as retries.
+A connection that failed once the request may have reached the provider (anything but a connection that
+was never made, `may_have_reached_provider`) may have been billed in full: `renew` charges that attempt
+its whole reservation and reserves the retry anew, which the budget refuses, naming its cap, when it no
+longer covers it.
 
 Nothing here sees a prompt, a completion or a tool argument: only counts, the host-side model name (to find
 its price) and the caps. Costs are exact (fractions of the decimal prices as written); the audit gets them
@@ -63,12 +72,14 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-CHARS_PER_TOKEN = 3
-"""UTF-8 bytes per estimated input token (conservative: English averages ~4 characters a token)."""
 TOKENS_PER_MESSAGE = 4
-"""Estimated tokens each message adds besides its text (role and framing tokens)."""
+"""Tokens each message may add besides its text (role and framing tokens)."""
 TOKENS_PER_REQUEST = 3
-"""Estimated tokens every request adds (the reply's priming)."""
+"""Tokens every request adds (the reply's priming)."""
+TOOL_PROMPT_TOKENS = 400
+"""Tokens a provider may add to a request that defines tools or a JSON answer (its hidden tool-use prompt)."""
+MIN_CALL_TOKENS = TOKENS_PER_REQUEST + TOKENS_PER_MESSAGE + len("user") + 1
+"""The smallest bound a call can reserve: one user message of no text, and one output token."""
 DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 """Output tokens asked for when neither the caller nor a cap bounds them."""
 _MILLION = 1_000_000
@@ -110,12 +121,15 @@ def exact(value: float) -> Fraction:
     return Fraction(repr(value))
 
 
-def estimate_input_tokens(messages: Iterable[Mapping[str, Any]], extra: Iterable[str] = ()) -> int:
-    """The conservative input-token estimate of a request (see the module doc).
+def estimate_input_tokens(
+    messages: Iterable[Mapping[str, Any]], extra: Iterable[str] = (), *, tools: bool = False
+) -> int:
+    """The input-token bound of a request (see the module doc).
 
     Every string of each message counts as its UTF-8 bytes (content, tool-call names and arguments, call
     ids, nested keys); the message's own keys are structure and covered by TOKENS_PER_MESSAGE. `extra` is
-    other text the provider is sent (tool definitions or a response format as JSON text), counted whole.
+    other text the provider is sent (tool definitions or a response format as JSON text), counted whole;
+    `tools`: the request defines tools or asks for JSON (TOOL_PROMPT_TOKENS).
     """
     texts: list[str] = list(extra)
     count = 0
@@ -133,15 +147,16 @@ def estimate_input_tokens(messages: Iterable[Mapping[str, Any]], extra: Iterable
                 stack.extend(item)
             elif item is not None:
                 texts.append(str(item))
-    return estimate_tokens(texts, messages=count)
+    return estimate_tokens(texts, messages=count, tools=tools)
 
 
-def estimate_tokens(texts: Iterable[str], *, messages: int) -> int:
-    """The estimate of `texts` (everything a request sends: contents, roles, names, ids, arguments, tool
-    definitions) in `messages` messages: ceil(UTF-8 bytes / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE per
-    message + TOKENS_PER_REQUEST."""
+def estimate_tokens(texts: Iterable[str], *, messages: int, tools: bool = False) -> int:
+    """The bound of `texts` (everything a request sends: contents, roles, names, ids, arguments, tool
+    definitions) in `messages` messages: their UTF-8 bytes + TOKENS_PER_MESSAGE per message +
+    TOKENS_PER_REQUEST, + TOOL_PROMPT_TOKENS when `tools` (the request defines tools or asks for JSON)."""
     text_bytes = sum(_utf8_len(text) for text in texts)
-    return math.ceil(text_bytes / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * messages + TOKENS_PER_REQUEST
+    overhead = TOKENS_PER_MESSAGE * messages + TOKENS_PER_REQUEST + (TOOL_PROMPT_TOKENS if tools else 0)
+    return text_bytes + overhead
 
 
 def _utf8_len(text: str) -> int:
@@ -230,7 +245,7 @@ class LlmBudget:
     ) -> Reservation:
         """Check every cap and reserve the call's share in one step; raises BudgetRefusal naming the cap.
 
-        `estimated_input_tokens` is the call's input estimate (estimate_input_tokens), `model` the host-side
+        `estimated_input_tokens` is the call's input bound (estimate_input_tokens), `model` the host-side
         model it goes to, `output_limit` the caller's own bound on the output tokens (at least 1).
         """
         if isinstance(estimated_input_tokens, bool) or not isinstance(estimated_input_tokens, int):
@@ -272,6 +287,18 @@ class LlmBudget:
             self._reservations += 1
             return reservation
 
+    def screen(self) -> None:
+        """Refuse (BudgetRefusal, counted like reserve's) when even the smallest call can no longer fit: fewer
+        tokens left than MIN_CALL_TOKENS, or no cost left; so a run whose budget is spent is told so before
+        its request is read."""
+        with self._lock:
+            if self.max_total_tokens is not None:
+                spent = self._input_tokens + self._output_tokens + self._reserved_tokens
+                if self.max_total_tokens - spent < MIN_CALL_TOKENS:
+                    self._refuse(CAP_TOTAL)
+            if self._max_cost is not None and self._max_cost - self._cost - self._reserved_cost <= 0:
+                self._refuse(CAP_COST)
+
     def settle(self, reservation: Reservation, input_tokens: int | None, output_tokens: int | None) -> bool:
         """Replace the reservation with the provider's reported usage; False when it was already closed.
 
@@ -284,6 +311,12 @@ class LlmBudget:
             used_in = input_tokens
             used_out = reservation.max_tokens if output_tokens is None else max(0, output_tokens)
         return self._close(reservation, used_in, used_out)
+
+    def renew(self, reservation: Reservation) -> Reservation:
+        """Charge `reservation` in full (an attempt that may have been billed) and reserve the same call
+        again for a retry; raises BudgetRefusal (naming the cap) when the budget no longer covers it."""
+        self.settle(reservation, None, None)
+        return self.reserve(reservation.input_tokens, reservation.model, output_limit=reservation.max_tokens)
 
     def release(self, reservation: Reservation) -> bool:
         """The provider call failed before usage was known: charge the input estimate and no output."""
@@ -396,6 +429,22 @@ def transient_kind(exc: BaseException) -> Transient | None:
     return None
 
 
+_NEVER_CONNECTED = frozenset({"ConnectError", "ConnectTimeout", "ConnectionRefusedError"})
+
+
+def may_have_reached_provider(exc: BaseException) -> bool:
+    """False only when `exc` (or an exception it was raised from) says the connection was never made, so
+    the provider cannot have seen, or billed, the request."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 16:
+        seen.add(id(current))
+        if {cls.__name__ for cls in type(current).__mro__} & _NEVER_CONNECTED:
+            return False
+        current = current.__cause__ or current.__context__
+    return True
+
+
 def retry_after_seconds(exc: BaseException) -> float | None:
     """The provider's `retry-after` header in seconds (a plain non-negative number only), or None."""
     headers = getattr(getattr(exc, "response", None), "headers", None)
@@ -485,11 +534,14 @@ def call_with_retries(
     classify: Callable[[BaseException], Transient | None] = transient_kind,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
+    before_retry: Callable[[Transient, BaseException], object] | None = None,
 ) -> _T:
     """`attempt_call()`, retried on transient failures as `policy` says; the last failure is raised as is.
 
-    `deadline` is on `clock`'s scale (time.monotonic by default). `sleep` may return early (an event's
-    wait, when the run is cancelled): the next attempt then starts at once and meets the deadline check.
+    `deadline` is on `clock`'s scale (time.monotonic by default). `before_retry(kind, exc)` runs once a
+    retry is decided, before the wait; an exception from it ends the call instead (a budget that no longer
+    covers the retry). `sleep` returning True (an event's wait: the run ended) ends the call with the last
+    failure.
     """
     attempt = 1
     while True:
@@ -503,8 +555,11 @@ def call_with_retries(
                 wait = policy.delay(attempt, now=clock(), deadline=deadline, retry_after=hint)
             if kind is None or wait is None:
                 raise
-        counts.record(kind)
-        sleep(wait)
+            if before_retry is not None:
+                before_retry(kind, exc)
+            counts.record(kind)
+            if sleep(wait) is True:
+                raise
         attempt += 1
 
 
@@ -513,10 +568,11 @@ __all__ = [
     "CAP_INPUT",
     "CAP_OUTPUT",
     "CAP_TOTAL",
-    "CHARS_PER_TOKEN",
     "DEFAULT_MAX_OUTPUT_TOKENS",
+    "MIN_CALL_TOKENS",
     "TOKENS_PER_MESSAGE",
     "TOKENS_PER_REQUEST",
+    "TOOL_PROMPT_TOKENS",
     "UNPRICED_HINT",
     "BudgetRefusal",
     "LlmBudget",
@@ -528,6 +584,7 @@ __all__ = [
     "estimate_input_tokens",
     "estimate_tokens",
     "exact",
+    "may_have_reached_provider",
     "retry_after_seconds",
     "transient_kind",
 ]

@@ -266,6 +266,18 @@ class Prepared:
     tool_choice: str = ""
     response_format: ResponseFormat | None = None
     chars: int = 0
+    call_ids: frozenset[str] = frozenset()
+    """The tool-call ids the conversation already uses: a completion's calls never reuse one."""
+
+    def call_id(self, proposed: Any, taken: set[str]) -> str:
+        """The id a call of the completion goes back under: the provider's own when it is one we can send
+        back and neither the conversation nor another call of this completion uses it (providers and
+        compatible servers that number calls `call_0`, `call_1`... each turn would break the next turn's
+        uniqueness), else a new one; recorded in `taken`."""
+        fresh = isinstance(proposed, str) and _ID.fullmatch(proposed) is not None
+        cid = proposed if fresh and proposed not in self.call_ids and proposed not in taken else new_call_id()
+        taken.add(cid)
+        return cid
 
     @property
     def json_mode(self) -> bool:
@@ -474,6 +486,7 @@ def prepare(call: LlmCall, tools: tuple[ToolDef, ...]) -> Prepared:
         tool_choice=tool_choice,
         response_format=response_format,
         chars=chars,
+        call_ids=frozenset(ids),
     )
 
 
@@ -595,11 +608,14 @@ def _printable(name: str) -> str:
     return _NOT_PRINTABLE.sub("?", name[:MAX_TOOL_NAME_CHARS])
 
 
-def model_call(p: Prepared, call_id: Any, provider_name: Any, arguments: Any) -> ModelToolCall:
+def model_call(
+    p: Prepared, call_id: Any, provider_name: Any, arguments: Any, taken: set[str] | None = None
+) -> ModelToolCall:
     """One tool call a completion returned, normalized: the catalog name for a function the request
     defined (else refused, under the model's own name), arguments (text or a dict) as canonical JSON text of
-    an object (else refused with `{}`), the provider's id when it is one we can send back (else a new one)."""
-    cid = call_id if isinstance(call_id, str) and _ID.fullmatch(call_id) else new_call_id()
+    an object (else refused with `{}`), the provider's id when it is one we can send back and is not in use
+    (`Prepared.call_id`; `taken` holds the ids of the completion's calls so far), else a new one."""
+    cid = p.call_id(call_id, set() if taken is None else taken)
     raw_name = provider_name if isinstance(provider_name, str) else ""
     name = p.reverse.get(raw_name)
     try:
@@ -650,6 +666,7 @@ class CallStream:
     def __init__(self, prepared: Prepared) -> None:
         self._p = prepared
         self._calls: dict[int, _Partial] = {}
+        self._ids: set[str] = set()
 
     def piece(self, key: int, call_id: Any = None, name: Any = None, arguments: Any = None) -> CallDelta:
         """Record a piece of the call the provider keys by `key`; the delta to forward."""
@@ -659,7 +676,7 @@ class CallStream:
             if len(self._calls) >= MAX_TOOL_CALLS:
                 raise TooManyToolCalls
             partial = self._calls[key] = _Partial(index=len(self._calls))
-            partial.id = call_id if isinstance(call_id, str) and _ID.fullmatch(call_id) else new_call_id()
+            partial.id = self._p.call_id(call_id, self._ids)
         if isinstance(name, str) and name:
             partial.name += name[: MAX_TOOL_NAME_CHARS + 1 - len(partial.name)]
         piece = arguments if isinstance(arguments, str) else ""
@@ -676,7 +693,7 @@ class CallStream:
     def calls(self) -> tuple[ModelToolCall, ...]:
         """The completed calls, in the model's order."""
         return tuple(
-            model_call(self._p, c.id, c.name, "".join(c.pieces))
+            model_call(self._p, c.id, c.name, "".join(c.pieces), set())  # ids were made unique in piece()
             for c in sorted(self._calls.values(), key=lambda c: c.index)
         )
 

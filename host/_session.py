@@ -275,11 +275,15 @@ class RunSession:
         self.assigned.set()
 
     def cancel(self) -> None:
-        """End the session from the host side: a waiting FetchTask returns an error, the watcher wakes."""
+        """End the session from the host side: a waiting FetchTask returns an error, the watcher wakes, and
+        an LLM call waiting to retry its provider gives up."""
         with self._lock:
             self.cancelled = True
+            llm = self.llm
         self.assigned.set()
         self.reported.set()
+        if llm is not None:
+            llm.close()
 
     @property
     def fetched(self) -> bool:
@@ -598,6 +602,10 @@ class _RunServices:
                 max_calls=p.llm.max_calls,
                 max_input_chars=p.llm.max_input_chars,
                 max_output_chars=p.llm.max_output_chars,
+                max_input_tokens=p.llm.max_input_tokens,
+                max_output_tokens=p.llm.max_output_tokens,
+                max_total_tokens=p.llm.max_total_tokens,
+                max_cost_usd=p.llm.max_cost_usd,
             ),
             max_result_bytes=task.max_result_bytes,
             protocol_version=PROTOCOL_VERSION,
@@ -712,7 +720,7 @@ class _RunServices:
         return llm_pb2.CallLlmResponse(
             content=completion.content,
             finish_reason=_FINISH.get(completion.finish_reason, llm_pb2.FINISH_REASON_UNSPECIFIED),
-            usage=_usage(completion),
+            usage=_usage(completion, llm.tokens_remaining),
             calls_remaining=llm.calls_remaining,
             tool_calls=_tool_calls(completion.tool_calls),
         )
@@ -736,7 +744,7 @@ class _RunServices:
             else:
                 yield llm_pb2.StreamLlmResponse(
                     finish_reason=_FINISH.get(item.finish_reason, llm_pb2.FINISH_REASON_UNSPECIFIED),
-                    usage=_usage(item),
+                    usage=_usage(item, llm.tokens_remaining),
                     done=True,
                     tool_calls=_tool_calls(item.tool_calls),
                 )
@@ -794,8 +802,12 @@ def _tool_calls(calls: tuple[ModelToolCall, ...]) -> list[llm_pb2.ToolCall]:
     ]
 
 
-def _usage(c: Completion) -> llm_pb2.Usage:
-    return llm_pb2.Usage(input_tokens=max(0, c.input_tokens), output_tokens=max(0, c.output_tokens))
+def _usage(c: Completion, tokens_remaining: int | None) -> llm_pb2.Usage:
+    return llm_pb2.Usage(
+        input_tokens=max(0, c.input_tokens),
+        output_tokens=max(0, c.output_tokens),
+        tokens_remaining=tokens_remaining,
+    )
 
 
 def _service(module: Any, name: str) -> str:

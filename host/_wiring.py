@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from host._broker import LlmBroker, LlmSession
 from host._json import dumps_strict
 from host._llmtools import ToolCatalog, build_catalog
-from host._manifest import AgentManifest, ToolpackManifest
+from host._manifest import AgentManifest, ToolpackManifest, ToolSpec
 from host._packs import LockEntry, Lockfile
 from host._policy import RunPolicy
 from host._session import RunTask
@@ -115,19 +115,26 @@ def tool_catalog(
                 try:
                     packs[name] = _toolpack(entries[name])
                 except Exception as exc:  # noqa: BLE001  one broken entry leaves only its own tools out
-                    problem = type(exc).__name__  # (its calls still fail as they would have)
-                    logger.warning("tool pack %s left out of the tool definitions: %s", name, problem)
+                    _left_out(name, exc)
         seen = packs.copy()  # one step: the gate may add to its cache meanwhile
         slugs: list[str] = sorted(name for name, pack in seen.items() if pack is not None)
     else:
         slugs = list(dict.fromkeys(policy.allowed_packages))
-    found = (lookup(name) for name in slugs)
-    usable = [
-        (pack.slug, pack.manifest.tools)
-        for pack in found
-        if pack is not None and (community or Trust.parse(pack.trust) in HOST_TRUST)
-    ]
+    usable: list[tuple[str, Sequence[ToolSpec]]] = []
+    for name in slugs:
+        try:
+            pack = lookup(name)
+        except Exception as exc:  # noqa: BLE001  a broken allowlisted pack leaves only its own tools out
+            _left_out(name, exc)
+            continue
+        if pack is not None and (community or Trust.parse(pack.trust) in HOST_TRUST):
+            usable.append((pack.slug, pack.manifest.tools))
     return build_catalog(usable)
+
+
+def _left_out(name: str, exc: Exception) -> None:
+    """Log a tool pack whose tools a run's catalog leaves out (its calls still fail as they would have)."""
+    logger.warning("tool pack %s left out of the tool definitions: %s", ascii(name), type(exc).__name__)
 
 
 __all__ = ["lookup_toolpack", "run_services", "run_task", "tool_catalog"]

@@ -17,6 +17,8 @@ import asyncio
 import copy
 import json
 import math
+import re
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
@@ -42,6 +44,8 @@ _PERMISSION_REASONS = frozenset({"TOOL_NOT_ALLOWED", "TOOL_PACK_UNTRUSTED"})
 # TOO_MANY_REFUSALS after a burst of refused calls, and any reason a newer host adds) is a failed
 # ToolResult whose error starts with the reason, or an LlmAccessError carrying it.
 _TOOL_TIMEOUT_PREFIX = "tool timed out"  # the host's error for a tool that ran past its timeout
+_CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # the tool call ids the host accepts in a conversation
+_UNNAMED_CALL = "unnamed"  # the name a nameless model call is sent back under (the host needs one)
 
 DEFAULT_STOP_ON_CONSECUTIVE_ERRORS = 3
 """Failed tool calls in a row (across all slugs) after which the call raises AgentTerminated."""
@@ -139,7 +143,8 @@ class LlmResult(_Record):
     when the model named a tool it was not offered (the host ran nothing). `finish_reason` is "stop",
     "length", "tool_calls", "content_filter", "other" or "". `model` is always "" (the host never reveals
     its model). `usage` carries the runtime's `prompt_tokens`/`completion_tokens` and this wrapper's
-    earlier `input_tokens`/`output_tokens`.
+    earlier `input_tokens`/`output_tokens`, and `tokens_remaining` (the run's max_total_tokens left after
+    this call) only when the run has such a cap.
     """
 
     __slots__ = ()
@@ -284,6 +289,7 @@ class AgentContext:
         self._goal: str = task.goal
         self._run_id: str = task.run_id
         self._system_prompt: str = task.system_prompt
+        self._llm_limits = _llm_limits(getattr(task, "llm", None))
         # None: the manifest declared no allowlist, so any installed tool pack may be asked for (the host
         # still decides each call). An older host never sets any_package.
         any_package = bool(getattr(task, "any_package", False))
@@ -356,6 +362,14 @@ class AgentContext:
     def llm_calls_made(self) -> int:
         """Completions this context received (successful call_llm and finished stream_llm calls)."""
         return self._llm_calls_made
+
+    @property
+    def llm_limits(self) -> dict[str, Any]:
+        """The run's LLM grant (a fresh dict), so an agent can plan within its budgets: `enabled`,
+        `max_calls`, `max_input_chars`, `max_output_chars`, and `max_input_tokens`, `max_output_tokens`,
+        `max_total_tokens`, `max_cost_usd`, each None when the run has no such cap. The prices and the model
+        behind them stay on the host."""
+        return dict(self._llm_limits)
 
     @property
     def llm(self) -> None:
@@ -656,10 +670,15 @@ class AgentContext:
         result without tool calls, or the last one (its tool calls not run: nothing would read them).
 
         Each round appends the assistant message with its tool calls and one `tool` message per call with
-        its `tool_call_id`, in the providers' wire format (the runtime's messages carry no ids). A result
-        is sent as is when it is a str, else as JSON; a failure, a refusal, arguments that are not a JSON
-        object and a call the model was not offered (`refused`, never run) as `{"error": ...}`.
-        AgentTerminated and LLM refusals raise, as in the runtime; `messages` is not modified.
+        its `tool_call_id`, in the providers' wire format (the runtime's messages carry no ids). The host
+        takes each id once per conversation, so a call whose id is missing, not `[A-Za-z0-9_-]{1,128}` or
+        already used (in `messages` too, or earlier in the same answer) is sent back under a fresh one, in
+        both messages. A result is sent as is when it is a str, else as JSON; a failure, a refusal,
+        arguments that are not a JSON object, a name that is not `<slug>:<tool>` and a call the model was
+        not offered (`refused`, never run) as `{"error": ...}`, whatever the model returned. A call not run
+        for its name or arguments is sent back `refused` (arguments `{}`, a nameless one as "unnamed"), as
+        the host itself returns such calls. AgentTerminated and LLM refusals raise, as in the runtime;
+        `messages` and the results' tool calls are not modified.
         """
         if isinstance(max_rounds, bool) or not isinstance(max_rounds, int):
             raise TypeError("max_rounds must be an int")
@@ -669,35 +688,28 @@ class AgentContext:
         conversation: list[Mapping[str, Any]] = (
             [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
         )
+        used = _call_ids(conversation)
         for remaining in range(max_rounds - 1, -1, -1):
             result = self.call_llm(conversation, tool_context=tools)
             calls = result.tool_calls
             if not calls or remaining == 0:
                 return result
-            conversation.append({"role": "assistant", "content": result.content, "tool_calls": calls})
-            for call in calls:
-                output = self._loop_tool_output(call)
-                conversation.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+            planned = [_loop_call(call, used) for call in calls]
+            echoed = [sent for sent, _ in planned]
+            conversation.append({"role": "assistant", "content": result.content, "tool_calls": echoed})
+            for sent, plan in planned:
+                output = plan if isinstance(plan, str) else self._loop_run(*plan)
+                conversation.append({"role": "tool", "tool_call_id": sent["id"], "content": output})
         raise AssertionError("unreachable: the last round returns")
 
-    def _loop_tool_output(self, call: Mapping[str, Any]) -> str:
-        """Run one of the model's tool calls as try_tool would; the text the model gets back."""
-        name = str(call.get("name", ""))
-        if call.get("refused"):
-            return _error_text(f"'{name}' is not one of the tools offered; it was not run")
-        try:
-            arguments = loads_finite(call.get("arguments") or "{}")
-        except (TypeError, ValueError, RecursionError):
-            arguments = None
-        if not isinstance(arguments, dict):
-            return _error_text(f"the arguments for '{name}' are not a JSON object; it was not run")
-        if "entry" in arguments:
-            return _error_text("'entry' is reserved by the agentnode runtime and cannot be passed to a tool")
-        slug, _, tool_name = name.partition(":")
+    def _loop_run(self, slug: str, tool_name: str, arguments: dict[str, Any]) -> str:
+        """Run one of the model's calls as try_tool would; the text the model gets back."""
         try:
             result = self._run(slug, tool_name or None, arguments, None)
         except (ToolAccessError, AgentLimitExceeded) as exc:  # where try_tool returns None
             return _error_text(str(exc))
+        except (ValueError, TypeError) as exc:  # a slug or tool name that cannot be sent; it was not run
+            return _error_text(f"'{slug}:{tool_name}' could not be called: {exc}")
         if not result.success:
             return _error_text(result.error or "the tool failed")
         value = result.result
@@ -823,6 +835,58 @@ def _error_text(message: str) -> str:
     return _llm.dumps({"error": message}, "the error")
 
 
+def _call_ids(messages: list[Mapping[str, Any]]) -> set[str]:
+    """Every tool call id a conversation already holds, in assistant calls and tool answers alike."""
+    used: set[str] = set()
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue  # call_llm refuses it with a TypeError
+        answer = message.get("tool_call_id")
+        if isinstance(answer, str):
+            used.add(answer)
+        calls = message.get("tool_calls")
+        if isinstance(calls, list | tuple):
+            used.update(c["id"] for c in calls if isinstance(c, Mapping) and isinstance(c.get("id"), str))
+    return used
+
+
+def _loop_call(
+    call: Mapping[str, Any], used: set[str]
+) -> tuple[dict[str, Any], str | tuple[str, str, dict[str, Any]]]:
+    """One of the model's calls in the tool loop: (the copy sent back, then the error text the model gets
+    or the (slug, tool, arguments) to run). The copy has a fresh id unless its own is valid and unused (the
+    id is then used), and is `refused` when its name or arguments rule it out, so the host takes it back."""
+    sent = dict(call)
+    call_id = sent.get("id")
+    while not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id) or call_id in used:
+        call_id = "call_" + secrets.token_hex(12)
+    used.add(call_id)
+    sent["id"] = call_id
+    name = call.get("name")
+    name = name if isinstance(name, str) else ""
+    slug, colon, tool_name = name.partition(":")
+    if not (slug and colon):
+        sent.update(name=name or _UNNAMED_CALL, refused=True)
+    try:
+        arguments = loads_finite(call.get("arguments") or "{}")
+    except (TypeError, ValueError, RecursionError):
+        arguments = None
+    if not isinstance(arguments, dict):
+        sent.update(arguments="{}", refused=True)
+    if call.get("refused"):
+        return sent, _error_text(f"'{name}' is not one of the tools offered; it was not run")
+    if not name:
+        return sent, _error_text("the tool call has no name; it was not run")
+    if not (slug and colon):
+        return sent, _error_text(f"'{name}' is not a '<slug>:<tool>' tool name; it was not run")
+    if not isinstance(arguments, dict):
+        return sent, _error_text(f"the arguments for '{name}' are not a JSON object; it was not run")
+    if "entry" in arguments:
+        reserved = "'entry' is reserved by the agentnode runtime and cannot be passed to a tool"
+        return sent, _error_text(reserved)
+    return sent, (slug, tool_name, arguments)
+
+
 class LlmStream(Iterator[str]):
     """A streamed completion: iterating it yields the text as it arrives (the request is sent on the
     first step). `result` is None until the host's final chunk, then the whole completion as call_llm
@@ -924,12 +988,32 @@ class AsyncLlmStream(AsyncIterator[str]):
 
 
 def _usage(usage: llm_pb2.Usage) -> dict[str, int]:
-    """Token counts under the runtime's names and this wrapper's earlier ones."""
-    return {
+    """Token counts under the runtime's names and this wrapper's earlier ones, and the run's token budget
+    left when the host reports one (a run without max_total_tokens keeps the earlier shape)."""
+    counts = {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
+    }
+    if usage.HasField("tokens_remaining"):
+        counts["tokens_remaining"] = usage.tokens_remaining
+    return counts
+
+
+def _llm_limits(grant: Any) -> dict[str, Any]:
+    """AgentContext.llm_limits from the task's LlmGrant (an absent grant reads as an empty one: no calls)."""
+    if not isinstance(grant, session_pb2.LlmGrant):
+        grant = session_pb2.LlmGrant()
+    return {
+        "enabled": grant.enabled,
+        "max_calls": grant.max_calls,
+        "max_input_chars": grant.max_input_chars,
+        "max_output_chars": grant.max_output_chars,
+        "max_input_tokens": grant.max_input_tokens if grant.HasField("max_input_tokens") else None,
+        "max_output_tokens": grant.max_output_tokens if grant.HasField("max_output_tokens") else None,
+        "max_total_tokens": grant.max_total_tokens if grant.HasField("max_total_tokens") else None,
+        "max_cost_usd": grant.max_cost_usd if grant.HasField("max_cost_usd") else None,
     }
 
 

@@ -22,6 +22,8 @@ import collections
 import json
 import math
 import re
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -61,6 +63,7 @@ class Behaviour:
     status: int | None = None  # answer with this error status and a body holding SECRET_IN_ERROR_BODY
     garbage: bool = False  # answer 200 with a body no SDK can parse
     hang: bool = False  # say nothing for HANG_SECONDS (longer than any test's client timeout)
+    reset: bool = False  # read the whole request, then reset the connection without a byte of answer
     delay: float = 0.0  # seconds to wait before answering
     chunk_delay: float = 0.0  # seconds to wait between streamed pieces
     finish: str | None = None  # provider-native finish/stop reason; None -> "stop" / "end_turn" (or tools)
@@ -393,6 +396,11 @@ def _handler_for(server: FakeLlmServer) -> type[BaseHTTPRequestHandler]:
             behaviour = server._record(RecordedRequest(self.path, headers, body))
             if behaviour.hang:
                 server._pause(HANG_SECONDS)
+                return
+            if behaviour.reset:  # the request reached the provider, the answer never comes: RST, not FIN
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                self.connection.close()
                 return
             if behaviour.delay:
                 server._pause(behaviour.delay)

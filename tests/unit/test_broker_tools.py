@@ -166,6 +166,32 @@ def test_the_runs_catalog_follows_its_allowlist_and_the_gates_view_of_trust(
     assert catalog(None, community=True) == ["a-tools:three", "b-tools:one", "b-tools:two", "community:four"]
     assert catalog((), community=True) == []
 
+    def broken(slug: str) -> InstalledToolpack | None:
+        if slug == "b-tools":
+            raise OSError("its manifest cannot be read")
+        return installed.get(slug)
+
+    # A broken pack on an explicit allowlist leaves only its own tools out (its calls fail as they would).
+    built = _wiring.tool_catalog(_policy(("b-tools", "a-tools")), lockfile, {}, broken, community=True)  # type: ignore[arg-type]
+    assert [d.name for d in built.definitions] == ["a-tools:three"]
+
+
+def test_a_catalog_that_failed_to_build_fails_the_same_way_without_building_again(
+    srv: FakeLlmServer,
+) -> None:
+    builds: list[int] = []
+
+    def unreadable() -> ToolCatalog:
+        builds.append(1)
+        raise OSError("the lockfile cannot be read")
+
+    sess = LlmBroker(LlmHostConfig(), env={}).session(LlmPolicy())
+    sess.use_tools(unreadable)
+    for _ in range(3):
+        with pytest.raises(OSError):
+            sess.tool_catalog()
+    assert builds == [1]
+
 
 # --- names --------------------------------------------------------------------------------------------------
 
@@ -551,6 +577,48 @@ def test_a_model_driven_tool_loop(provider: str, streaming: bool, srv: FakeLlmSe
     assert (usage["ok"], usage["tool_calls"], usage["tool_calls_refused"]) == (2, 2, 1)
     seen = repr(first) + repr(final) + repr(items) + repr(usage)
     assert CANARY not in seen and srv.base_url not in seen
+
+
+def test_call_ids_are_unique_in_a_completion_and_new_to_the_conversation() -> None:
+    history = LlmCall(
+        [USER, {"role": "assistant", "content": "",
+                "tool_calls": [{"id": "call_0", "name": REVERSE, "arguments": "{}"}]},
+         {"role": "tool", "tool_call_id": "call_0", "content": "x"}, USER],
+        tools=[REVERSE],
+    )  # fmt: skip
+    p = prepared(history)
+    assert p.call_ids == frozenset({"call_0"})
+    taken: set[str] = set()
+    ids = [model_call(p, cid, "word-tools__reverse_words", "{}", taken).id for cid in ("call_0", "a", "a")]
+    assert ids[1] == "a" and len(set(ids)) == 3 and "call_0" not in ids
+    stream = CallStream(p)
+    proposed = ("call_0", "b", "b")
+    streamed = [stream.piece(i, cid, "word-tools__reverse_words").id for i, cid in enumerate(proposed)]
+    assert streamed[1] == "b" and len(set(streamed)) == 3 and "call_0" not in streamed
+    assert [c.id for c in stream.calls()] == streamed
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_provider_that_reuses_call_ids_still_gets_a_valid_next_turn(
+    provider: str, streaming: bool, srv: FakeLlmServer
+) -> None:
+    # Some compatible servers number calls call_0, call_1... every turn, or repeat one id in a turn.
+    same = FakeToolCall(REVERSE, {"text": "a b"}, id="call_0")
+    srv.default = Behaviour(text="done", tool_calls=(same, same), echo_results=True)
+    sess = session(provider, srv)
+    messages: list[dict[str, Any]] = [USER]
+    seen: list[str] = []
+    for _turn in range(2):
+        first, _ = complete(sess, LlmCall(messages, tools=[REVERSE]), streaming)
+        seen += [c.id for c in first.tool_calls]
+        messages.append(as_history(first))
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in first.tool_calls]
+        final, _ = complete(sess, LlmCall(messages, tools=[REVERSE]), streaming)
+        assert final.finish_reason == "stop"
+        messages += [{"role": "assistant", "content": final.content}, USER]
+    assert len(seen) == 4 and len(set(seen)) == 4  # every call id new to the conversation
+    assert srv.problems == []
 
 
 @pytest.mark.parametrize("streaming", [False, True])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,10 @@ from host._budget import (
     CAP_INPUT,
     CAP_TOTAL,
     DEFAULT_MAX_OUTPUT_TOKENS,
+    MIN_CALL_TOKENS,
+    TOKENS_PER_MESSAGE,
+    TOKENS_PER_REQUEST,
+    TOOL_PROMPT_TOKENS,
     BudgetRefusal,
     LlmBudget,
     RetryCounts,
@@ -27,6 +32,7 @@ from host._budget import (
     call_with_retries,
     estimate_input_tokens,
     estimate_tokens,
+    may_have_reached_provider,
     retry_after_seconds,
     transient_kind,
 )
@@ -50,24 +56,39 @@ def refused(fn: Callable[[], Any]) -> BudgetRefusal:
 # --- estimation -------------------------------------------------------------------------------------------
 
 
-def test_estimate_is_bytes_over_three_rounded_up_plus_overheads() -> None:
-    # "user" + "abcdef" = 10 bytes -> 4 tokens, + 4 for the message, + 3 for the request
-    assert estimate_input_tokens([{"role": "user", "content": "abcdef"}]) == 11
+def test_the_bound_is_utf8_bytes_plus_overheads() -> None:
+    # "user" + "abcdef" = 10 bytes, + 4 for the message, + 3 for the request
+    assert estimate_input_tokens([{"role": "user", "content": "abcdef"}]) == 17
     two = [{"role": "system", "content": "x" * 30}, {"role": "user", "content": ""}]
-    assert estimate_input_tokens(two) == -(-(6 + 30 + 4) // 3) + 2 * 4 + 3
+    assert estimate_input_tokens(two) == (6 + 30 + 4) + 2 * 4 + 3
     assert estimate_input_tokens([]) == 3
+    # a request that defines tools or asks for JSON carries the providers' hidden tool prompt
+    assert estimate_input_tokens([], tools=True) == 3 + TOOL_PROMPT_TOKENS
+    assert MIN_CALL_TOKENS == estimate_input_tokens([{"role": "user", "content": ""}]) + 1
 
 
-def test_estimate_counts_utf8_bytes_nested_text_and_extra_definitions() -> None:
-    # CJK is 3 bytes a character: about one token each, as real tokenizers count it.
-    assert estimate_input_tokens([{"role": "user", "content": "日本語"}]) == 2 + 3 + 4 + 3
+def test_the_bound_counts_utf8_bytes_nested_text_and_extra_definitions() -> None:
+    # A token is never less than one byte: 3 bytes a CJK character, 4 an emoji.
+    assert estimate_input_tokens([{"role": "user", "content": "日本語"}]) == 4 + 9 + 4 + 3
+    assert estimate_input_tokens([{"role": "user", "content": "🙂"}]) == 4 + 4 + 4 + 3
     call = {"role": "assistant", "content": "",
             "tool_calls": [{"id": "c1", "name": "f", "arguments": "{}"}]}  # fmt: skip
-    # strings: assistant (9); nested keys id, name, arguments (15); values c1, f, {} (5) = 29 -> 10
-    assert estimate_input_tokens([call]) == 10 + 4 + 3
+    # strings: assistant (9); nested keys id, name, arguments (15); values c1, f, {} (5) = 29
+    assert estimate_input_tokens([call]) == 29 + 4 + 3
     tools = '{"name":"search","parameters":{}}'
-    assert estimate_input_tokens([], extra=[tools]) == -(-len(tools) // 3) + 3
-    assert estimate_tokens(["user", "abcdef", "é"], messages=2) == 4 + 8 + 3  # 12 bytes
+    assert estimate_input_tokens([], extra=[tools]) == len(tools) + 3
+    assert estimate_tokens(["user", "abcdef", "é"], messages=2) == 12 + 8 + 3  # 12 bytes
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a" * 999, " !" * 500, "\n" * 999, "".join(chr(0x4E00 + i) for i in range(333)), "\x00\x7f" * 400],
+    ids=["letters", "punctuation", "newlines", "cjk", "controls"],
+)
+def test_no_text_tokenizes_past_the_bound(text: str) -> None:
+    # A byte-level tokenizer's worst case is one token per byte: the bound covers it for any text.
+    worst_case = len(text.encode("utf-8")) + len("user") + TOKENS_PER_MESSAGE + TOKENS_PER_REQUEST
+    assert estimate_input_tokens([{"role": "user", "content": text}]) >= worst_case
 
 
 # --- reservation arithmetic ----------------------------------------------------------------------------
@@ -460,13 +481,13 @@ def test_calls_are_settled_from_the_providers_usage(srv: FakeLlmServer) -> None:
     usage = sess.budget_usage()
     assert (usage["input_tokens"], usage["output_tokens"]) == (30, 10)
     assert usage["cost_usd"] == pytest.approx((30 * 1 + 10 * 2) / 1e6)
-    # 40 reported where the estimate and max_tokens reserved 19 + 5: all charged, the excess recorded
-    assert usage["overshoot_tokens"] == 40 - (PROMPT_ESTIMATE + 5)
+    # 40 reported where the bound and max_tokens reserved 41 + 5: the bound held, nothing overshot
+    assert PROMPT_ESTIMATE == 41 and usage["overshoot_tokens"] == 0
     srv.default = Behaviour(status=400)
     with pytest.raises(LlmRefusal) as info:
         sess.call(PROMPT)
     assert info.value.reason == "LLM_UNAVAILABLE"
-    assert sess.budget_usage()["input_tokens"] == 30 + PROMPT_ESTIMATE  # a failure: its estimate, no output
+    assert sess.budget_usage()["input_tokens"] == 30 + PROMPT_ESTIMATE  # a failure: its bound, no output
 
 
 def test_an_unpriced_model_under_a_cost_cap_is_refused_before_the_provider(
@@ -548,3 +569,83 @@ def test_a_retry_starts_only_when_a_whole_attempt_fits_before_the_deadline(srv: 
     with pytest.raises(LlmRefusal):
         sess.call(PROMPT)
     assert len(srv.requests) == 1 and sess.budget_usage()["retries"] == 0
+
+
+def test_a_reset_after_the_request_reached_the_provider_is_charged_and_the_retry_reserves_anew(
+    srv: FakeLlmServer,
+) -> None:
+    # The provider may have billed the lost attempt: charge it whole, then reserve the retry afresh.
+    sess = _session(srv, max_output_tokens=50, max_total_tokens=10_000)
+    srv.script(Behaviour(reset=True))
+    assert sess.call(PROMPT).content == "fake reply"
+    usage = sess.budget_usage()
+    assert len(srv.requests) == 2 and (usage["retries"], usage["retries_connection"]) == (1, 1)
+    assert usage["reservations"] == 2 and sess.usage()["calls"] == 1  # one call slot, two reservations
+    assert (usage["input_tokens"], usage["output_tokens"]) == (PROMPT_ESTIMATE + 30, 50 + 10)
+
+
+def test_a_retry_the_budget_no_longer_covers_is_refused_naming_the_cap(srv: FakeLlmServer) -> None:
+    per_call = PROMPT_ESTIMATE + 50
+    sess = _session(srv, max_output_tokens=50, max_total_tokens=per_call + 5)
+    srv.script(Behaviour(reset=True))
+    with pytest.raises(LlmRefusal) as info:
+        sess.call(PROMPT)
+    assert info.value.reason == "LLM_TOKEN_BUDGET" and "max_total_tokens" in info.value.message
+    assert len(srv.requests) == 1  # the retry was never sent
+    usage = sess.budget_usage()
+    assert (usage["input_tokens"], usage["output_tokens"]) == (PROMPT_ESTIMATE, 50)  # the lost attempt
+    srv.script(Behaviour(reset=True))
+    with pytest.raises(LlmRefusal) as info:  # spent: refused before the request is read
+        sess.screen(request_bytes=10)
+    assert info.value.reason == "LLM_TOKEN_BUDGET" and len(srv.requests) == 1
+
+
+def test_a_connection_never_made_keeps_its_reservation_for_the_retry(srv: FakeLlmServer) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens here: every connect is refused
+    env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+    policy = LlmPolicy(enabled=True, max_calls=5, max_input_chars=1000, max_output_chars=1000,
+                       max_output_tokens=50, max_total_tokens=10_000)  # fmt: skip
+    sess = LlmBroker(LlmHostConfig(), env=env, retry=RetryPolicy(base_delay=0.0)).session(policy)
+    with pytest.raises(LlmRefusal):
+        sess.call(PROMPT)
+    usage = sess.budget_usage()
+    assert (usage["retries_connection"], usage["reservations"]) == (2, 1)  # three attempts, one reservation
+    assert (usage["input_tokens"], usage["output_tokens"]) == (PROMPT_ESTIMATE, 0)  # released: input only
+
+
+def test_the_run_ending_stops_a_call_waiting_to_retry(srv: FakeLlmServer) -> None:
+    sess = _session(srv, retry=RetryPolicy(base_delay=30.0, max_delay=30.0, min_remaining=0.0))
+    srv.script(Behaviour(status=503))
+    threading.Timer(0.3, sess.close).start()
+    started = time.monotonic()
+    with pytest.raises(LlmRefusal) as info:
+        sess.call(PROMPT)
+    assert time.monotonic() - started < 10  # not the 30 s backoff
+    assert info.value.reason == "LLM_UNAVAILABLE" and len(srv.requests) == 1
+
+
+def test_may_have_reached_provider_reads_the_cause_chain() -> None:
+    try:
+        try:
+            raise httpx2.ConnectError("refused")
+        except httpx2.ConnectError as inner:
+            raise openai.APIConnectionError(request=httpx2.Request("POST", "http://x")) from inner
+    except openai.APIConnectionError as exc:
+        assert may_have_reached_provider(exc) is False
+    assert may_have_reached_provider(httpx2.ReadError("reset")) is True
+    assert may_have_reached_provider(ConnectionRefusedError()) is False
+    assert may_have_reached_provider(ConnectionResetError()) is True
+
+
+def test_budget_screen_refuses_only_a_spent_budget() -> None:
+    budget = LlmBudget(max_total_tokens=MIN_CALL_TOKENS + 5, max_cost_usd=1e-3, prices=PRICES)
+    budget.screen()  # room for the smallest call
+    budget.settle(budget.reserve(5, MODEL, output_limit=1), 5, 1)
+    assert refused(budget.screen).cap == CAP_TOTAL
+    assert budget.totals()["refused_total_tokens"] == 1
+    poor = LlmBudget(max_cost_usd=1e-6, prices=PRICES)
+    poor.settle(poor.reserve(2, MODEL, output_limit=1), 10, 0)  # 1.5e-6 spent of 1e-6
+    assert refused(poor.screen).cap == CAP_COST

@@ -4,16 +4,19 @@ structured output, the tool loop, streams with tool calls, and the awaitable var
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import math
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from sandbox_wrapper import AgentContext, AgentTerminated, LlmAccessError, ToolContext
+from sandbox_wrapper import AgentContext, AgentTerminated, LlmAccessError, LlmResult, ToolContext
 from sandbox_wrapper._client import open_channel
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
 from sandbox_wrapper._runner import _await, execute
@@ -27,6 +30,9 @@ COUNT = llm_pb2.ToolDefinition(
     parameters_json='{"type": "object", "properties": {"text": {"type": "string"}}}',
 )
 UPPER = llm_pb2.ToolDefinition(name="word-tools:upper", description="", parameters_json="{}")
+OFFERED = {COUNT.name, UPPER.name}
+CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+FRESH_ID = re.compile(r"call_[0-9a-f]{24}")
 
 
 @pytest.fixture
@@ -69,6 +75,10 @@ def call(call_id: str, name: str, arguments: str = "{}", refused: bool = False) 
     return llm_pb2.ToolCall(id=call_id, name=name, arguments_json=arguments, refused=refused)
 
 
+def upper(call_id: str, text: str) -> llm_pb2.ToolCall:
+    return call(call_id, "word-tools:upper", json.dumps({"text": text}))
+
+
 def calling(*calls: llm_pb2.ToolCall, content: str = "") -> llm_pb2.CallLlmResponse:
     """A completion in which the model stopped to call tools."""
     return llm_pb2.CallLlmResponse(
@@ -93,6 +103,56 @@ def wire(message: llm_pb2.ChatMessage) -> dict[str, Any]:
 
 def sent(host: FakeHost, index: int = -1) -> list[dict[str, Any]]:
     return [wire(m) for m in host.llm_calls[index].messages]
+
+
+def assert_acceptable(messages: list[dict[str, Any]]) -> None:
+    """The host's rules for a conversation's tool calls (host/_llmtools.prepare): each call named (an
+    offered tool unless refused), arguments a JSON object, its id [A-Za-z0-9_-]{1,128} and used once in the
+    conversation; each tool message answers a call of the assistant message right before it, once; every
+    call is answered before the next other message."""
+    ids: set[str] = set()
+    pending: set[str] = set()
+    for message in messages:
+        if message["role"] == "tool":
+            assert message.get("tool_call_id") in pending, message
+            pending.discard(message["tool_call_id"])
+            continue
+        assert not pending, f"unanswered calls {pending} before {message}"
+        for call_id, name, arguments, refused in message.get("tool_calls", ()):
+            assert CALL_ID.fullmatch(call_id) and call_id not in ids, call_id
+            assert name and (refused or name in OFFERED), name
+            assert isinstance(json.loads(arguments), dict), arguments
+            ids.add(call_id)
+            pending.add(call_id)
+    assert not pending, f"unanswered calls {pending}"
+
+
+def answers(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The tool messages as (tool_call_id, content read as JSON when it is JSON)."""
+    out: list[tuple[str, Any]] = []
+    for m in messages:
+        if m["role"] == "tool":
+            try:
+                content = json.loads(m["content"])
+            except ValueError:
+                content = m["content"]
+            out.append((m["tool_call_id"], content))
+    return out
+
+
+@dataclass
+class BudgetHost(FakeHost):
+    """A FakeHost whose final stream chunk reports the run's tokens left (None: a run without the cap)."""
+
+    tokens_remaining: int | None = None
+
+    def StreamLlm(
+        self, request: llm_pb2.StreamLlmRequest, context: Any
+    ) -> Iterator[llm_pb2.StreamLlmResponse]:
+        for chunk in super().StreamLlm(request, context):
+            if chunk.done and self.tokens_remaining is not None:
+                chunk.usage.tokens_remaining = self.tokens_remaining
+            yield chunk
 
 
 # --- allowed_tool_context ----------------------------------------------------------------------------------
@@ -172,6 +232,66 @@ def test_a_schema_that_is_not_a_json_object_reads_as_empty(host: FakeHost, ctx: 
         llm_pb2.ToolDefinition(name="word-tools:c"),
     ]
     assert [s["input_schema"] for s in ctx.allowed_tool_context().tool_specs] == [{}, {}, {}]
+
+
+# --- llm_limits and the token budget in usage --------------------------------------------------------------
+
+
+def test_llm_limits_are_the_grant_with_none_for_absent_caps(host: FakeHost, ctx: AgentContext) -> None:
+    assert ctx.llm_limits == {
+        "enabled": True, "max_calls": 3, "max_input_chars": 4000, "max_output_chars": 2000,
+        "max_input_tokens": None, "max_output_tokens": None, "max_total_tokens": None, "max_cost_usd": None,
+    }  # fmt: skip
+
+
+def test_llm_limits_carry_the_token_and_cost_caps(served: Served) -> None:
+    grant = session_pb2.LlmGrant(
+        enabled=True, max_calls=9, max_input_chars=100, max_output_chars=50, max_input_tokens=1000,
+        max_output_tokens=0, max_total_tokens=50_000, max_cost_usd=0.25,
+    )  # fmt: skip  # a cap present at 0 is a cap, not an absent one
+    ctx = context_on(served, make_task(llm=grant))
+    limits = ctx.llm_limits
+    assert limits == {
+        "enabled": True, "max_calls": 9, "max_input_chars": 100, "max_output_chars": 50,
+        "max_input_tokens": 1000, "max_output_tokens": 0, "max_total_tokens": 50_000, "max_cost_usd": 0.25,
+    }  # fmt: skip
+    limits["max_calls"] = 10**6  # the agent's copy, not a lever
+    assert ctx.llm_limits["max_calls"] == 9 and ctx.llm_limits is not ctx.llm_limits
+
+
+def test_llm_limits_without_a_grant_read_as_no_calls(served: Served) -> None:
+    ctx = context_on(served, make_task(llm=None))
+    assert ctx.llm_limits == dict.fromkeys(
+        ("max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd"), None
+    ) | {"enabled": False, "max_calls": 0, "max_input_chars": 0, "max_output_chars": 0}
+
+
+@pytest.mark.parametrize("left", [None, 0, 4096])
+def test_call_usage_has_tokens_remaining_only_when_the_host_reports_it(
+    host: FakeHost, ctx: AgentContext, left: int | None
+) -> None:
+    usage = llm_pb2.Usage(input_tokens=7, output_tokens=2, tokens_remaining=left)
+    host.llm.append(llm_pb2.CallLlmResponse(content="x", usage=usage))
+    expected = {"prompt_tokens": 7, "completion_tokens": 2, "input_tokens": 7, "output_tokens": 2}
+    if left is not None:
+        expected["tokens_remaining"] = left
+    assert ctx.call_llm("q").usage == expected
+
+
+@pytest.mark.parametrize("left", [None, 0, 4096])
+def test_stream_usage_has_tokens_remaining_only_when_the_host_reports_it(left: int | None) -> None:
+    running = serve(BudgetHost(task=make_task(), tokens_remaining=left))
+    try:
+        running.host.streams.append(Stream(("a", "b")))
+        ctx = context_on(running, running.host.task)
+        stream = ctx.stream_llm("q")
+        assert list(stream) == ["a", "b"] and stream.result is not None
+        expected = {"prompt_tokens": 1, "completion_tokens": 2, "input_tokens": 1, "output_tokens": 2}
+        if left is not None:
+            expected["tokens_remaining"] = left
+        assert stream.result.usage == expected
+    finally:
+        running.stop()
 
 
 # --- call_llm: requests ------------------------------------------------------------------------------------
@@ -450,6 +570,111 @@ def test_the_loop_raises_termination_and_llm_refusals(host: FakeHost, ctx: Agent
 def test_max_rounds_must_be_a_positive_int(ctx: AgentContext, rounds: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
         ctx.run_llm_tool_loop("q", max_rounds=rounds)
+
+
+def test_the_loop_feeds_back_calls_without_a_slug_and_tool_name(host: FakeHost, ctx: AgentContext) -> None:
+    host.llm += [
+        calling(
+            call("c1", ""), call("c2", "upper", '{"text": "a"}'), call("c3", ":upper", "[1]"),
+            upper("c4", "a"),
+        ),
+        completion("done"),
+    ]  # fmt: skip
+    host.tools.append(ok_tool('"A"', 1))
+    assert ctx.run_llm_tool_loop("go").content == "done"
+    assert [(r.package_slug, r.tool_name) for r in host.tool_requests] == [("word-tools", "upper")]
+    conversation = sent(host)
+    assert_acceptable(conversation)
+    assert conversation[2]["tool_calls"] == [  # sent back as the host returns a call it did not run
+        ("c1", "unnamed", "{}", True), ("c2", "upper", '{"text": "a"}', True), ("c3", ":upper", "{}", True),
+        ("c4", "word-tools:upper", '{"text": "a"}', False),
+    ]  # fmt: skip
+    assert answers(conversation) == [
+        ("c1", {"error": "the tool call has no name; it was not run"}),
+        ("c2", {"error": "'upper' is not a '<slug>:<tool>' tool name; it was not run"}),
+        ("c3", {"error": "':upper' is not a '<slug>:<tool>' tool name; it was not run"}),
+        ("c4", "A"),
+    ]
+    assert ctx.tool_calls_made == 1
+
+
+def test_the_loop_renames_a_repeated_id_within_one_answer(host: FakeHost, ctx: AgentContext) -> None:
+    host.llm += [calling(upper("dup", "a"), upper("dup", "b")), completion("done")]
+    host.tools += [ok_tool('"A"', 1), ok_tool('"B"', 2)]
+    assert ctx.run_llm_tool_loop("go").content == "done"
+    conversation = sent(host)
+    assert_acceptable(conversation)
+    (first, _, _, _), (second, _, arguments, _) = conversation[2]["tool_calls"]
+    assert first == "dup" and FRESH_ID.fullmatch(second) and arguments == '{"text": "b"}'
+    assert answers(conversation) == [("dup", "A"), (second, "B")]
+
+
+def test_the_loop_renames_ids_already_in_the_conversation(host: FakeHost, ctx: AgentContext) -> None:
+    earlier = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "name": "word-tools:upper", "arguments": '{"text": "z"}', "refused": False},
+    ]}  # fmt: skip
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "shout"}, earlier, {"role": "tool", "tool_call_id": "c0", "content": "Z"},
+    ]  # fmt: skip
+    before = copy.deepcopy(messages)
+    host.llm += [calling(upper("c0", "a"), upper("c1", "b")), calling(upper("c1", "c")), completion("done")]
+    host.tools += [ok_tool('"A"', 1), ok_tool('"B"', 2), ok_tool('"C"', 3)]
+    assert ctx.run_llm_tool_loop(messages).content == "done"
+    assert messages == before  # the caller's messages and their calls are not modified
+    conversation = sent(host)
+    assert_acceptable(conversation)
+    round1, round2 = conversation[4]["tool_calls"], conversation[7]["tool_calls"]
+    assert FRESH_ID.fullmatch(round1[0][0]) and round1[1][0] == "c1" and FRESH_ID.fullmatch(round2[0][0])
+    assert answers(conversation) == [("c0", "Z"), (round1[0][0], "A"), ("c1", "B"), (round2[0][0], "C")]
+    assert answers(sent(host, 1))[1:] == [(round1[0][0], "A"), ("c1", "B")]  # the same fresh id each round
+
+
+@pytest.mark.parametrize("bad", ["bad id!", "", "x" * 129, "caf\u00e9", "c 1"])
+def test_the_loop_renames_an_id_the_host_would_refuse(host: FakeHost, ctx: AgentContext, bad: str) -> None:
+    host.llm += [calling(upper(bad, "a"), upper("ok_1", "b")), completion("done")]
+    host.tools += [ok_tool('"A"', 1), ok_tool('"B"', 2)]
+    assert ctx.run_llm_tool_loop("go").content == "done"
+    conversation = sent(host)
+    assert_acceptable(conversation)
+    fresh = conversation[2]["tool_calls"][0][0]
+    assert FRESH_ID.fullmatch(fresh) and conversation[2]["tool_calls"][1][0] == "ok_1"
+    assert answers(conversation) == [(fresh, "A"), ("ok_1", "B")]
+
+
+def test_the_loop_does_not_modify_the_results_tool_calls(
+    host: FakeHost, ctx: AgentContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results: list[LlmResult] = []
+    call_llm = ctx.call_llm
+
+    def recorded(*args: Any, **kwargs: Any) -> LlmResult:
+        results.append(call_llm(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(ctx, "call_llm", recorded)
+    host.llm += [calling(call("dup", ""), call("dup", "word-tools:upper")), calling(call("dup", "x:y"))]
+    host.tools.append(ok_tool('"A"', 1))
+    assert ctx.run_llm_tool_loop("go", max_rounds=2) is results[1]
+    assert [c["id"] for r in results for c in r.tool_calls or ()] == ["dup", "dup", "dup"]
+    assert results[0].tool_calls == [
+        {"id": "dup", "name": "", "arguments": "{}", "refused": False},
+        {"id": "dup", "name": "word-tools:upper", "arguments": "{}", "refused": False},
+    ]
+    assert_acceptable(sent(host))
+
+
+def test_the_loop_feeds_back_a_tool_name_the_wrapper_cannot_send(
+    host: FakeHost, ctx: AgentContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def malformed(slug: str, *_: Any) -> Any:
+        raise ValueError(f"{slug!r} is not a package slug")
+
+    monkeypatch.setattr(ctx, "_run", malformed)
+    host.llm += [calling(call("c1", "Word Tools:upper")), completion("done")]
+    assert ctx.run_llm_tool_loop("go").content == "done"
+    assert answers(sent(host)) == [
+        ("c1", {"error": "'Word Tools:upper' could not be called: 'Word Tools' is not a package slug"}),
+    ]
 
 
 # --- stream_llm --------------------------------------------------------------------------------------------

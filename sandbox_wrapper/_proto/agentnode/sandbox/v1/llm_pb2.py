@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n5sandbox_wrapper/_proto/agentnode/sandbox/v1/llm.proto\x12\x14\x61gentnode.sandbox.v1\"L\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\x12\n\x10ListToolsRequest\"H\n\x11ListToolsResponse\x12\x33\n\x05tools\x18\x01 \x03(\x0b\x32$.agentnode.sandbox.v1.ToolDefinition\"v\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x32\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"M\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x0f\n\x07refused\x18\x04 \x01(\x08\"Q\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x17\n\x0f\x61rguments_delta\x18\x04 \x01(\t\"r\n\x0eResponseFormat\x12\x36\n\x04type\x18\x01 \x01(\x0e\x32(.agentnode.sandbox.v1.ResponseFormatType\x12\x13\n\x0bschema_name\x18\x02 \x01(\t\x12\x13\n\x0bschema_json\x18\x03 \x01(\t\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"\xf0\x01\n\x0e\x43\x61llLlmRequest\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.agentnode.sandbox.v1.ChatMessage\x12\x33\n\x05tools\x18\x02 \x03(\x0b\x32$.agentnode.sandbox.v1.ToolDefinition\x12\x35\n\x0btool_choice\x18\x03 \x01(\x0e\x32 .agentnode.sandbox.v1.ToolChoice\x12=\n\x0fresponse_format\x18\x04 \x01(\x0b\x32$.agentnode.sandbox.v1.ResponseFormat\"\xd6\x01\n\x0f\x43\x61llLlmResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x39\n\rfinish_reason\x18\x02 \x01(\x0e\x32\".agentnode.sandbox.v1.FinishReason\x12*\n\x05usage\x18\x03 \x01(\x0b\x32\x1b.agentnode.sandbox.v1.Usage\x12\x17\n\x0f\x63\x61lls_remaining\x18\x04 \x01(\r\x12\x32\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.ToolCall\"\xf2\x01\n\x10StreamLlmRequest\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.agentnode.sandbox.v1.ChatMessage\x12\x33\n\x05tools\x18\x02 \x03(\x0b\x32$.agentnode.sandbox.v1.ToolDefinition\x12\x35\n\x0btool_choice\x18\x03 \x01(\x0e\x32 .agentnode.sandbox.v1.ToolChoice\x12=\n\x0fresponse_format\x18\x04 \x01(\x0b\x32$.agentnode.sandbox.v1.ResponseFormat\"\x8a\x02\n\x11StreamLlmResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x39\n\rfinish_reason\x18\x02 \x01(\x0e\x32\".agentnode.sandbox.v1.FinishReason\x12*\n\x05usage\x18\x03 \x01(\x0b\x32\x1b.agentnode.sandbox.v1.Usage\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12=\n\x10tool_call_deltas\x18\x05 \x03(\x0b\x32#.agentnode.sandbox.v1.ToolCallDelta\x12\x32\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.ToolCall*o\n\nToolChoice\x12\x1b\n\x17TOOL_CHOICE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_CHOICE_AUTO\x10\x01\x12\x14\n\x10TOOL_CHOICE_NONE\x10\x02\x12\x18\n\x14TOOL_CHOICE_REQUIRED\x10\x03*\xa5\x01\n\x12ResponseFormatType\x12$\n RESPONSE_FORMAT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_FORMAT_TYPE_TEXT\x10\x01\x12$\n RESPONSE_FORMAT_TYPE_JSON_OBJECT\x10\x02\x12$\n RESPONSE_FORMAT_TYPE_JSON_SCHEMA\x10\x03*\xb8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x03\x12\x17\n\x13\x46INISH_REASON_OTHER\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x05\x32\xa2\x02\n\nLlmService\x12V\n\x07\x43\x61llLlm\x12$.agentnode.sandbox.v1.CallLlmRequest\x1a%.agentnode.sandbox.v1.CallLlmResponse\x12^\n\tStreamLlm\x12&.agentnode.sandbox.v1.StreamLlmRequest\x1a\'.agentnode.sandbox.v1.StreamLlmResponse0\x01\x12\\\n\tListTools\x12&.agentnode.sandbox.v1.ListToolsRequest\x1a\'.agentnode.sandbox.v1.ListToolsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n5sandbox_wrapper/_proto/agentnode/sandbox/v1/llm.proto\x12\x14\x61gentnode.sandbox.v1\"L\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\x12\n\x10ListToolsRequest\"H\n\x11ListToolsResponse\x12\x33\n\x05tools\x18\x01 \x03(\x0b\x32$.agentnode.sandbox.v1.ToolDefinition\"v\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x32\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"M\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x0f\n\x07refused\x18\x04 \x01(\x08\"Q\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x17\n\x0f\x61rguments_delta\x18\x04 \x01(\t\"r\n\x0eResponseFormat\x12\x36\n\x04type\x18\x01 \x01(\x0e\x32(.agentnode.sandbox.v1.ResponseFormatType\x12\x13\n\x0bschema_name\x18\x02 \x01(\t\x12\x13\n\x0bschema_json\x18\x03 \x01(\t\"h\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x1d\n\x10tokens_remaining\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_tokens_remaining\"\xf0\x01\n\x0e\x43\x61llLlmRequest\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.agentnode.sandbox.v1.ChatMessage\x12\x33\n\x05tools\x18\x02 \x03(\x0b\x32$.agentnode.sandbox.v1.ToolDefinition\x12\x35\n\x0btool_choice\x18\x03 \x01(\x0e\x32 .agentnode.sandbox.v1.ToolChoice\x12=\n\x0fresponse_format\x18\x04 \x01(\x0b\x32$.agentnode.sandbox.v1.ResponseFormat\"\xd6\x01\n\x0f\x43\x61llLlmResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x39\n\rfinish_reason\x18\x02 \x01(\x0e\x32\".agentnode.sandbox.v1.FinishReason\x12*\n\x05usage\x18\x03 \x01(\x0b\x32\x1b.agentnode.sandbox.v1.Usage\x12\x17\n\x0f\x63\x61lls_remaining\x18\x04 \x01(\r\x12\x32\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.ToolCall\"\xf2\x01\n\x10StreamLlmRequest\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.agentnode.sandbox.v1.ChatMessage\x12\x33\n\x05tools\x18\x02 \x03(\x0b\x32$.agentnode.sandbox.v1.ToolDefinition\x12\x35\n\x0btool_choice\x18\x03 \x01(\x0e\x32 .agentnode.sandbox.v1.ToolChoice\x12=\n\x0fresponse_format\x18\x04 \x01(\x0b\x32$.agentnode.sandbox.v1.ResponseFormat\"\x8a\x02\n\x11StreamLlmResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x39\n\rfinish_reason\x18\x02 \x01(\x0e\x32\".agentnode.sandbox.v1.FinishReason\x12*\n\x05usage\x18\x03 \x01(\x0b\x32\x1b.agentnode.sandbox.v1.Usage\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12=\n\x10tool_call_deltas\x18\x05 \x03(\x0b\x32#.agentnode.sandbox.v1.ToolCallDelta\x12\x32\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.ToolCall*o\n\nToolChoice\x12\x1b\n\x17TOOL_CHOICE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_CHOICE_AUTO\x10\x01\x12\x14\n\x10TOOL_CHOICE_NONE\x10\x02\x12\x18\n\x14TOOL_CHOICE_REQUIRED\x10\x03*\xa5\x01\n\x12ResponseFormatType\x12$\n RESPONSE_FORMAT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_FORMAT_TYPE_TEXT\x10\x01\x12$\n RESPONSE_FORMAT_TYPE_JSON_OBJECT\x10\x02\x12$\n RESPONSE_FORMAT_TYPE_JSON_SCHEMA\x10\x03*\xb8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x03\x12\x17\n\x13\x46INISH_REASON_OTHER\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x05\x32\xa2\x02\n\nLlmService\x12V\n\x07\x43\x61llLlm\x12$.agentnode.sandbox.v1.CallLlmRequest\x1a%.agentnode.sandbox.v1.CallLlmResponse\x12^\n\tStreamLlm\x12&.agentnode.sandbox.v1.StreamLlmRequest\x1a\'.agentnode.sandbox.v1.StreamLlmResponse0\x01\x12\\\n\tListTools\x12&.agentnode.sandbox.v1.ListToolsRequest\x1a\'.agentnode.sandbox.v1.ListToolsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandbox_wrapper._proto.agentnode.sandbox.v1.llm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLCHOICE']._serialized_start=1677
-  _globals['_TOOLCHOICE']._serialized_end=1788
-  _globals['_RESPONSEFORMATTYPE']._serialized_start=1791
-  _globals['_RESPONSEFORMATTYPE']._serialized_end=1956
-  _globals['_FINISHREASON']._serialized_start=1959
-  _globals['_FINISHREASON']._serialized_end=2143
+  _globals['_TOOLCHOICE']._serialized_start=1729
+  _globals['_TOOLCHOICE']._serialized_end=1840
+  _globals['_RESPONSEFORMATTYPE']._serialized_start=1843
+  _globals['_RESPONSEFORMATTYPE']._serialized_end=2008
+  _globals['_FINISHREASON']._serialized_start=2011
+  _globals['_FINISHREASON']._serialized_end=2195
   _globals['_TOOLDEFINITION']._serialized_start=79
   _globals['_TOOLDEFINITION']._serialized_end=155
   _globals['_LISTTOOLSREQUEST']._serialized_start=157
@@ -52,15 +52,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESPONSEFORMAT']._serialized_start=533
   _globals['_RESPONSEFORMAT']._serialized_end=647
   _globals['_USAGE']._serialized_start=649
-  _globals['_USAGE']._serialized_end=701
-  _globals['_CALLLLMREQUEST']._serialized_start=704
-  _globals['_CALLLLMREQUEST']._serialized_end=944
-  _globals['_CALLLLMRESPONSE']._serialized_start=947
-  _globals['_CALLLLMRESPONSE']._serialized_end=1161
-  _globals['_STREAMLLMREQUEST']._serialized_start=1164
-  _globals['_STREAMLLMREQUEST']._serialized_end=1406
-  _globals['_STREAMLLMRESPONSE']._serialized_start=1409
-  _globals['_STREAMLLMRESPONSE']._serialized_end=1675
-  _globals['_LLMSERVICE']._serialized_start=2146
-  _globals['_LLMSERVICE']._serialized_end=2436
+  _globals['_USAGE']._serialized_end=753
+  _globals['_CALLLLMREQUEST']._serialized_start=756
+  _globals['_CALLLLMREQUEST']._serialized_end=996
+  _globals['_CALLLLMRESPONSE']._serialized_start=999
+  _globals['_CALLLLMRESPONSE']._serialized_end=1213
+  _globals['_STREAMLLMREQUEST']._serialized_start=1216
+  _globals['_STREAMLLMREQUEST']._serialized_end=1458
+  _globals['_STREAMLLMRESPONSE']._serialized_start=1461
+  _globals['_STREAMLLMRESPONSE']._serialized_end=1727
+  _globals['_LLMSERVICE']._serialized_start=2198
+  _globals['_LLMSERVICE']._serialized_end=2488
 # @@protoc_insertion_point(module_scope)

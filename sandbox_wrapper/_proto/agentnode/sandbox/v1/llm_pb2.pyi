@@ -111,12 +111,14 @@ class ResponseFormat(_message.Message):
     def __init__(self, type: _Optional[_Union[ResponseFormatType, str]] = ..., schema_name: _Optional[str] = ..., schema_json: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("input_tokens", "output_tokens")
+    __slots__ = ("input_tokens", "output_tokens", "tokens_remaining")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_REMAINING_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     output_tokens: int
-    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    tokens_remaining: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., tokens_remaining: _Optional[int] = ...) -> None: ...
 
 class CallLlmRequest(_message.Message):
     __slots__ = ("messages", "tools", "tool_choice", "response_format")

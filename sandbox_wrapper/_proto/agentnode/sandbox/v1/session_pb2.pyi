@@ -75,16 +75,24 @@ class RunLimits(_message.Message):
     def __init__(self, max_tool_calls: _Optional[int] = ..., max_iterations: _Optional[int] = ..., max_runtime_seconds: _Optional[int] = ..., stop_on_consecutive_errors: _Optional[int] = ...) -> None: ...
 
 class LlmGrant(_message.Message):
-    __slots__ = ("enabled", "max_calls", "max_input_chars", "max_output_chars")
+    __slots__ = ("enabled", "max_calls", "max_input_chars", "max_output_chars", "max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     MAX_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COST_USD_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     max_calls: int
     max_input_chars: int
     max_output_chars: int
-    def __init__(self, enabled: _Optional[bool] = ..., max_calls: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_output_chars: _Optional[int] = ...) -> None: ...
+    max_input_tokens: int
+    max_output_tokens: int
+    max_total_tokens: int
+    max_cost_usd: float
+    def __init__(self, enabled: _Optional[bool] = ..., max_calls: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_output_chars: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ...) -> None: ...
 
 class ReportResultRequest(_message.Message):
     __slots__ = ("value_json", "failure")
