@@ -604,6 +604,7 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
     out: dict[str, Any] = {"model": model, **{key: summary(v) for key, v in samples.items()}}
     out["sandbox_ms"] = summary(result.result["call_ms"])
     out["sandbox_first_chunk_ms"] = summary(result.result["first_chunk_ms"])
+    out["sandbox_rpc_floor_ms"] = summary(result.result["rpc_floor_ms"])
     out["sandbox_tools_ms"] = summary(with_tools.result["call_ms"])
     out["sandbox_tools_first_chunk_ms"] = summary(with_tools.result["first_chunk_ms"])
 

@@ -217,7 +217,9 @@ _BROKER_SANDBOX_TOOLS = (
     "The same call (8 tool definitions from `allowed_tool_context()`, a ~2 KiB JSON-schema response format) "
     "made by an agent in the sandbox with `call_llm` / `stream_llm`, through the socket and the broker, "
     "against the openai SDK sending the broker's request straight to the provider (interleaved with the "
-    "section's other direct paths). overhead = sandbox median - direct median."
+    "section's other direct paths). overhead = sandbox median - direct median. sandbox RPC floor: the "
+    "smallest call on the same socket and run server (ListTools, answered from the run's cached catalog), "
+    "the share of the overhead that is the sandbox-to-host hop itself rather than the broker."
 )
 _CONCURRENCY = (
     "N trivial runs submitted at once to one host (a fresh process per level; worst repetition shown), "
@@ -322,10 +324,10 @@ def render(results: Mapping[str, Any]) -> str:
                       _mp(b["session_first_chunk_ms"]), _mp(b["sandbox_first_chunk_ms"]))
                      for rt, b in results.get("broker", {}).items()])
     out += _section("", _BROKER_SANDBOX_TOOLS,
-                    ("runtime", "direct SDK", "sandbox call_llm", "overhead", "first chunk: direct",
-                     "first chunk: sandbox", "first chunk overhead"),
+                    ("runtime", "direct SDK", "sandbox call_llm", "overhead", "sandbox RPC floor",
+                     "first chunk: direct", "first chunk: sandbox", "first chunk overhead"),
                     [(rt, _mp(b["direct_tools_ms"]), _mp(b["sandbox_tools_ms"]),
-                      _fmt(b["tools_overhead_ms"], " ms"),
+                      _fmt(b["tools_overhead_ms"], " ms"), _mp(b.get("sandbox_rpc_floor_ms")),
                       _mp(b["direct_tools_first_chunk_ms"]), _mp(b["sandbox_tools_first_chunk_ms"]),
                       _fmt(b["tools_first_chunk_overhead_ms"], " ms"))
                      for rt, b in results.get("broker", {}).items() if "sandbox_tools_ms" in b])

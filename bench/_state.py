@@ -118,7 +118,12 @@ LLM_CALLER = """
                                            "json_schema": {"name": "bench_answer", "schema": schema}}}
         for _ in range(warmup):
             context.call_llm(messages, **options)
-        calls, firsts = [], []
+        calls, firsts, floor = [], [], []
+        from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2
+        for _ in range(n):  # the RPC floor: the smallest call on the same socket and server (ListTools)
+            t = time.perf_counter()
+            context._llm.ListTools(llm_pb2.ListToolsRequest())
+            floor.append((time.perf_counter() - t) * 1000)
         for _ in range(n):
             t = time.perf_counter()
             context.call_llm(messages, **options)
@@ -130,7 +135,7 @@ LLM_CALLER = """
             firsts.append((time.perf_counter() - t) * 1000)
             for _ in chunks:
                 pass
-        return {"call_ms": calls, "first_chunk_ms": firsts}
+        return {"call_ms": calls, "first_chunk_ms": firsts, "rpc_floor_ms": floor}
 """
 
 NOOP_TOOL = '''
