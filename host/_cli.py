@@ -33,6 +33,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROG = "agentnode-sandbox"
 
 
+def _version() -> str:
+    """The installed distribution's version (a bare checkout that was never installed: "unknown")."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class _UsageError(Exception):
     """Bad command-line input (exit 2)."""
 
@@ -582,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The contract (options, exit codes, --json schemas): docs/cli.md",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def command(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ import compileall
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import os
 import py_compile
 import re
@@ -31,6 +32,8 @@ from sandbox_wrapper import PROTOCOL_VERSION
 Progress = Callable[[str], None]
 
 REPOSITORY = "agentnode-sandbox"
+DISTRIBUTION = "agentnode-sandbox"
+"""The project's distribution name (its metadata labels an image built from an installed wheel)."""
 BASE_REPOSITORY = "agentnode-sandbox-base"
 LATEST_TAG = f"{REPOSITORY}:latest"
 LABEL_INPUTS_HASH = "io.agentnode.sandbox.inputs-hash"
@@ -122,8 +125,19 @@ class PinnedWheel:
 
 
 def default_repo_root() -> Path:
-    """The source checkout this module lives in (holds docker/ and sandbox_wrapper/)."""
+    """Where the image inputs are: the source checkout this module lives in (docker/, sandbox_wrapper/),
+    or, installed from a wheel, the site-packages directory (sandbox_wrapper/ and host/_image_inputs/)."""
     return Path(__file__).resolve().parents[1]
+
+
+def docker_inputs(repo_root: Path) -> Path:
+    """The directory holding DOCKER_INPUTS: docker/ in a source checkout, else the copy a wheel ships as
+    package data (host/_image_inputs; a symlink to docker/ in the checkout). Never site-packages' docker/,
+    which is the Docker SDK."""
+    checkout = repo_root / "docker"
+    if (checkout / "Dockerfile").is_file():
+        return checkout
+    return repo_root / "host" / "_image_inputs"
 
 
 def _wrapper_sources(repo_root: Path) -> list[Path]:
@@ -148,7 +162,8 @@ def _digest(entries: Iterable[tuple[str, bytes]]) -> str:
 
 def image_inputs_hash(repo_root: Path) -> str:
     """Hash of everything that shapes the image; the tag and label that let a rebuild be skipped."""
-    entries = [(f"docker/{n}", (repo_root / "docker" / n).read_bytes()) for n in DOCKER_INPUTS]
+    inputs = docker_inputs(repo_root)
+    entries = [(f"docker/{n}", (inputs / n).read_bytes()) for n in DOCKER_INPUTS]
     entries += [(p.relative_to(repo_root).as_posix(), p.read_bytes()) for p in _wrapper_sources(repo_root)]
     entries += [("PROTOCOL_VERSION", str(PROTOCOL_VERSION).encode()), ("recipe", _recipe())]
     entries += [("bytecode", f"unchecked-hash {BYTECODE_VERSION}".encode())]
@@ -157,7 +172,7 @@ def image_inputs_hash(repo_root: Path) -> str:
 
 def rootfs_hash(repo_root: Path, arch: str) -> str:
     """Hash of what shapes the imported base alone, so wrapper edits reuse the slow mmdebstrap rootfs."""
-    packages = (repo_root / "docker" / "rootfs.packages").read_bytes()
+    packages = (docker_inputs(repo_root) / "rootfs.packages").read_bytes()
     return _digest([("packages", packages), ("recipe", _recipe()), ("arch", arch.encode())])
 
 
@@ -308,7 +323,7 @@ def _ensure_base(
         raise _build_failed(
             "mmdebstrap is not installed", hint="apt-get install mmdebstrap (or run scripts/provision-engine)"
         )
-    packages = read_packages(repo_root / "docker" / "rootfs.packages")
+    packages = read_packages(docker_inputs(repo_root) / "rootfs.packages")
     with tempfile.TemporaryDirectory(prefix="agentnode-rootfs-") as tmp:
         tar = Path(tmp) / "rootfs.tar"
         cmd = [
@@ -347,7 +362,7 @@ def wheel_cache_dir() -> Path:
 
 def fetch_wheels(repo_root: Path, arch: str, cache_dir: Path, progress: Progress) -> list[Path]:
     """The hash-verified wheels for `arch`, from the cache or `pip download --require-hashes`."""
-    requirements = repo_root / "docker" / "requirements.txt"
+    requirements = docker_inputs(repo_root) / "requirements.txt"
     try:
         pins = parse_requirements(requirements.read_text())
     except ValueError as exc:
@@ -377,9 +392,22 @@ def fetch_wheels(repo_root: Path, arch: str, cache_dir: Path, progress: Progress
 
 
 def _project_metadata(repo_root: Path) -> dict[str, Any]:
-    with (repo_root / "pyproject.toml").open("rb") as fh:
-        project: dict[str, Any] = tomllib.load(fh).get("project", {})
-    return project
+    """pyproject.toml's [project] in a checkout; the installed distribution's metadata from a wheel."""
+    pyproject = repo_root / "pyproject.toml"
+    if pyproject.is_file():
+        with pyproject.open("rb") as fh:
+            project: dict[str, Any] = tomllib.load(fh).get("project", {})
+        return project
+    try:
+        meta = importlib.metadata.metadata(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or () if ", " in u)
+    def field(name: str) -> str:
+        return str((meta.get_all(name) or [""])[0])
+
+    licence = field("License-Expression") or field("License")
+    return {"description": field("Summary"), "version": field("Version"), "license": licence, "urls": urls}
 
 
 def _git_revision(repo_root: Path) -> str | None:
@@ -414,7 +442,7 @@ def image_labels(repo_root: Path, inputs_hash: str) -> dict[str, str]:
     source = urls.get("Source") or urls.get("Repository") or urls.get("Homepage")
     if source:
         labels["org.opencontainers.image.source"] = str(source)
-    revision = _git_revision(repo_root)
+    revision = _git_revision(repo_root) if (repo_root / ".git").exists() else None
     if revision:
         labels["org.opencontainers.image.revision"] = revision
     return labels
@@ -423,7 +451,7 @@ def image_labels(repo_root: Path, inputs_hash: str) -> dict[str, str]:
 def prepare_context(repo_root: Path, ctx: Path, wheels: Iterable[Path]) -> None:
     """Lay out the build context: the docker/ inputs and site/ (unpacked wheels + wrapper)."""
     for name in DOCKER_INPUTS:
-        shutil.copyfile(repo_root / "docker" / name, ctx / name)
+        shutil.copyfile(docker_inputs(repo_root) / name, ctx / name)
     site = ctx / "site"
     site.mkdir()
     for wheel in wheels:
@@ -469,7 +497,7 @@ def build_image(
     cache_dir: Path | None = None,
 ) -> BuildResult:
     """Build the sandbox image from docker/ (or reuse it when its inputs hash is unchanged)."""
-    if not (repo_root / "docker").is_dir():
+    if not (docker_inputs(repo_root) / "Dockerfile").is_file():
         raise _build_failed(
             f"{repo_root} has no docker/ directory to build the image from",
             hint="build from a source checkout of agentnode-sandbox, or pull a published image: "

@@ -1,0 +1,72 @@
+"""The wheel works on its own: installed into a fresh virtual environment outside the checkout, its console
+script builds the pinned image from the inputs the wheel ships and runs an agent sandboxed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.support.packs import write_agent
+from tests.support.paths import REPO
+
+AGENT = """
+    import sys
+
+    def run(context, **kwargs):
+        return {"goal": context.goal, "python": sys.executable}
+"""
+
+
+def _run(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float = 900.0) -> str:
+    proc = subprocess.run(args, check=False, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{args[:3]} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.mark.docker
+def test_an_installed_wheel_builds_the_image_and_runs_a_sandboxed_agent(
+    tmp_path: Path, pinned_image: str, docker_client: docker.DockerClient
+) -> None:
+    dist, env_dir, config, work = (tmp_path / d for d in ("dist", "venv", "config", "work"))
+    work.mkdir()
+    # A clean environment: nothing of the checkout on sys.path, the host state in the temp directory.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "AGENTNODE_CONFIG": str(config), "AGENTNODE_AGENT_SANDBOX": "1"}  # fmt: skip
+    for key in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "DOCKER_HOST"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+         env={**env, "HOME": os.environ.get("HOME", str(tmp_path))}, cwd=work)  # fmt: skip
+    (wheel,) = dist.glob("agentnode_sandbox-*.whl")
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python, cli = env_dir / "bin" / "python", env_dir / "bin" / "agentnode-sandbox"
+    _run([str(python), "-m", "pip", "install", "-q", str(wheel)],
+         env={**env, "HOME": os.environ.get("HOME", str(tmp_path))}, cwd=work)  # fmt: skip
+
+    probe = "import host, sandbox_wrapper; print(host.__file__, sandbox_wrapper.__file__)"
+    where = _run([str(python), "-c", probe], env=env, cwd=work)
+    assert all(p.startswith(str(env_dir)) for p in where.split()), where  # the wheel's code, not ours
+    assert _run([str(cli), "--version"], env=env, cwd=work).startswith("agentnode-sandbox ")
+
+    built = _run([str(cli), "image", "build", "--json"], env=env, cwd=work)
+    image = json.loads(built)
+    # The wheel ships the very inputs of the checkout: the same image, found up to date, not rebuilt.
+    assert image["image_id"] == pinned_image, built
+
+    pack = write_agent(work, "wheel-probe", AGENT, goal="from the wheel")
+    slug = "wheel-probe"
+    _run([str(cli), "install", str(pack), "--trust", "unverified", "--json"], env=env, cwd=work)
+    try:
+        out = json.loads(_run([str(cli), "run", slug, "--json"], env=env, cwd=work))
+        assert out["success"] is True and out["mode_used"] == "agent_sandbox", out
+        assert out["result"] == {"goal": "from the wheel", "python": "/usr/bin/python3"}  # inside the image
+    finally:
+        _run([str(cli), "uninstall", slug, "--json"], env=env, cwd=work)
