@@ -39,6 +39,7 @@ from host._budget import (
     call_with_retries,
     estimate_tokens,
     may_have_reached_provider,
+    transient_kind,
 )
 from host._config import AgentLlmConfig, LlmHostConfig
 from host._errors import CallRefusal, ConfigError
@@ -109,6 +110,7 @@ FRAMING_BYTES_PER_MESSAGE = 16
 or one tool call in a request."""
 _CHARS_PER_TOKEN = 3  # conservative: real text averages ~4 chars/token, so the char cap is what bites
 _MAX_TOKENS_CEILING = 16384
+_CATALOG_FAILED = "the run's tool definitions cannot be read; the operator's host log says why"
 _FINISH_REASONS = {
     "stop": "stop",
     "end_turn": "stop",
@@ -717,8 +719,9 @@ class LlmSession:
     configured → model allowed → token/cost budget (host/_budget.py: reserved, settled after the call) →
     call slot. Only the last two consume anything: a request refused earlier cost nothing and is not
     charged. A transient provider failure (429, 5xx, a reset connection) is retried within the call's one
-    slot and reservation, with bounded backoff, never past the run's deadline. The RPC layer runs `screen`
-    first, on a request it has not even decoded yet.
+    slot, with bounded backoff, never past the run's deadline nor after the run ended; the retry keeps the
+    reservation unless the failed attempt may have been billed (see `_retrying`). The RPC layer runs
+    `screen` first, on a request it has not even decoded yet.
     """
 
     def __init__(
@@ -742,7 +745,7 @@ class LlmSession:
         self._tools: Callable[[], ToolCatalog] | None = None
         self._catalog: ToolCatalog | None = None
         self._catalog_lock = threading.Lock()
-        self._catalog_failure: Exception | None = None
+        self._catalog_failed = False
         self._usage: dict[str, Any] = {
             "requests": 0,
             "calls": 0,
@@ -772,14 +775,15 @@ class LlmSession:
         """The tools this run may hand to a model (ListTools), built once; needs no LLM grant. A build that
         failed (the lockfile unreadable) fails every later ask the same way without building again."""
         with self._catalog_lock:
-            if self._catalog_failure is not None:
-                raise self._catalog_failure
+            if self._catalog_failed:
+                raise LlmRefusal(WireReason.LLM_UNAVAILABLE, _CATALOG_FAILED)  # fresh: no frames kept
             if self._catalog is None:
                 try:
                     self._catalog = self._tools() if self._tools is not None else EMPTY_CATALOG
-                except Exception as exc:
-                    self._catalog_failure = exc
-                    raise
+                except Exception as exc:  # noqa: BLE001  logged by type; the agent gets a fixed refusal
+                    self._catalog_failed = True
+                    logger.warning("the run's tool definitions could not be built: %s", type(exc).__name__)
+                    raise LlmRefusal(WireReason.LLM_UNAVAILABLE, _CATALOG_FAILED) from None
                 if self._catalog.dropped:
                     logger.warning(
                         "%d declared tool(s) left out of this run's tool definitions (too many, too large, "
@@ -841,14 +845,16 @@ class LlmSession:
         try:
             completion = self._retrying(complete, admitted)
         except BudgetRefusal as refusal:  # a retry the budget no longer covers (its attempt was charged)
+            self._provider_failed(WireReason.LLM_UNAVAILABLE, refusal.__context__ or refusal)
             raise LlmRefusal(refusal.reason, refusal.message) from None
         except TooManyToolCalls:
             self._settled(admitted, None, generated=True)
             self._count("refused_output")
         except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
             kind = admitted.adapter.reason_for(exc)
-            # A timed-out call may have been generating (and billed) all along: charge its whole reservation.
-            self._settled(admitted, None, generated=kind is WireReason.LLM_TIMEOUT)
+            # A call that timed out, or lost its connection once the request was sent, may have been
+            # generating (and billed) all along: charge its whole reservation.
+            self._settled(admitted, None, generated=_maybe_billed(kind, exc))
             reason = self._provider_failed(kind, exc)
         else:
             self._settled(admitted, completion)
@@ -879,6 +885,7 @@ class LlmSession:
                     try:
                         item = next(chunks)
                     except BudgetRefusal as refusal:  # a retry the budget no longer covers
+                        self._provider_failed(WireReason.LLM_UNAVAILABLE, refusal.__context__ or refusal)
                         raise LlmRefusal(refusal.reason, refusal.message) from None
                     except TooManyToolCalls:
                         reason = WireReason.LLM_OUTPUT_TOO_LARGE
@@ -886,7 +893,7 @@ class LlmSession:
                         break
                     except Exception as exc:  # noqa: BLE001  any provider failure becomes a generic refusal
                         kind = admitted.adapter.reason_for(exc)
-                        failed = not started and kind is not WireReason.LLM_TIMEOUT  # else it was generating
+                        failed = not started and not _maybe_billed(kind, exc)  # else it may have generated
                         reason = self._provider_failed(kind, exc)
                         break
                     started = True
@@ -1079,7 +1086,7 @@ class LlmSession:
             self._usage[counter] += 1
         raise LlmRefusal(reason)
 
-    def _provider_failed(self, reason: WireReason, exc: Exception) -> WireReason:
+    def _provider_failed(self, reason: WireReason, exc: BaseException) -> WireReason:
         """Count and log a provider failure by exception type only: its text may hold the key or prompt."""
         self._count("provider_errors")
         logger.warning("LLM provider call failed (%s): %s", reason, type(exc).__name__)
@@ -1099,11 +1106,27 @@ class _Admitted:
 def _estimate(request: Prepared) -> int:
     """The request's input-token bound (host/_budget.py): every text it sends, roles, names and ids, and the
     providers' hidden tool prompt when it defines tools or asks for JSON."""
-    names: list[str] = [t.name for t in request.tools]
+    # Catalog names and the provider-safe names actually sent, both: whichever is longer is covered.
+    names: list[str] = [x for t in request.tools for x in (t.name, request.names.get(t.name, ""))]
+    calls = 0
     for m in request.messages:
-        names += [m.role, m.tool_call_id, *(x for c in m.tool_calls for x in (c.id, c.name))]
-    tools = bool(request.tools) or request.json_mode
-    return estimate_tokens([*request.texts(), *names], messages=len(request.messages), tools=tools)
+        names += [m.role, m.tool_call_id]
+        names += [x for c in m.tool_calls for x in (c.id, c.name, request.provider_name(c))]
+        calls += len(m.tool_calls)
+    return estimate_tokens(
+        [*request.texts(), *names],
+        messages=len(request.messages),
+        tools=bool(request.tools) or request.json_mode,
+        definitions=len(request.tools) + (1 if request.json_mode else 0),  # JSON mode: a response tool
+        calls=calls,
+    )
+
+
+def _maybe_billed(kind: WireReason, exc: BaseException) -> bool:
+    """The failed provider call may have generated (and been billed) up to its whole reservation: it timed
+    out, or its connection was lost after the request may have reached the provider."""
+    lost = transient_kind(exc) is Transient.CONNECTION and may_have_reached_provider(exc)
+    return kind is WireReason.LLM_TIMEOUT or lost
 
 
 def _as_call(request: LlmCall | Sequence[Mapping[str, Any]]) -> LlmCall:

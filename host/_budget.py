@@ -23,7 +23,9 @@ Input bound (`estimate_input_tokens`): an upper bound of the tokens a request ca
 providers' tokenizers (byte-level BPE: OpenAI's, Anthropic's; SentencePiece with byte fallback on
 OpenAI-compatible servers) never make a token of less than one byte of UTF-8, so the bound is the UTF-8
 bytes of every text the request carries, plus TOKENS_PER_MESSAGE (4) per message for the role and framing
-tokens, TOKENS_PER_REQUEST (3), and TOOL_PROMPT_TOKENS (400) when the request defines tools or asks for
+tokens, TOKENS_PER_REQUEST (3), TOKENS_PER_TOOL (20) per tool definition and TOKENS_PER_TOOL_CALL (10) per
+tool call in the conversation for the framing the provider renders around them (OpenAI's own counting
+guide gives 7 + 12 per function), and TOOL_PROMPT_TOKENS (400) when the request defines tools or asks for
 JSON (providers add a hidden tool-use prompt: Anthropic documents up to 346 tokens). No text can make the
 provider's count exceed it, so `max_input_tokens`, `max_total_tokens` and `max_cost_usd` hold as ceilings,
 not as estimates; the price is that ordinary English (about 4 bytes a token) is reserved at about 4 times
@@ -37,7 +39,7 @@ Accounting after the call (never negative; later calls see the true totals):
   admits another call once spent. A usage without input tokens (None or 0: a real request always has
   some) counts as not reported and charges the whole reservation.
 - `release(r)`: the provider call failed (after retries) before usage was known. It may still have cost
-  something, so it is charged conservatively: the input estimate, no output.
+  something, so it is charged conservatively: the input bound, no output.
 - `cancel(r)`: nothing was sent (a later check refused the call); nothing is charged.
 
 Retries of one call share its reservation: a call is charged once, for its final outcome. Rate limits and
@@ -76,6 +78,10 @@ TOKENS_PER_MESSAGE = 4
 """Tokens each message may add besides its text (role and framing tokens)."""
 TOKENS_PER_REQUEST = 3
 """Tokens every request adds (the reply's priming)."""
+TOKENS_PER_TOOL = 20
+"""Tokens each tool definition may add besides its name, description and schema text (its framing)."""
+TOKENS_PER_TOOL_CALL = 10
+"""Tokens each tool call in the conversation may add besides its id, name and arguments (its framing)."""
 TOOL_PROMPT_TOKENS = 400
 """Tokens a provider may add to a request that defines tools or a JSON answer (its hidden tool-use prompt)."""
 MIN_CALL_TOKENS = TOKENS_PER_REQUEST + TOKENS_PER_MESSAGE + len("user") + 1
@@ -150,13 +156,17 @@ def estimate_input_tokens(
     return estimate_tokens(texts, messages=count, tools=tools)
 
 
-def estimate_tokens(texts: Iterable[str], *, messages: int, tools: bool = False) -> int:
+def estimate_tokens(
+    texts: Iterable[str], *, messages: int, tools: bool = False, definitions: int = 0, calls: int = 0
+) -> int:
     """The bound of `texts` (everything a request sends: contents, roles, names, ids, arguments, tool
-    definitions) in `messages` messages: their UTF-8 bytes + TOKENS_PER_MESSAGE per message +
-    TOKENS_PER_REQUEST, + TOOL_PROMPT_TOKENS when `tools` (the request defines tools or asks for JSON)."""
+    definitions) in `messages` messages with `definitions` tool definitions and `calls` tool calls: their
+    UTF-8 bytes + TOKENS_PER_MESSAGE per message + TOKENS_PER_REQUEST + TOKENS_PER_TOOL per definition +
+    TOKENS_PER_TOOL_CALL per call, + TOOL_PROMPT_TOKENS when `tools` (the request defines tools or asks for
+    JSON)."""
     text_bytes = sum(_utf8_len(text) for text in texts)
     overhead = TOKENS_PER_MESSAGE * messages + TOKENS_PER_REQUEST + (TOOL_PROMPT_TOKENS if tools else 0)
-    return text_bytes + overhead
+    return text_bytes + overhead + TOKENS_PER_TOOL * definitions + TOKENS_PER_TOOL_CALL * calls
 
 
 def _utf8_len(text: str) -> int:
@@ -170,7 +180,7 @@ class Reservation:
     serial: int
     model: str
     input_tokens: int
-    """The input estimate reserved."""
+    """The input bound reserved."""
     max_tokens: int
     """The output tokens to ask the provider for (at least 1)."""
     cost: Fraction | None
@@ -538,10 +548,10 @@ def call_with_retries(
 ) -> _T:
     """`attempt_call()`, retried on transient failures as `policy` says; the last failure is raised as is.
 
-    `deadline` is on `clock`'s scale (time.monotonic by default). `before_retry(kind, exc)` runs once a
-    retry is decided, before the wait; an exception from it ends the call instead (a budget that no longer
-    covers the retry). `sleep` returning True (an event's wait: the run ended) ends the call with the last
-    failure.
+    `deadline` is on `clock`'s scale (time.monotonic by default). `sleep` returning True (an event's wait:
+    the run ended) ends the call with the last failure. `before_retry(kind, exc)` runs after the wait,
+    just before the retry is made (and counted); an exception from it ends the call instead (a budget that
+    no longer covers the retry).
     """
     attempt = 1
     while True:
@@ -553,13 +563,11 @@ def call_with_retries(
             if kind is not None:
                 hint = retry_after_seconds(exc)
                 wait = policy.delay(attempt, now=clock(), deadline=deadline, retry_after=hint)
-            if kind is None or wait is None:
+            if kind is None or wait is None or sleep(wait) is True:
                 raise
             if before_retry is not None:
                 before_retry(kind, exc)
             counts.record(kind)
-            if sleep(wait) is True:
-                raise
         attempt += 1
 
 
@@ -572,6 +580,8 @@ __all__ = [
     "MIN_CALL_TOKENS",
     "TOKENS_PER_MESSAGE",
     "TOKENS_PER_REQUEST",
+    "TOKENS_PER_TOOL",
+    "TOKENS_PER_TOOL_CALL",
     "TOOL_PROMPT_TOKENS",
     "UNPRICED_HINT",
     "BudgetRefusal",

@@ -142,6 +142,8 @@ class ToolDef:
     """What the provider gets: the declared schema with `"type": "object"` when it names no type."""
     chars: int = field(compare=False, repr=False)
     """Its input size: name and description as JSON-escaped bytes, the schema as its canonical bytes."""
+    sent_json: str = field(default="", compare=False, repr=False)
+    """`parameters` as canonical JSON text: what the provider is sent (and the input bound counts)."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,9 @@ def tool_definition(slug: str, spec: ToolSpec) -> ToolDef | None:
     size = _utf8(name) + _utf8(spec.description) + _utf8(parameters_json)
     if size > MAX_TOOL_DEFINITION_BYTES:
         return None
-    chars = json_string_bytes(name) + json_string_bytes(spec.description) + _utf8(canonical_json(parameters))
-    return ToolDef(name, spec.description, parameters_json, parameters, chars)
+    sent_json = canonical_json(parameters)
+    chars = json_string_bytes(name) + json_string_bytes(spec.description) + _utf8(sent_json)
+    return ToolDef(name, spec.description, parameters_json, parameters, chars, sent_json)
 
 
 def build_catalog(packs: Iterable[tuple[str, Sequence[ToolSpec]]]) -> ToolCatalog:
@@ -299,7 +302,7 @@ class Prepared:
                 yield c.arguments_json
         for t in self.tools:
             yield t.description
-            yield t.parameters_json
+            yield t.sent_json or canonical_json(t.parameters)  # what is sent, with its "type": "object"
         if self.response_format is not None and self.response_format.schema is not None:
             yield canonical_json(self.response_format.schema)
 

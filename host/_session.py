@@ -381,7 +381,10 @@ class RunSession:
             if not self.fetched:
                 raise CallRefusal(WireReason.TASK_NOT_FETCHED, "fetch the task first")
             self.outcome = outcome
+            llm = self.llm
         self.reported.set()
+        if llm is not None:
+            llm.close()  # the outcome is fixed: a call waiting to retry its provider gives up now
 
 
 # --- the wire boundary ---------------------------------------------------------------------------------

@@ -119,6 +119,7 @@ def tool_catalog(
         seen = packs.copy()  # one step: the gate may add to its cache meanwhile
         slugs: list[str] = sorted(name for name, pack in seen.items() if pack is not None)
     else:
+        lockfile.entries()  # a lockfile that cannot be read fails the catalog, not each pack in turn
         slugs = list(dict.fromkeys(policy.allowed_packages))
     usable: list[tuple[str, Sequence[ToolSpec]]] = []
     for name in slugs:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from host import _wiring
+from host import _broker, _wiring
 from host._broker import Completion, LlmBroker, LlmRefusal, LlmSession, json_string_bytes
+from host._budget import TOOL_PROMPT_TOKENS
 from host._config import LlmHostConfig
 from host._llmtools import (
     JSON_INSTRUCTION,
@@ -188,9 +189,66 @@ def test_a_catalog_that_failed_to_build_fails_the_same_way_without_building_agai
     sess = LlmBroker(LlmHostConfig(), env={}).session(LlmPolicy())
     sess.use_tools(unreadable)
     for _ in range(3):
-        with pytest.raises(OSError):
+        with pytest.raises(LlmRefusal) as info:
             sess.tool_catalog()
+        assert info.value.reason == "LLM_UNAVAILABLE" and info.value.__traceback__ is not None
+        assert "lockfile" not in str(info.value) and info.value.__cause__ is None
     assert builds == [1]
+
+
+def test_an_unreadable_lockfile_fails_an_allowlisted_catalog_instead_of_emptying_it() -> None:
+    def unreadable() -> dict[str, Any]:
+        raise OSError("the lockfile cannot be read")
+
+    lockfile = SimpleNamespace(entries=unreadable)
+    with pytest.raises(OSError):
+        _wiring.tool_catalog(_policy(("a-tools",)), lockfile, {}, lambda _slug: None, community=True)  # type: ignore[arg-type]
+
+
+def _sent_text_bytes(value: Any, *, text_keys: bool = False) -> int:
+    """UTF-8 bytes of every string a provider request body sends as text: every string value, and the keys
+    inside a schema or a tool call's input (they are text the model reads)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, dict):
+        total = 0
+        for key, item in value.items():
+            if text_keys:
+                total += len(str(key).encode("utf-8"))
+            inner = text_keys or key in ("parameters", "input_schema", "input", "schema")
+            total += _sent_text_bytes(item, text_keys=inner)
+        return total
+    if isinstance(value, list):
+        return sum(_sent_text_bytes(item, text_keys=text_keys) for item in value)
+    return 0
+
+
+@pytest.mark.parametrize("json_mode", ["", "json_object", "json_schema"])
+def test_the_input_bound_covers_every_text_either_adapter_sends(json_mode: str) -> None:
+    # A tool with no declared type (the provider gets "type": "object" added), a long name, history calls.
+    catalog = build_catalog([("word.tools", [
+        ToolSpec("reverse_words", "", "Reverse the words.", {"properties": {"text": {"type": "string"}}}),
+        ToolSpec("x" * 60, "", "", None),
+    ])])  # fmt: skip
+    names = [d.name for d in catalog.definitions]
+    history = [
+        {"role": "system", "content": "be brief"},
+        USER,
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "name": names[0], "arguments": '{"text": "a b"}'},
+            {"id": "call_2", "name": "not:offered", "arguments": "{}", "refused": True},
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '"b a"'},
+        {"role": "tool", "tool_call_id": "call_2", "content": "refused"},
+    ]  # fmt: skip
+    fmt = {"type": json_mode, "name": "answer", "schema": '{"type": "object", "properties": {}}'}
+    call = LlmCall(history, tools=names, response_format=fmt if json_mode == "json_schema" else
+                   {"type": json_mode} if json_mode else None)  # fmt: skip
+    p = prepare(call, check_tools(call.tools, catalog))
+    # The hidden tool-use prompt's allowance is for what the provider adds, not for the text we send.
+    bound = _broker._estimate(p) - TOOL_PROMPT_TOKENS
+    for body in (openai_request(p), anthropic_request(p)):
+        assert bound >= _sent_text_bytes(body) + 3, body
 
 
 # --- names --------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ once, size caps both ways, the wire error model per errors.proto, atomic caps un
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -24,7 +25,14 @@ from host._broker import LlmBroker, LlmSession
 from host._config import LlmHostConfig
 from host._manifest import ToolpackManifest, ToolSpec
 from host._policy import LlmPolicy, RunPolicy
-from host._session import MAX_MESSAGE_BYTES, RefusalBudget, RunSession, RunTask, build_run_server
+from host._session import (
+    MAX_MESSAGE_BYTES,
+    RefusalBudget,
+    RunOutcome,
+    RunSession,
+    RunTask,
+    build_run_server,
+)
 from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
@@ -1287,3 +1295,46 @@ def test_a_tool_outside_the_runs_definitions_is_refused_before_the_provider(env:
     assert_refused(refused(run.llm.CallLlm, orphan), "INVALID_REQUEST")
     assert env.fake_llm.requests == []
     assert run.session.llm.usage()["refused_tool"] == 2  # type: ignore[union-attr]
+
+
+def test_the_grant_carries_the_budgets_and_usage_the_tokens_left(env: Env) -> None:
+    budgets = LlmPolicy(enabled=True, max_calls=3, max_input_chars=400, max_output_chars=400,
+                        max_input_tokens=300, max_output_tokens=20, max_total_tokens=1000,
+                        max_cost_usd=0.5)  # fmt: skip
+    run = env.start(llm=budgets)
+    grant = run.fetch().llm
+    assert (grant.max_input_tokens, grant.max_output_tokens, grant.max_total_tokens, grant.max_cost_usd) == (
+        300, 20, 1000, 0.5,
+    )  # fmt: skip
+    # (no price for the model under a cost cap: this run's calls are refused, so drop the cost cap)
+    run = env.started(llm=dataclasses.replace(budgets, max_cost_usd=None))
+    usage = run.call_llm().usage
+    assert usage.HasField("tokens_remaining") and 0 < usage.tokens_remaining < 1000
+    assert usage.tokens_remaining == 1000 - usage.input_tokens - usage.output_tokens
+    plain = env.started()  # a run without token caps: the fields are absent
+    assert not plain.call_llm().usage.HasField("tokens_remaining")
+    plain_grant = env.start().fetch().llm
+    assert not plain_grant.HasField("max_total_tokens") and not plain_grant.HasField("max_cost_usd")
+
+
+class _ClosingLlm:
+    """Records close(): the only part of an LLM session RunSession's ending touches."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("ending", ["report", "cancel"])
+def test_the_runs_end_closes_its_llm_session(env: Env, ending: str) -> None:
+    llm = _ClosingLlm()
+    task = env.start().pending[0]  # type: ignore[index]
+    session = RunSession(task=task, tools=None, llm=llm)  # type: ignore[arg-type]
+    session.fetch(PROTOCOL_VERSION)
+    if ending == "report":
+        session.report(RunOutcome(value_json="1"))
+    else:
+        session.cancel()
+    assert llm.closed == 1  # a provider retry waiting in its backoff gives up now
