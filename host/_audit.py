@@ -98,6 +98,7 @@ def run_record(
     tool_sandboxes_started: int = 0,
     llm_tool_calls: int = 0,
     llm_tool_calls_refused: int = 0,
+    caller: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the one `agent_run` record of a run; sanitized by construction.
 
@@ -141,6 +142,17 @@ def run_record(
         "tool_sandboxes_started": int(tool_sandboxes_started),
         "llm_tool_calls": int(llm_tool_calls),
         "llm_tool_calls_refused": int(llm_tool_calls_refused),
+        "caller": None if caller is None else _sanitize_caller(caller),
+    }
+
+
+def _sanitize_caller(caller: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's metadata (host/_caller.py validated it): its three fields as strings only."""
+    labels = caller.get("labels")
+    return {
+        "tenant": str(caller.get("tenant") or ""),
+        "request_id": str(caller.get("request_id") or ""),
+        "labels": {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
     }
 
 

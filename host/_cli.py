@@ -149,21 +149,67 @@ def _printable(result: RunResult) -> RunResult:
     return result
 
 
+FAILURE_LOG_LINES = 10
+"""The agent's last output lines a failed run shows in human mode (when they were not followed live)."""
+
+
+def _caller(args: argparse.Namespace) -> Any:
+    """The run's caller metadata from --tenant, --request-id and --label KEY=VALUE; a bad value is a usage
+    error naming the rule."""
+    from host._caller import CallerInfo, InvalidCaller
+
+    labels: dict[str, str] = {}
+    for pair in args.label or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise _UsageError(f"--label expects KEY=VALUE, got {safe_line(pair)}")
+        labels[key] = value
+    try:
+        return CallerInfo.parse(args.tenant or "", args.request_id or "", labels)
+    except InvalidCaller as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _follow(text: str) -> None:
+    """One live line of the agent's output, escaped, on stderr (stdout keeps its one JSON value)."""
+    _say(f"| {safe_line(text)}", err=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     kwargs = _parse_args_kv(args.arg or [])
+    caller = _caller(args)
+    on_log = _follow if args.follow else None
     audit_failures = 0
     if args.via:
         from host._client import RunnerClient
+        from host._events import RunFinished, RunLog
 
         with RunnerClient(args.via) as client:
-            result = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime)
+            if on_log is None:
+                result = client.submit(
+                    args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller
+                )
+            else:
+                finished = None
+                for event in client.stream(
+                    args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller
+                ):
+                    if isinstance(event, RunLog):
+                        on_log(event.text)
+                    elif isinstance(event, RunFinished):
+                        finished = event.result
+                if finished is None:
+                    raise EngineError(f"the host at {args.via} ended the run's stream without its result",
+                                      hint="see the host's log", check="serve")  # fmt: skip
+                result = finished
     else:
         from host._runner import SandboxHost
 
         host = SandboxHost()
         try:
             host.startup_sweep()
-            result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime)
+            result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                              on_log=on_log, caller=caller)  # fmt: skip
         finally:
             host.close()
         audit_failures = host.audit_failures
@@ -181,6 +227,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 err=True,
             )
         else:
+            lines = [] if args.follow else result.logs.splitlines()[-FAILURE_LOG_LINES:]
+            if lines:
+                _say(f"the agent's last {len(lines)} output line(s):", err=True)
+                for line in lines:
+                    _follow(line)
             _print_error(f"{safe_line(result.error)} [{safe_token(result.error_code)}]", result.hint)
         if audit_failures:
             _say("warning: the audit record could not be written", err=True)
@@ -607,6 +658,12 @@ def build_parser() -> argparse.ArgumentParser:
     runtimes = [runtime.value for runtime in Runtime]
     r.add_argument("--runtime", choices=runtimes, help="override agent_sandbox.runtime for this run")
     r.add_argument("--via", metavar="SOCKET", help="submit to a running `serve` host via its admin socket")
+    r.add_argument("--follow", action="store_true",
+                   help="show the agent's output lines on stderr as it writes them (escaped)")
+    r.add_argument("--tenant", help="the caller's tenant, recorded in the audit record")
+    r.add_argument("--request-id", help="the caller's request id, recorded in the audit record")
+    r.add_argument("--label", action="append", metavar="KEY=VALUE",
+                   help="a free label recorded in the audit record (repeatable, at most 16)")
 
     sv = command("serve", cmd_serve, "run a long-running host with warm pools on an owner-only admin socket")
     sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")

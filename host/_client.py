@@ -1,4 +1,7 @@
-"""A Python client for the long-running host's admin socket (what `run --via SOCKET` uses)."""
+"""A Python client for the long-running host's admin socket (what `run --via SOCKET` uses); blocking.
+
+`host.aio` is the asyncio twin; both speak through host/_events.py, so they map the wire the same way.
+"""
 
 from __future__ import annotations
 
@@ -8,57 +11,27 @@ from typing import Any
 
 import grpc
 
+from host._caller import CallerInfo
 from host._errors import AuditReason, EngineError
-from host._json import JsonRejected, dumps_strict, loads_strict
+from host._events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields, result_from, rpc_error
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host._runner import RunResult
-
-_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-def result_from(report: runner_pb2.RunReport) -> RunResult:
-    """The host-side RunResult of a wire report; a result that is not strict JSON is a failed run."""
-    result: Any = None
-    if report.result_json:  # a failed run may carry one too (a sequential run's steps_completed)
-        try:
-            result = loads_strict(report.result_json)
-        except JsonRejected:
-            if report.success:  # a failed run's own result that is not strict JSON is dropped
-                return RunResult(
-                    success=False,
-                    error="the run's result is not strict JSON (a non-finite number?)",
-                    error_code="result_not_serializable",
-                    mode_used=report.mode_used,
-                    run_id=report.run_id,
-                    duration_ms=report.duration_ms,
-                    logs=report.logs,
-                )
-    return RunResult(
-        success=report.success,
-        result=result,
-        error=report.error,
-        error_code=report.error_code,
-        mode_used=report.mode_used,
-        run_id=report.run_id,
-        timed_out=report.timed_out,
-        duration_ms=report.duration_ms,
-        hint=report.hint,
-        logs=report.logs,
-        warm=report.warm,
-        stages=dict(report.stages_ms),
-    )
+from host._result import RunResult
 
 
 class RunnerClient:
-    """Submits runs to `agentnode-sandbox serve`; keep one per process, it holds a persistent channel."""
+    """Submits runs to `agentnode-sandbox serve`; keep one per process, it holds a persistent channel.
+
+    Errors (host/_events.rpc_error): InvalidRequest for a request the host refused as malformed (nothing
+    ran), EngineError when nothing answers on the socket or the host failed the call.
+    """
 
     def __init__(self, socket_path: str | Path, *, connect_timeout: float = 5.0) -> None:
         self.socket_path = str(socket_path)
         self._channel = grpc.insecure_channel(
             f"unix:{self.socket_path}",
             options=[
-                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
         )
         self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)  # type: ignore[no-untyped-call]
@@ -89,27 +62,6 @@ class RunnerClient:
     def close(self) -> None:
         self._channel.close()
 
-    def _unreachable(self, err: grpc.RpcError) -> EngineError:
-        return EngineError(
-            f"the host at {self.socket_path} did not answer ({err.code().name})",
-            reason=AuditReason.ENGINE_UNAVAILABLE,
-            hint="start it: agentnode-sandbox serve (the admin socket is owner-only)",
-            check="serve",
-        )
-
-    @staticmethod
-    def _request_fields(
-        slug: str, goal: str | None, kwargs: Mapping[str, Any] | None, runtime: str | None
-    ) -> dict[str, Any]:
-        fields: dict[str, Any] = {
-            "slug": slug,
-            "kwargs_json": dumps_strict(dict(kwargs or {})),
-            "runtime": runtime or "",
-        }
-        if goal is not None:
-            fields["goal"] = goal
-        return fields
-
     def submit(
         self,
         slug: str,
@@ -117,15 +69,16 @@ class RunnerClient:
         goal: str | None = None,
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
+        caller: CallerInfo | None = None,
         timeout: float | None = None,
     ) -> RunResult:
         """Run an installed agent on the host and wait for its result."""
-        request = runner_pb2.SubmitRunRequest(**self._request_fields(slug, goal, kwargs, runtime))
+        request = runner_pb2.SubmitRunRequest(**request_fields(slug, goal, kwargs, runtime, caller))
         self._ensure_ready()
         try:
             response = self._stub.SubmitRun(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as err:
-            raise self._unreachable(err) from None
+            raise rpc_error(err, self.socket_path) from None
         return result_from(response.report)
 
     def stream(
@@ -135,21 +88,22 @@ class RunnerClient:
         goal: str | None = None,
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
-    ) -> Iterator[str | RunResult]:
-        """Run an agent, yielding `started:<run id>` and stage names, then the final RunResult."""
-        request = runner_pb2.StreamRunRequest(**self._request_fields(slug, goal, kwargs, runtime))
+        caller: CallerInfo | None = None,
+    ) -> Iterator[RunEvent]:
+        """Run an agent, yielding its events (host/_events.py): RunStarted, RunStage and RunLog as they
+        happen, then RunFinished with the result. Closing the iterator early cancels the run."""
+        request = runner_pb2.StreamRunRequest(**request_fields(slug, goal, kwargs, runtime, caller))
         self._ensure_ready()
+        call = self._stub.StreamRun(request, wait_for_ready=True)
         try:
-            for event in self._stub.StreamRun(request, wait_for_ready=True):
-                which = event.WhichOneof("event")
-                if which == "started_run_id":
-                    yield f"started:{event.started_run_id}"
-                elif which == "stage":
-                    yield event.stage
-                elif which == "report":
-                    yield result_from(event.report)
+            for message in call:
+                event = event_from(message)
+                if event is not None:
+                    yield event
         except grpc.RpcError as err:
-            raise self._unreachable(err) from None
+            raise rpc_error(err, self.socket_path) from None
+        finally:
+            call.cancel()  # a no-op once the stream ended; an early close cancels the run
 
     def cancel(self, run_id: str) -> bool:
         """Cancel a run in progress; False when no such run is running."""
@@ -157,7 +111,7 @@ class RunnerClient:
         try:
             response = self._stub.CancelRun(runner_pb2.CancelRunRequest(run_id=run_id), timeout=10)
         except grpc.RpcError as err:
-            raise self._unreachable(err) from None
+            raise rpc_error(err, self.socket_path) from None
         return bool(response.cancelled)
 
 

@@ -109,6 +109,13 @@ class EngineError(SandboxError):
         self.check = check
 
 
+class InvalidRequest(SandboxError, ValueError):
+    """A long-running host refused a malformed request (INVALID_REQUEST): no run was made and nothing was
+    audited; the message says which field broke which rule. It is a ValueError too."""
+
+    default_reason = AuditReason.CONFIG_INVALID
+
+
 class EngineRejected(EngineError):
     """The engine answered a request with an error status (the SDK's APIError), classified like any failure.
 
@@ -154,6 +161,7 @@ __all__ = [
     "EngineImageNotFound",
     "EngineNotFound",
     "EngineRejected",
+    "InvalidRequest",
     "ManifestError",
     "PackError",
     "RefusedError",

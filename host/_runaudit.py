@@ -11,6 +11,7 @@ from typing import Any
 from host._admission import Admission
 from host._audit import AuditLog, run_record, start_record
 from host._broker import LlmSession
+from host._caller import NO_CALLER, CallerInfo
 from host._errors import AuditReason, SandboxError
 from host._tools import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
 from host._vocab import Source
@@ -30,6 +31,9 @@ class RunFacts:
     gate: ToolGate | None = None
     stages: dict[str, float] = field(default_factory=dict)
     on_stage: Callable[[str], None] | None = None
+    on_log: Callable[[str], None] | None = None
+    """Each line of the agent's output as it is written (within the log cap)."""
+    caller: CallerInfo = NO_CALLER
 
     def fix_id(self, run_id: str, *, warm: bool = False, placed: bool = True) -> None:
         assert not self.run_id, "a run's id is fixed once"
@@ -72,6 +76,7 @@ class RunFacts:
             "sandbox": self.sandboxed,
             "runtime": a.runtime if a else None,
             "image": a.image if a else None,
+            "caller": None if self.caller.empty else self.caller.record(),
         }
 
 
@@ -164,6 +169,7 @@ class RunAudit:
             tool_sandboxes_started=run.gate.sandboxes_started if run.gate else 0,
             llm_tool_calls=int(usage.get("tool_calls", 0)),
             llm_tool_calls_refused=int(usage.get("tool_calls_refused", 0)),
+            caller=None if run.caller.empty else run.caller.record(),
         )
         return self.log.append(record)
 
@@ -184,6 +190,7 @@ class RunAudit:
             llm=None,
             tool_calls=0,
             tool_refusals=0,
+            caller=caller if isinstance(caller := info.get("caller"), Mapping) else None,
         )
         return self.log.append(record)
 

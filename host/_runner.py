@@ -15,6 +15,7 @@ import docker
 from host._admission import Admission, admit
 from host._audit import AuditLog
 from host._broker import LlmBroker
+from host._caller import NO_CALLER, CallerInfo
 from host._config import HostConfig, load_config
 from host._engine import ContainerLimits, connect, owner_token, sweep_containers
 from host._errors import AuditReason, EngineError, SandboxError
@@ -144,13 +145,17 @@ class SandboxHost:
         runtime: str | None = None,
         on_stage: Callable[[str], None] | None = None,
         on_start: Callable[[str], None] | None = None,
+        on_log: Callable[[str], None] | None = None,
+        caller: CallerInfo | None = None,
     ) -> RunResult:
         """Run an installed agent; every path, refusals included, ends with exactly one audit record.
 
         `on_start(run_id)` is called once the workload serves the run; `on_stage(name)` as it passes
-        each stage.
+        each stage; `on_log(line)` for each line of the agent's output as it is written (within the log
+        cap). `caller` (host/_caller.py, validated) goes into the audit record.
         """
-        run = RunFacts(started=time.monotonic(), on_stage=on_stage)
+        run = RunFacts(started=time.monotonic(), on_stage=on_stage, on_log=on_log,
+                       caller=caller or NO_CALLER)  # fmt: skip
         try:
             run.admission = admit(
                 slug, lockfile=self.lockfile, config=self.config, env=self.env, runtime=runtime
@@ -208,11 +213,13 @@ class SandboxHost:
             self.records.start(run)
             if box is not None:
                 self._active[run.run_id] = box.session
+                box.session.listen_logs(run.on_log)
                 box.session.assign(task, run.gate, run.llm)
                 box.record_run(run.crash_record())
             else:
                 # The task goes in before the workload starts: its first FetchTask never waits on us.
                 session = RunSession(task=task, tools=run.gate, llm=run.llm)
+                session.listen_logs(run.on_log)
                 self._active[run.run_id] = session
                 work = backend.launch(spec, run_id=run.run_id, session=session, run_info=run.crash_record())
                 run.launched(work.stages, sandboxed=a.sandboxed)
@@ -225,8 +232,8 @@ class SandboxHost:
             run.fetched(work.session.fetched_at)
             if ending is not Ending.REPORTED:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
-            if not (self.teardowns.background and a.sandboxed):
-                work.settle_logs(_LOG_SETTLE_SECONDS)  # the last lines, unless a busy host must answer now
+            if not (self.teardowns.background and a.sandboxed) or run.on_log is not None:
+                work.settle_logs(_LOG_SETTLE_SECONDS)  # the last lines (a follower gets them all first)
             outcome = conclude(
                 ending,
                 work,

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from host._caller import CallerInfo, InvalidCaller
 from host._errors import SandboxError
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._pool import PoolSettings
@@ -90,20 +91,30 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         self.host = host
 
     @staticmethod
-    def _validated(request: _RunRequest, context: grpc.ServicerContext) -> dict[str, Any]:
-        """The request's kwargs once the request is valid; else the RPC is refused (on the handler's own
-        thread: `context.abort` raises there, before any run starts or any event is sent)."""
+    def _validated(
+        request: _RunRequest, context: grpc.ServicerContext
+    ) -> tuple[dict[str, Any], CallerInfo]:
+        """The request's kwargs and caller once the request is valid; else the RPC is refused (on the
+        handler's own thread: `context.abort` raises there, before any run starts or any event is sent)."""
         if request.runtime not in ("", *Runtime):
             _invalid(context, "runtime must be runc or runsc")
-        return _kwargs(request.kwargs_json, context)
+        c = request.caller
+        try:
+            caller = CallerInfo.parse(c.tenant, c.request_id, dict(c.labels))
+        except InvalidCaller as exc:
+            _invalid(context, f"caller: {exc}")
+        return _kwargs(request.kwargs_json, context), caller
 
     def _run(
         self,
         request: _RunRequest,
         kwargs: dict[str, Any],
+        caller: CallerInfo,
         context: grpc.ServicerContext,
+        *,
         on_stage: Callable[[str], None] | None = None,
         on_start: Callable[[str], None] | None = None,
+        on_log: Callable[[str], None] | None = None,
     ) -> RunResult:
         run_ids: list[str] = []
 
@@ -124,28 +135,41 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             runtime=request.runtime or None,
             on_stage=on_stage,
             on_start=started,
+            on_log=on_log,
+            caller=caller,
         )
 
     def SubmitRun(
         self, request: runner_pb2.SubmitRunRequest, context: grpc.ServicerContext
     ) -> runner_pb2.SubmitRunResponse:
-        kwargs = self._validated(request, context)
-        return runner_pb2.SubmitRunResponse(report=report_from(self._run(request, kwargs, context)))
+        kwargs, caller = self._validated(request, context)
+        return runner_pb2.SubmitRunResponse(report=report_from(self._run(request, kwargs, caller, context)))
 
     def StreamRun(
         self, request: runner_pb2.StreamRunRequest, context: grpc.ServicerContext
     ) -> Iterator[runner_pb2.StreamRunResponse]:
-        kwargs = self._validated(request, context)
+        kwargs, caller = self._validated(request, context)
         events: queue.Queue[runner_pb2.StreamRunResponse | None] = queue.Queue()
+        run_id: list[str] = []
+
+        def started(rid: str) -> None:
+            run_id.append(rid)
+            events.put(runner_pb2.StreamRunResponse(started_run_id=rid))
+
+        def log(text: str) -> None:
+            line = runner_pb2.LogLine(run_id=run_id[0] if run_id else "", text=text)
+            events.put(runner_pb2.StreamRunResponse(log=line))
 
         def work() -> None:
             try:
                 result = self._run(
                     request,
                     kwargs,
+                    caller,
                     context,
                     on_stage=lambda s: events.put(runner_pb2.StreamRunResponse(stage=s)),
-                    on_start=lambda r: events.put(runner_pb2.StreamRunResponse(started_run_id=r)),
+                    on_start=started,
+                    on_log=log,
                 )
                 events.put(runner_pb2.StreamRunResponse(report=report_from(result)))
             finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -245,6 +246,7 @@ class RunSession:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _host_error_log: RefusalBudget = field(init=False)
     _host_errors_unlogged: int = 0
+    _log_listener: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self._host_error_log = RefusalBudget(
@@ -264,6 +266,18 @@ class RunSession:
             self._host_error_log.spend()
             unlogged, self._host_errors_unlogged = self._host_errors_unlogged, 0
             return unlogged
+
+    def listen_logs(self, listener: Callable[[str], None] | None) -> None:
+        """Where the agent's output lines go as they are written (host/_workload.py feeds `log_line`); lines
+        written before a listener is set (a warm member's boot) are kept in the logs only."""
+        self._log_listener = listener
+
+    def log_line(self, line: str) -> None:
+        """One line of the agent's output, for the listener; a failing listener never stops the drain."""
+        listener = self._log_listener
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener(line)
 
     def assign(self, task: RunTask, tools: ToolGate, llm: LlmSession) -> None:
         """Hand a task to a session built without one; it can happen once."""

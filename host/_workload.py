@@ -30,21 +30,57 @@ LOG_CAP_BYTES = 64 * 1024
 """How much of an agent's stdout/stderr the host keeps; the rest is read and dropped."""
 
 
-class CappedSink:
-    """Keeps the first `cap` bytes of a stream and drops the rest, so a flooding agent costs no memory."""
+MAX_LINE_BYTES = 4096
+"""A live line longer than this is passed on in pieces of this size (the kept logs are not cut)."""
 
-    def __init__(self, cap: int = LOG_CAP_BYTES) -> None:
+
+class CappedSink:
+    """Keeps the first `cap` bytes of a stream and drops the rest, so a flooding agent costs no memory.
+
+    `on_line`, when set, gets each line of the kept bytes as it completes (UTF-8 decoded with replacement,
+    without its line end, at most MAX_LINE_BYTES a piece), then one note when the cap starts dropping:
+    live output is bounded exactly like the kept logs. Lines are the agent's text: whoever shows them on a
+    terminal escapes them first.
+    """
+
+    def __init__(self, cap: int = LOG_CAP_BYTES, on_line: Callable[[str], None] | None = None) -> None:
         self.cap = cap
         self.parts: list[bytes] = []
         self.size = 0
         self.dropped = 0
+        self.on_line = on_line
+        self._partial = bytearray()
 
     def feed(self, chunk: bytes) -> None:
         room = self.cap - self.size
-        if room > 0:
-            self.parts.append(chunk[:room])
-            self.size += min(room, len(chunk))
-        self.dropped += max(0, len(chunk) - max(room, 0))
+        kept = chunk[: max(room, 0)]
+        if kept:
+            self.parts.append(kept)
+            self.size += len(kept)
+            if self.on_line is not None:
+                self._split(kept)
+        beyond = len(chunk) - len(kept)
+        if beyond:
+            first = not self.dropped
+            self.dropped += beyond
+            if first and self.on_line is not None:
+                self.flush()
+                self.on_line(f"[agentnode: output beyond {self.cap} bytes is dropped]")
+
+    def _split(self, data: bytes) -> None:
+        assert self.on_line is not None
+        self._partial += data
+        while (end := self._partial.find(b"\n")) >= 0 or len(self._partial) >= MAX_LINE_BYTES:
+            cut = end if 0 <= end < MAX_LINE_BYTES else MAX_LINE_BYTES
+            line = bytes(self._partial[:cut])
+            del self._partial[: cut + (1 if cut == end else 0)]
+            self.on_line(line.decode("utf-8", "replace").removesuffix("\r"))
+
+    def flush(self) -> None:
+        """Pass on a last line that never got its line end (the stream ended, or the cap was reached)."""
+        if self._partial and self.on_line is not None:
+            line, self._partial = bytes(self._partial), bytearray()
+            self.on_line(line.decode("utf-8", "replace").removesuffix("\r"))
 
     def text(self) -> str:
         out = b"".join(self.parts).decode("utf-8", "replace")
@@ -58,6 +94,8 @@ def drain(chunks: Iterable[bytes], sink: CappedSink) -> None:
     with contextlib.suppress(Exception):
         for chunk in chunks:
             sink.feed(chunk)
+    with contextlib.suppress(Exception):
+        sink.flush()
 
 
 class SocketServer(Protocol):
@@ -93,6 +131,9 @@ class Workload:
     """How long past the run's deadline the watch loop waits: a workload that enforces the deadline itself
     and reports its own timeout gets that long to do so; the deadline plus this is the backstop."""
 
+    def __post_init__(self) -> None:
+        if self.sink.on_line is None:
+            self.sink.on_line = self.session.log_line  # live lines go to whoever listens to the run
     @staticmethod
     def open_socket(
         run_id: str,

@@ -313,3 +313,27 @@ def test_uninstall_removes_the_volume(
     with pytest.raises(docker.errors.NotFound):
         docker_client.volumes.get(volume)
     assert json_out(cli(state.env, "list", "--json")) == []
+
+
+def test_run_follow_shows_escaped_lines_live_and_the_caller_reaches_the_audit(
+    state: HostState, make_agent: Callable[..., Path]
+) -> None:
+    slug = unique()
+    install(state.env, make_agent(slug, """
+        def run(context, **kwargs):
+            print("plain line", flush=True)
+            print("\\x1b]0;pwned\\x07 title", flush=True)
+            return {"ok": True}
+    """))  # fmt: skip
+    proc = cli(state.env, "run", slug, "--follow", "--json", "--tenant", "acme", "--request-id", "r-1",
+               "--label", "team=search")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json_out(proc)["result"] == {"ok": True}  # stdout: exactly the one JSON value
+    assert "| plain line\n" in proc.stderr and "| \\x1b]0;pwned\\x07 title\n" in proc.stderr
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
+    (record,) = json_out(cli(state.env, "audit", "--json", "--slug", slug))
+    check_schema("audit", [record])
+    assert record["caller"] == {"tenant": "acme", "request_id": "r-1", "labels": {"team": "search"}}
+    bad = cli(state.env, "run", slug, "--tenant", "a b")
+    assert bad.returncode == 2 and "tenant must be" in bad.stderr
+    assert len(json_out(cli(state.env, "audit", "--json", "--slug", slug))) == 1  # nothing ran

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,7 +19,9 @@ import pytest
 from host._client import RunnerClient
 from host._doctor import leftover_check
 from host._engine import LABEL_OWNER, LABEL_RUN
+from host._events import RunFinished, RunLog, RunStarted
 from host._serve import serve
+from host.aio import AsyncRunnerClient, CallerInfo
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 
@@ -152,13 +155,14 @@ def test_cancel_kills_the_run(
     events: list[object] = []
     t = threading.Thread(target=lambda: events.extend(s.client.stream("sleepy")))
     t.start()
-    _wait_for(lambda: any(isinstance(e, str) and e.startswith("started:") for e in events))
-    run_id = next(e for e in events if isinstance(e, str) and e.startswith("started:")).split(":", 1)[1]
+    _wait_for(lambda: any(isinstance(e, RunStarted) for e in events))
+    run_id = next(e.run_id for e in events if isinstance(e, RunStarted))
     _wait_for(lambda: bool(_labelled(docker_client, f"{LABEL_RUN}={run_id}")))
     assert s.client.cancel(run_id) is True
     t.join(timeout=60)
-    report = events[-1]
-    assert getattr(report, "error_code", None) == "cancelled" and report.run_id == run_id
+    last = events[-1]
+    assert isinstance(last, RunFinished)
+    assert last.result.error_code == "cancelled" and last.result.run_id == run_id
     _wait_for(lambda: not _labelled(docker_client, f"{LABEL_RUN}={run_id}"))
     assert s.client.cancel(run_id) is False
     assert host_state.audit()[-1]["reason"] == "cancelled"
@@ -234,3 +238,77 @@ def test_admin_socket_refuses_other_users(host_state: HostState, served: Callabl
         sys.exit(0)
     """)
     assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 13
+
+
+def test_sixteen_async_runs_stream_their_logs_before_their_results_and_two_are_cancelled(
+    host_state: HostState,
+    make_agent: Callable[..., Path],
+    served: Callable[..., Served],
+    docker_client: docker.DockerClient,
+) -> None:
+    host_state.install(
+        make_agent(
+            "chatty",
+            """
+        import sys, time
+        def run(context, n=0, wait=0, **kwargs):
+            for i in range(3):
+                print(f"run {n} line {i}", flush=True)
+            print(f"run {n} \\x1b[31mstderr\\x1b[0m", file=sys.stderr, flush=True)
+            time.sleep(wait)
+            return {"n": n}
+    """,
+            extra="limits:\n  max_runtime_seconds: 120\n",
+        )
+    )
+    s = served([], pool_size=0)
+    doomed = {3, 11}
+    seen: dict[int, list[object]] = {n: [] for n in range(16)}
+
+    async def one(client: AsyncRunnerClient, n: int) -> tuple[int, list[object]]:
+        caller = CallerInfo.parse(tenant="acme", request_id=f"req-{n}", labels={"batch": "b1"})
+        async for event in client.stream("chatty", kwargs={"n": n, "wait": 90 if n in doomed else 0},
+                                         caller=caller):  # fmt: skip
+            seen[n].append(event)
+        return n, seen[n]
+
+    def sleeping(n: int) -> bool:
+        """The run wrote its four lines: its agent is in its long sleep."""
+        return sum(isinstance(e, RunLog) for e in seen[n]) == 4
+
+    async def main() -> tuple[list[tuple[int, list[object]]], list[BaseException]]:
+        async with AsyncRunnerClient(s.socket) as client:
+            tasks = {n: asyncio.create_task(one(client, n)) for n in range(16)}
+            deadline = time.monotonic() + 240
+            while not all(sleeping(n) for n in doomed):
+                assert time.monotonic() < deadline, "the long runs never started"
+                await asyncio.sleep(0.1)
+            for n in doomed:
+                tasks[n].cancel()  # the task's cancellation cancels its run on the host
+            done = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        finished = [d for d in done if isinstance(d, tuple)]
+        errors = [d for d in done if isinstance(d, BaseException)]
+        return finished, errors
+
+    finished, errors = asyncio.run(main())
+    assert len(errors) == 2 and all(isinstance(e, asyncio.CancelledError) for e in errors)
+    assert sorted(n for n, _ in finished) == sorted(set(range(16)) - doomed)
+    for n, events in finished:
+        kinds = [type(e) for e in events]
+        assert kinds.count(RunStarted) == 1 and kinds[-1] is RunFinished, events
+        assert kinds.index(RunStarted) < kinds.index(RunLog)  # a line always names a started run
+        result = events[-1].result
+        assert result.success and result.result == {"n": n}, (result.error_code, result.error)
+        lines = [e.text for e in events if isinstance(e, RunLog)]
+        assert all(e.run_id == result.run_id for e in events if isinstance(e, RunLog))
+        # every line the agent wrote came before its result, as written (the agent's text, unescaped)
+        written = [f"run {n} line {i}" for i in range(3)] + [f"run {n} \x1b[31mstderr\x1b[0m"]
+        assert sorted(lines) == sorted(written)
+    _wait_for(lambda: not _ours(docker_client, "chatty"))
+    audit = host_state.audit()
+    assert len(audit) == 16
+    assert sorted(a["reason"] for a in audit) == ["agent_completed"] * 14 + ["cancelled"] * 2
+    by_request = {a["caller"]["request_id"]: a for a in audit}
+    assert sorted(by_request) == sorted(f"req-{n}" for n in range(16))
+    assert all(a["caller"]["tenant"] == "acme" and a["caller"]["labels"] == {"batch": "b1"} for a in audit)
+    assert {by_request[f"req-{n}"]["reason"] for n in doomed} == {"cancelled"}

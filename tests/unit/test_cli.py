@@ -753,8 +753,12 @@ def test_a_failed_runs_error_and_hint_reach_the_terminal_escaped_on_two_lines(
     assert out == ""
     assert_terminal_safe(err)
     lines = err.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("error: \\x1b[2K") and lines[1].startswith("hint: try ")
-    assert lines[0].endswith("\\n\\x00 [agent_exception]")
+    assert lines[-2].startswith("error: \\x1b[2K") and lines[-1].startswith("hint: try ")
+    # Before them, the agent's last output lines, escaped like everything else (one terminal line each).
+    logged = HOSTILE.splitlines()[-10:]
+    assert lines[0] == f"the agent's last {len(logged)} output line(s):" and len(lines) == len(logged) + 3
+    assert all(line.startswith("| ") for line in lines[1:-2])
+    assert lines[-2].endswith("\\n\\x00 [agent_exception]")
 
 
 def test_a_failed_runs_json_keeps_the_text_exact_and_escaped_by_json(
@@ -974,7 +978,8 @@ def test_a_host_path_agents_exception_text_is_escaped(env: dict[str, str], tmp_p
     human = cli(env, "run", "painter")
     assert human.returncode == 1 and human.stdout == ""
     assert_terminal_safe(human.stderr, cr=False)
-    assert len(human.stderr.splitlines()) == 1  # one error line (an agent failure has no hint)
+    lines = human.stderr.splitlines()  # the agent's last output lines (its traceback), then the error
+    assert lines[-1].startswith("error: ") and all(line.startswith("| ") for line in lines[1:-1])
     proc = cli(env, "run", "painter", "--arg", 'mode="inf"', "--json")
     assert proc.returncode == 1
     out = strict_json(proc.stdout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from host._caller import CallerInfo
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult
 from host._serve import build_admin_server
@@ -22,13 +24,21 @@ class FakeHost:
 
     def __init__(self) -> None:
         self.runs: list[dict[str, Any]] = []
+        self.cancelled = threading.Event()
 
     def run(self, slug: str, **kwargs: Any) -> RunResult:
         self.runs.append({"slug": slug, **kwargs})
         kwargs["on_start"]("run-1")
+        if kwargs.get("on_log") is not None:
+            for line in ("first line", "\x1b[31mred\x1b[0m"):
+                kwargs["on_log"](line)
+        if slug == "slow":  # until the caller goes away
+            self.cancelled.wait(30)
+            return RunResult(success=False, error="cancelled", error_code="cancelled", run_id="run-1")
         return RunResult(success=True, result={"ok": True}, run_id="run-1")
 
     def cancel(self, run_id: str) -> bool:
+        self.cancelled.set()
         return False
 
 
@@ -52,6 +62,12 @@ BAD_REQUESTS = {
     "kwargs_not_json": ({"kwargs_json": "{"}, "kwargs_json must be a strict JSON object"),
     "kwargs_not_object": ({"kwargs_json": "[1]"}, "kwargs_json must be a strict JSON object"),
     "kwargs_not_finite": ({"kwargs_json": '{"x": NaN}'}, "kwargs_json must be a strict JSON object"),
+    "tenant": ({"caller": runner_pb2.CallerMetadata(tenant="a b")}, "caller: tenant must be"),
+    "request_id": ({"caller": runner_pb2.CallerMetadata(request_id="x" * 129)}, "caller: request_id must"),
+    "label_name": ({"caller": runner_pb2.CallerMetadata(labels={"Bad": "v"})}, "caller: a label name"),
+    "label_value": ({"caller": runner_pb2.CallerMetadata(labels={"k": "\x1b]0;x"})}, "caller: label k:"),
+    "labels": ({"caller": runner_pb2.CallerMetadata(labels={f"k{i}": "" for i in range(17)})},
+               "caller: at most 16 labels"),
 }
 
 
@@ -81,11 +97,17 @@ def test_a_malformed_request_is_refused_before_any_run(
 
 def test_a_valid_request_runs_and_streams_started_then_the_report(admin: tuple[FakeHost, Any]) -> None:
     host, stub = admin
-    events = _stream(stub, {"runtime": "runsc", "kwargs_json": '{"n": 1}'})
-    assert [e.WhichOneof("event") for e in events] == ["started_run_id", "report"]
+    caller = runner_pb2.CallerMetadata(tenant="acme", request_id="req-1", labels={"team": "search"})
+    events = _stream(stub, {"runtime": "runsc", "kwargs_json": '{"n": 1}', "caller": caller})
+    assert [e.WhichOneof("event") for e in events] == ["started_run_id", "log", "log", "report"]
+    assert [(e.log.run_id, e.log.text) for e in events[1:3]] == [
+        ("run-1", "first line"), ("run-1", "\x1b[31mred\x1b[0m"),  # the agent's text, as written
+    ]  # fmt: skip
     assert events[-1].report.success and events[-1].report.result_json == '{"ok": true}'
     assert _submit(stub, {}).report.run_id == "run-1"
     assert [(r["runtime"], r["kwargs"]) for r in host.runs] == [("runsc", {"n": 1}), (None, {})]
+    assert host.runs[0]["caller"] == CallerInfo("acme", "req-1", {"team": "search"})
+    assert host.runs[1]["caller"].empty and host.runs[1]["on_log"] is None  # SubmitRun streams nothing
 
 
 def test_cancel_of_an_unknown_run_is_an_answer_not_an_error(admin: tuple[FakeHost, Any]) -> None:

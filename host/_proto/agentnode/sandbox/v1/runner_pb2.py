@@ -24,31 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-host/_proto/agentnode/sandbox/v1/runner.proto\x12\x14\x61gentnode.sandbox.v1\"b\n\x10SubmitRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\tB\x07\n\x05_goal\"D\n\x11SubmitRunResponse\x12/\n\x06report\x18\x01 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReport\"b\n\x10StreamRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\tB\x07\n\x05_goal\"z\n\x11StreamRunResponse\x12\x18\n\x0estarted_run_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05stage\x18\x02 \x01(\tH\x00\x12\x31\n\x06report\x18\x03 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReportH\x00\x42\x07\n\x05\x65vent\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"&\n\x11\x43\x61ncelRunResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xbc\x02\n\tRunReport\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x11\n\tmode_used\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x11\n\ttimed_out\x18\x07 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x08 \x01(\r\x12\x0c\n\x04hint\x18\t \x01(\t\x12\x0c\n\x04logs\x18\n \x01(\t\x12\x0c\n\x04warm\x18\x0b \x01(\x08\x12@\n\tstages_ms\x18\x0c \x03(\x0b\x32-.agentnode.sandbox.v1.RunReport.StagesMsEntry\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xab\x02\n\rRunnerService\x12\\\n\tSubmitRun\x12&.agentnode.sandbox.v1.SubmitRunRequest\x1a\'.agentnode.sandbox.v1.SubmitRunResponse\x12^\n\tStreamRun\x12&.agentnode.sandbox.v1.StreamRunRequest\x1a\'.agentnode.sandbox.v1.StreamRunResponse0\x01\x12\\\n\tCancelRun\x12&.agentnode.sandbox.v1.CancelRunRequest\x1a\'.agentnode.sandbox.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-host/_proto/agentnode/sandbox/v1/runner.proto\x12\x14\x61gentnode.sandbox.v1\"\x98\x01\n\x10SubmitRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12\x34\n\x06\x63\x61ller\x18\x05 \x01(\x0b\x32$.agentnode.sandbox.v1.CallerMetadataB\x07\n\x05_goal\"\xa5\x01\n\x0e\x43\x61llerMetadata\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12@\n\x06labels\x18\x03 \x03(\x0b\x32\x30.agentnode.sandbox.v1.CallerMetadata.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x11SubmitRunResponse\x12/\n\x06report\x18\x01 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReport\"\x98\x01\n\x10StreamRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12\x34\n\x06\x63\x61ller\x18\x05 \x01(\x0b\x32$.agentnode.sandbox.v1.CallerMetadataB\x07\n\x05_goal\"\xa8\x01\n\x11StreamRunResponse\x12\x18\n\x0estarted_run_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05stage\x18\x02 \x01(\tH\x00\x12\x31\n\x06report\x18\x03 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReportH\x00\x12,\n\x03log\x18\x04 \x01(\x0b\x32\x1d.agentnode.sandbox.v1.LogLineH\x00\x42\x07\n\x05\x65vent\"\'\n\x07LogLine\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"&\n\x11\x43\x61ncelRunResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xbc\x02\n\tRunReport\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x11\n\tmode_used\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x11\n\ttimed_out\x18\x07 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x08 \x01(\r\x12\x0c\n\x04hint\x18\t \x01(\t\x12\x0c\n\x04logs\x18\n \x01(\t\x12\x0c\n\x04warm\x18\x0b \x01(\x08\x12@\n\tstages_ms\x18\x0c \x03(\x0b\x32-.agentnode.sandbox.v1.RunReport.StagesMsEntry\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xab\x02\n\rRunnerService\x12\\\n\tSubmitRun\x12&.agentnode.sandbox.v1.SubmitRunRequest\x1a\'.agentnode.sandbox.v1.SubmitRunResponse\x12^\n\tStreamRun\x12&.agentnode.sandbox.v1.StreamRunRequest\x1a\'.agentnode.sandbox.v1.StreamRunResponse0\x01\x12\\\n\tCancelRun\x12&.agentnode.sandbox.v1.CancelRunRequest\x1a\'.agentnode.sandbox.v1.CancelRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'host._proto.agentnode.sandbox.v1.runner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_CALLERMETADATA_LABELSENTRY']._loaded_options = None
+  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_RUNREPORT_STAGESMSENTRY']._loaded_options = None
   _globals['_RUNREPORT_STAGESMSENTRY']._serialized_options = b'8\001'
-  _globals['_SUBMITRUNREQUEST']._serialized_start=71
-  _globals['_SUBMITRUNREQUEST']._serialized_end=169
-  _globals['_SUBMITRUNRESPONSE']._serialized_start=171
-  _globals['_SUBMITRUNRESPONSE']._serialized_end=239
-  _globals['_STREAMRUNREQUEST']._serialized_start=241
-  _globals['_STREAMRUNREQUEST']._serialized_end=339
-  _globals['_STREAMRUNRESPONSE']._serialized_start=341
-  _globals['_STREAMRUNRESPONSE']._serialized_end=463
-  _globals['_CANCELRUNREQUEST']._serialized_start=465
-  _globals['_CANCELRUNREQUEST']._serialized_end=499
-  _globals['_CANCELRUNRESPONSE']._serialized_start=501
-  _globals['_CANCELRUNRESPONSE']._serialized_end=539
-  _globals['_RUNREPORT']._serialized_start=542
-  _globals['_RUNREPORT']._serialized_end=858
-  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_start=811
-  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_end=858
-  _globals['_RUNNERSERVICE']._serialized_start=861
-  _globals['_RUNNERSERVICE']._serialized_end=1160
+  _globals['_SUBMITRUNREQUEST']._serialized_start=72
+  _globals['_SUBMITRUNREQUEST']._serialized_end=224
+  _globals['_CALLERMETADATA']._serialized_start=227
+  _globals['_CALLERMETADATA']._serialized_end=392
+  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_start=347
+  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_end=392
+  _globals['_SUBMITRUNRESPONSE']._serialized_start=394
+  _globals['_SUBMITRUNRESPONSE']._serialized_end=462
+  _globals['_STREAMRUNREQUEST']._serialized_start=465
+  _globals['_STREAMRUNREQUEST']._serialized_end=617
+  _globals['_STREAMRUNRESPONSE']._serialized_start=620
+  _globals['_STREAMRUNRESPONSE']._serialized_end=788
+  _globals['_LOGLINE']._serialized_start=790
+  _globals['_LOGLINE']._serialized_end=829
+  _globals['_CANCELRUNREQUEST']._serialized_start=831
+  _globals['_CANCELRUNREQUEST']._serialized_end=865
+  _globals['_CANCELRUNRESPONSE']._serialized_start=867
+  _globals['_CANCELRUNRESPONSE']._serialized_end=905
+  _globals['_RUNREPORT']._serialized_start=908
+  _globals['_RUNREPORT']._serialized_end=1224
+  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_start=1177
+  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_end=1224
+  _globals['_RUNNERSERVICE']._serialized_start=1227
+  _globals['_RUNNERSERVICE']._serialized_end=1526
 # @@protoc_insertion_point(module_scope)

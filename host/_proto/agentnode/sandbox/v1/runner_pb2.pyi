@@ -7,16 +7,35 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRunRequest(_message.Message):
-    __slots__ = ("slug", "goal", "kwargs_json", "runtime")
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller")
     SLUG_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
     slug: str
     goal: str
     kwargs_json: str
     runtime: str
-    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ...) -> None: ...
+    caller: CallerMetadata
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ...) -> None: ...
+
+class CallerMetadata(_message.Message):
+    __slots__ = ("tenant", "request_id", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    request_id: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SubmitRunResponse(_message.Message):
     __slots__ = ("report",)
@@ -25,26 +44,38 @@ class SubmitRunResponse(_message.Message):
     def __init__(self, report: _Optional[_Union[RunReport, _Mapping]] = ...) -> None: ...
 
 class StreamRunRequest(_message.Message):
-    __slots__ = ("slug", "goal", "kwargs_json", "runtime")
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller")
     SLUG_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
     slug: str
     goal: str
     kwargs_json: str
     runtime: str
-    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ...) -> None: ...
+    caller: CallerMetadata
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ...) -> None: ...
 
 class StreamRunResponse(_message.Message):
-    __slots__ = ("started_run_id", "stage", "report")
+    __slots__ = ("started_run_id", "stage", "report", "log")
     STARTED_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
     started_run_id: str
     stage: str
     report: RunReport
-    def __init__(self, started_run_id: _Optional[str] = ..., stage: _Optional[str] = ..., report: _Optional[_Union[RunReport, _Mapping]] = ...) -> None: ...
+    log: LogLine
+    def __init__(self, started_run_id: _Optional[str] = ..., stage: _Optional[str] = ..., report: _Optional[_Union[RunReport, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ...) -> None: ...
+
+class LogLine(_message.Message):
+    __slots__ = ("run_id", "text")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    text: str
+    def __init__(self, run_id: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id",)

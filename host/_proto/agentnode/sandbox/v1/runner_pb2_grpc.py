@@ -66,8 +66,9 @@ class RunnerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamRun(self, request, context):
-        """StreamRun runs an installed agent and streams its progress: first `started` (with the run id), then
-        one `stage` per stage passed, then the final `report`. The request is checked like SubmitRun's: a
+        """StreamRun runs an installed agent and streams its progress as it happens: one `stage` per stage
+        passed, `started` (with the run id) once the workload serves the run (the first stages come before it),
+        one `log` per line the agent writes (all after `started`), then the final `report` (after every `log`). The request is checked like SubmitRun's: a
         malformed one fails with INVALID_ARGUMENT / INVALID_REQUEST before any event. Cancelling it cancels
         the run.
         """

@@ -1,0 +1,99 @@
+"""Who asked for a run: the caller's tenant, request id and free labels, validated before any run starts.
+
+An operator's service tags each run so its own logs, bills and traces can be joined with the audit record.
+The values are the operator's, never the agent's, but they still reach a terminal (`audit`) and log files,
+so they are held to short, fixed alphabets (no spaces, quotes, control or non-ASCII characters) and a
+bounded count: a bad value is refused with a message naming the field and the rule, before anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_TENANT_CHARS = 64
+MAX_REQUEST_ID_CHARS = 128
+MAX_LABELS = 16
+MAX_LABEL_KEY_CHARS = 63
+MAX_LABEL_VALUE_CHARS = 128
+
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+_LABEL_KEY = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9._:/+=@-]{0,128}")
+
+
+class InvalidCaller(ValueError):
+    """A caller metadata value broke its rule; the message names the field and the rule, never the value."""
+
+
+@dataclass(frozen=True)
+class CallerInfo:
+    """The caller's metadata for one run (all optional); construct it with `CallerInfo.parse` to validate."""
+
+    tenant: str = ""
+    request_id: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, tenant: Any = "", request_id: Any = "", labels: Any = None) -> CallerInfo:
+        """Validated metadata; raises InvalidCaller naming the first rule broken.
+
+        - tenant: empty, or 1-64 of `A-Z a-z 0-9 . _ : -`, starting with a letter or digit;
+        - request_id: empty, or 1-128 of `A-Z a-z 0-9 . _ : / + = -` (UUIDs, ULIDs, trace ids);
+        - labels: at most 16; keys 1-63 of lower-case `a-z 0-9 . _ -`, starting and ending with a letter or
+          digit; values 0-128 of `A-Z a-z 0-9 . _ : / + = @ -`.
+        """
+        if not isinstance(tenant, str) or (tenant and not _TENANT.fullmatch(tenant)):
+            raise InvalidCaller(
+                f"tenant must be 1-{MAX_TENANT_CHARS} characters of A-Z a-z 0-9 . _ : - "
+                "starting with a letter or digit"
+            )
+        if not isinstance(request_id, str) or (request_id and not _REQUEST_ID.fullmatch(request_id)):
+            raise InvalidCaller(
+                f"request_id must be 1-{MAX_REQUEST_ID_CHARS} characters of A-Z a-z 0-9 . _ : / + = -"
+            )
+        raw = {} if labels is None else labels
+        if not isinstance(raw, Mapping):
+            raise InvalidCaller("labels must be a mapping of label names to values")
+        if len(raw) > MAX_LABELS:
+            raise InvalidCaller(f"at most {MAX_LABELS} labels")
+        checked: dict[str, str] = {}
+        for key, value in raw.items():
+            if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key):
+                raise InvalidCaller(
+                    f"a label name must be 1-{MAX_LABEL_KEY_CHARS} characters of a-z 0-9 . _ - "
+                    "starting and ending with a letter or digit"
+                )
+            if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+                raise InvalidCaller(
+                    f"label {key}: a value must be 0-{MAX_LABEL_VALUE_CHARS} characters of "
+                    "A-Z a-z 0-9 . _ : / + = @ -"
+                )
+            checked[key] = value
+        return cls(tenant=tenant, request_id=request_id, labels=dict(sorted(checked.items())))
+
+    @property
+    def empty(self) -> bool:
+        return not (self.tenant or self.request_id or self.labels)
+
+    def record(self) -> dict[str, Any]:
+        """The audit record's `caller` object: every field, empty ones as "" and {}."""
+        return {"tenant": self.tenant, "request_id": self.request_id, "labels": dict(self.labels)}
+
+
+NO_CALLER = CallerInfo()
+
+
+__all__ = [
+    "MAX_LABELS",
+    "MAX_LABEL_KEY_CHARS",
+    "MAX_LABEL_VALUE_CHARS",
+    "MAX_REQUEST_ID_CHARS",
+    "MAX_TENANT_CHARS",
+    "NO_CALLER",
+    "CallerInfo",
+    "InvalidCaller",
+]

@@ -1,0 +1,172 @@
+"""The admin API's wire, once for the sync and async clients: requests, typed events, results, errors.
+
+A caller switching on strings breaks silently when a stage is renamed; a followed run's events are
+dataclasses matched by type (`match event: case RunLog(text=...)`). An RPC failure becomes one of the
+host's documented errors (`rpc_error`), so a malformed request is never reported as a host that is down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from host._caller import CallerInfo
+from host._errors import AuditReason, EngineError, InvalidRequest, SandboxError
+from host._json import JsonRejected, dumps_strict, loads_strict
+from host._proto.agentnode.sandbox.v1 import runner_pb2
+from host._result import RunResult
+from host._terminal import safe_line
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The admin server's message cap, both directions."""
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """The run has its id (first event)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RunStage:
+    """The run passed a stage (routed, verified, claimed, started, agent_done, ...)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """One line the agent wrote, as it wrote it (bounded like the run's logs). The agent's text: escape it
+    (host._terminal.safe_line) before it reaches a terminal."""
+
+    run_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """The run ended (last event; every RunLog of the run came before it)."""
+
+    result: RunResult
+
+
+RunEvent = RunStarted | RunStage | RunLog | RunFinished
+
+
+def event_from(message: runner_pb2.StreamRunResponse) -> RunEvent | None:
+    """The typed event of one StreamRun message; None for an event this client does not know (a newer
+    host's), which a caller can skip."""
+    which = message.WhichOneof("event")
+    if which == "started_run_id":
+        return RunStarted(message.started_run_id)
+    if which == "stage":
+        return RunStage(message.stage)
+    if which == "log":
+        return RunLog(message.log.run_id, message.log.text)
+    if which == "report":
+        return RunFinished(result_from(message.report))
+    return None
+
+
+def result_from(report: runner_pb2.RunReport) -> RunResult:
+    """The host-side RunResult of a wire report; a result that is not strict JSON is a failed run."""
+    result: Any = None
+    if report.result_json:  # a failed run may carry one too (a sequential run's steps_completed)
+        try:
+            result = loads_strict(report.result_json)
+        except JsonRejected:
+            if report.success:  # a failed run's own result that is not strict JSON is dropped
+                return RunResult(
+                    success=False,
+                    error="the run's result is not strict JSON (a non-finite number?)",
+                    error_code="result_not_serializable",
+                    mode_used=report.mode_used,
+                    run_id=report.run_id,
+                    duration_ms=report.duration_ms,
+                    logs=report.logs,
+                )
+    return RunResult(
+        success=report.success,
+        result=result,
+        error=report.error,
+        error_code=report.error_code,
+        mode_used=report.mode_used,
+        run_id=report.run_id,
+        timed_out=report.timed_out,
+        duration_ms=report.duration_ms,
+        hint=report.hint,
+        logs=report.logs,
+        warm=report.warm,
+        stages=dict(report.stages_ms),
+    )
+
+
+def request_fields(
+    slug: str,
+    goal: str | None,
+    kwargs: Mapping[str, Any] | None,
+    runtime: str | None,
+    caller: CallerInfo | None,
+) -> dict[str, Any]:
+    """The fields of a SubmitRun / StreamRun request."""
+    fields: dict[str, Any] = {
+        "slug": slug,
+        "kwargs_json": dumps_strict(dict(kwargs or {})),
+        "runtime": runtime or "",
+    }
+    if goal is not None:
+        fields["goal"] = goal
+    if caller is not None:
+        fields["caller"] = runner_pb2.CallerMetadata(
+            tenant=caller.tenant, request_id=caller.request_id, labels=dict(caller.labels)
+        )
+    return fields
+
+
+def rpc_error(err: grpc.RpcError, socket_path: str) -> SandboxError:
+    """The documented error for a failed admin RPC (cancellation is not one: callers re-raise it):
+
+    - INVALID_ARGUMENT (reason INVALID_REQUEST) and RESOURCE_EXHAUSTED: InvalidRequest, with the host's
+      message: the request was refused, the host is fine;
+    - UNAVAILABLE: EngineError "nothing answers" (no host, or it is shutting down);
+    - anything else: EngineError naming the status.
+    """
+    code = err.code() if callable(getattr(err, "code", None)) else None
+    details = err.details() if callable(getattr(err, "details", None)) else ""
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        message = safe_line(str(details or "the host refused the request")).removeprefix("INVALID_REQUEST: ")
+        return InvalidRequest(message, hint="fix the request; nothing ran")
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return InvalidRequest("the request is larger than the host accepts (16 MiB)", hint="send less")
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return EngineError(
+            f"nothing answers on {socket_path}",
+            reason=AuditReason.ENGINE_UNAVAILABLE,
+            hint="start the host: agentnode-sandbox serve (the admin socket is owner-only)",
+            check="serve",
+        )
+    name = code.name if code is not None else "UNKNOWN"
+    return EngineError(
+        f"the host at {socket_path} did not answer ({name})",
+        reason=AuditReason.ENGINE_UNAVAILABLE,
+        hint="see the host's log; restart it if it is stuck: agentnode-sandbox serve",
+        check="serve",
+    )
+
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "RunEvent",
+    "RunFinished",
+    "RunLog",
+    "RunStage",
+    "RunStarted",
+    "event_from",
+    "request_fields",
+    "result_from",
+    "rpc_error",
+]

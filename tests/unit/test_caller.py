@@ -1,0 +1,72 @@
+"""Caller metadata (host/_caller.py) and live log lines (host/_workload.CappedSink): bounded, validated, and
+never passing on more than the logs keep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from host._caller import MAX_LABELS, CallerInfo, InvalidCaller
+from host._workload import MAX_LINE_BYTES, CappedSink
+
+
+def test_valid_metadata_is_kept_with_labels_sorted() -> None:
+    info = CallerInfo.parse("acme-eu.1", "01J9ZQ:req/7+x=", {"z": "", "team": "search@eu"})
+    assert info.record() == {"tenant": "acme-eu.1", "request_id": "01J9ZQ:req/7+x=",
+                             "labels": {"team": "search@eu", "z": ""}}  # fmt: skip
+    assert CallerInfo.parse().empty and not info.empty
+
+
+@pytest.mark.parametrize(
+    ("fields", "rule"),
+    [
+        ({"tenant": "a b"}, "tenant"),
+        ({"tenant": "-lead"}, "tenant"),
+        ({"tenant": "x" * 65}, "tenant"),
+        ({"tenant": "\x1b[2K"}, "tenant"),
+        ({"tenant": 7}, "tenant"),
+        ({"request_id": "x" * 129}, "request_id"),
+        ({"request_id": "a\nb"}, "request_id"),
+        ({"request_id": "é"}, "request_id"),
+        ({"labels": ["a"]}, "labels must be a mapping"),
+        ({"labels": {f"k{i}": "" for i in range(MAX_LABELS + 1)}}, "at most 16"),
+        ({"labels": {"Team": "x"}}, "label name"),
+        ({"labels": {"team-": "x"}}, "label name"),
+        ({"labels": {"k" * 64: "x"}}, "label name"),
+        ({"labels": {"k": "a b"}}, "label k"),
+        ({"labels": {"k": "v" * 129}}, "label k"),
+        ({"labels": {"k": 1}}, "label k"),
+    ],
+)
+def test_a_value_that_breaks_its_rule_is_refused_naming_the_field_not_the_value(
+    fields: dict[str, Any], rule: str
+) -> None:
+    with pytest.raises(InvalidCaller) as info:
+        CallerInfo.parse(**fields)
+    assert rule in str(info.value) and isinstance(info.value, ValueError)
+    assert "\x1b" not in str(info.value) and "a b" not in str(info.value)
+
+
+def test_live_lines_are_the_kept_bytes_split_at_line_ends() -> None:
+    lines: list[str] = []
+    sink = CappedSink(cap=64, on_line=lines.append)
+    for chunk in (b"one\ntw", b"o\r\n", "ünï\n".encode(), b"\xff\xfe\n", b"last"):
+        sink.feed(chunk)
+    sink.flush()
+    assert lines == ["one", "two", "ünï", "\ufffd\ufffd", "last"]
+    assert sink.text().startswith("one\ntwo\r\n")  # the kept logs are the bytes as written
+
+
+def test_live_lines_stop_where_the_logs_stop_and_long_lines_come_in_pieces() -> None:
+    lines: list[str] = []
+    sink = CappedSink(cap=3 * MAX_LINE_BYTES, on_line=lines.append)
+    sink.feed(b"x" * (2 * MAX_LINE_BYTES + 10) + b"\n")
+    assert [len(line) for line in lines] == [MAX_LINE_BYTES, MAX_LINE_BYTES, 10]
+    sink.feed(b"y" * (2 * MAX_LINE_BYTES))  # passes the cap: the kept part, then one note, then nothing
+    sink.feed(b"z\n" * 1000)
+    kept = 3 * MAX_LINE_BYTES - (2 * MAX_LINE_BYTES + 11)
+    assert lines[3] == "y" * kept
+    assert lines[4] == f"[agentnode: output beyond {3 * MAX_LINE_BYTES} bytes is dropped]" and len(lines) == 5
+    sink.flush()
+    assert len(lines) == 5 and sink.dropped == 2 * MAX_LINE_BYTES - kept + 2000
