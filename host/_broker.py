@@ -16,6 +16,7 @@ or chained.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import dataclasses
 import logging
 import math
@@ -659,6 +660,13 @@ def _resolve(
         return _Resolution(
             None, provider, model, source, key_var, key_source,
             f"no base URL for {provider}: set agent_sandbox.llm.base_url or {url_var}",
+        )  # fmt: skip
+    sdk = "anthropic" if provider == "anthropic" else "openai"  # openrouter and compatible servers: openai's
+    if importlib.util.find_spec(sdk) is None:
+        return _Resolution(
+            None, provider, model, source, key_var, key_source,
+            f"the {sdk} SDK is not installed in the host's environment: "
+            f"pip install 'agentnode-sandbox[{sdk}]'",
         )  # fmt: skip
     binding = _Binding(provider=provider, model=model, base_url=url, api_key=key)
     return _Resolution(binding, provider, model, source, key_var, key_source)

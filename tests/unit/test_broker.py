@@ -1046,3 +1046,19 @@ def test_no_key_from_any_source_leaks_into_describe_refusals_or_logs(
     seen.append(caplog.text)
     for secret in (FILE_KEY, AGENT_KEY, CANARY, "sk-anthropic-K", "sk-or-K", SECRET_IN_ERROR_BODY):
         assert all(secret not in text for text in seen), secret
+
+
+def test_a_provider_whose_sdk_is_not_installed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "anthropic" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    broker = LlmBroker(LlmHostConfig(), env={"ANTHROPIC_API_KEY": "sk-ant-test"})
+    described = broker.describe()
+    assert described["configured"] is False and described["provider"] == "anthropic"
+    assert "pip install 'agentnode-sandbox[anthropic]'" in described["unavailable"]
+    assert "sk-ant-test" not in repr(described)
+    assert LlmBroker(LlmHostConfig(), env={"OPENAI_API_KEY": "sk-test"}).describe()["configured"] is True
