@@ -16,8 +16,8 @@ or chained.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import dataclasses
+import importlib.util
 import logging
 import math
 import os

@@ -242,18 +242,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from host._config import load_config
-    from host._serve import default_admin_socket, serve
+    from host._serve import default_admin_socket, parse_address, serve
 
+    if args.metrics is not None:
+        try:
+            parse_address(args.metrics)
+        except ValueError as exc:
+            raise _UsageError(str(exc)) from None
     socket_path = Path(args.socket) if args.socket else default_admin_socket(load_config().paths.dir)
 
     def ready(path: str) -> None:
         if args.json:
-            sys.stdout.write(_json_line({"socket": path, "warm": args.warm}) + "\n")
+            line = {"socket": path, "warm": args.warm, "metrics": args.metrics}
+            sys.stdout.write(_json_line(line) + "\n")
             sys.stdout.flush()
         warm = ", ".join(safe_token(slug) for slug in args.warm) or "none"
-        _say(f"serving on {safe_line(path)} (warm: {warm}); stop with SIGTERM", err=True)
+        metrics = f", metrics on http://{safe_line(args.metrics)}/metrics" if args.metrics else ""
+        _say(f"serving on {safe_line(path)} (warm: {warm}){metrics}; stop with SIGTERM", err=True)
 
-    serve(socket_path, warm=args.warm, ready=ready, drain_seconds=args.drain_seconds)
+    serve(socket_path, warm=args.warm, ready=ready, drain_seconds=args.drain_seconds,
+          metrics_address=args.metrics)  # fmt: skip
     return EXIT_OK
 
 
@@ -669,6 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")
     sv.add_argument("--warm", action="append", metavar="SLUG", default=[], help="keep a warm pool for SLUG")
     sv.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, let runs finish this long")
+    sv.add_argument("--metrics", metavar="HOST:PORT",
+                    help="serve Prometheus metrics at http://HOST:PORT/metrics (opt-in; :PORT: 127.0.0.1)")
 
     i = command("install", cmd_install, "install an agent pack or toolpack")
     i.add_argument("path")

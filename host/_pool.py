@@ -66,6 +66,10 @@ class WarmPools:
         self._closed = False
         self.launch_failures = 0
         self.retired_pools = 0
+        self.hits = 0
+        """Claims of a pooled agent that got a member."""
+        self.misses = 0
+        """Claims of a pooled agent that found none (the run started cold)."""
         self._filler = threading.Thread(target=self._fill_loop, daemon=True, name="agentnode-pool-filler")
         self._filler.start()
 
@@ -97,6 +101,9 @@ class WarmPools:
                 pick = next((b for b in members if not b.exited), None)
             if pick is not None:
                 members.remove(pick)
+                self.hits += 1
+            elif key in self._specs:
+                self.misses += 1
             self._cond.notify_all()
         return pick
 

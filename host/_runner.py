@@ -21,6 +21,7 @@ from host._engine import ContainerLimits, connect, owner_token, sweep_containers
 from host._errors import AuditReason, EngineError, SandboxError
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
+from host._metrics import HostMetrics
 from host._outcome import Ending, conclude, watch
 from host._packs import Lockfile
 from host._pool import PoolSettings, WarmPools
@@ -86,6 +87,8 @@ class SandboxHost:
         self.teardowns = Teardowns(background=async_teardown)
         self.tool_sandboxes = ToolSandboxLauncher(self.docker, self.teardowns, self.config, self.env)
         self._active: dict[str, RunSession] = {}
+        self.metrics = HostMetrics()  # counted at each run's end, from its audit facts (host/_metrics.py)
+        self.metrics.watch(lambda: len(self._active), lambda: self.pools)
 
     @property
     def pools(self) -> WarmPools | None:
@@ -180,6 +183,7 @@ class SandboxHost:
                                 timed_out=result.timed_out, slug=slug):  # fmt: skip
             self.audit_failures += 1
             result = withheld(result, self.records.hint)
+        self.metrics.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
         run.mark("done")
         return result
 

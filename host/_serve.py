@@ -29,6 +29,18 @@ DEFAULT_ADMIN_SOCKET = "agentnode-admin.sock"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
+RUNNER_SERVICE = "agentnode.sandbox.v1.RunnerService"
+"""The admin service's full name, as grpc.health.v1 checks it."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (or `:PORT`, meaning 127.0.0.1) as (host, port); ValueError naming the form otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a metrics address is HOST:PORT (port 1-65535), got {text!r}")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
 def default_admin_socket(config_dir: Path) -> Path:
     """The admin socket lives beside the config, where only its owner can reach it."""
     return config_dir / DEFAULT_ADMIN_SOCKET
@@ -185,8 +197,11 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         return runner_pb2.CancelRunResponse(cancelled=self.host.cancel(request.run_id))
 
 
-def build_admin_server(host: SandboxHost, socket_path: Path, *, max_workers: int = 32) -> grpc.Server:
-    """Build (not start) the admin server on `socket_path`; its directory is made owner-only first."""
+def build_admin_server(
+    host: SandboxHost, socket_path: Path, *, max_workers: int = 32, health: Any = None
+) -> grpc.Server:
+    """Build (not start) the admin server on `socket_path`; its directory is made owner-only first. With
+    `health` (grpc_health's HealthServicer) it also serves the standard grpc.health.v1 service."""
     socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(socket_path.parent, 0o700)
     socket_path.unlink(missing_ok=True)
@@ -199,6 +214,10 @@ def build_admin_server(host: SandboxHost, socket_path: Path, *, max_workers: int
     )
     register: Callable[[Any, grpc.Server], None] = runner_pb2_grpc.add_RunnerServiceServicer_to_server
     register(RunnerServicer(host), server)
+    if health is not None:
+        from grpc_health.v1 import health_pb2_grpc  # noqa: PLC0415  (serve only)
+
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if server.add_insecure_port(f"unix:{socket_path}") == 0:
         raise SandboxError(
             f"could not bind the admin socket {socket_path}",
@@ -215,8 +234,16 @@ def serve(
     ready: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     drain_seconds: float = 30.0,
+    metrics_address: str | None = None,
 ) -> None:
-    """Run the long-running host until SIGTERM/SIGINT (or `stop`), then drain, cancel and clean up."""
+    """Run the long-running host until SIGTERM/SIGINT (or `stop`), then drain, cancel and clean up.
+
+    The admin socket also serves grpc.health.v1 (SERVING while runs are taken, NOT_SERVING from the drain
+    on). `metrics_address` (`HOST:PORT`, opt-in) serves the host's Prometheus metrics over HTTP at /metrics.
+    """
+    from grpc_health.v1 import health, health_pb2  # noqa: PLC0415  (serve only)
+
+    where = parse_address(metrics_address) if metrics_address is not None else None
     probe = SandboxHost(env=env)
     pool_cfg = probe.config.agent_sandbox.pool
     probe.close()
@@ -231,12 +258,26 @@ def serve(
     )
     stop = stop or threading.Event()
     server: grpc.Server | None = None
+    exporter: Any = None
+    checks = health.HealthServicer()
     try:
         host.startup_sweep()
         for slug in warm or []:
             host.prewarm(slug)
-        server = build_admin_server(host, socket_path)
+        server = build_admin_server(host, socket_path, health=checks)
+        if where is not None:
+            from prometheus_client import start_http_server  # noqa: PLC0415
+
+            try:
+                exporter, _thread = start_http_server(where[1], addr=where[0], registry=host.metrics.registry)
+            except OSError as exc:
+                raise SandboxError(
+                    f"could not serve metrics on {where[0]}:{where[1]} ({exc.strerror or exc})",
+                    hint="pick a free address with --metrics HOST:PORT",
+                ) from None
         server.start()
+        for service in ("", RUNNER_SERVICE):
+            checks.set(service, health_pb2.HealthCheckResponse.SERVING)
         os.chmod(socket_path, 0o600)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -245,12 +286,24 @@ def serve(
             ready(str(socket_path))
         stop.wait()
     finally:
+        checks.enter_graceful_shutdown()  # health says NOT_SERVING from here on
         if server is not None:
             # Stop taking new runs; runs in flight get `drain_seconds` to finish, then their RPCs are
             # cancelled, which cancels the runs (their sandboxes are killed).
             server.stop(grace=drain_seconds).wait()
+        if exporter is not None:
+            exporter.shutdown()
+            exporter.server_close()
         host.close()
         socket_path.unlink(missing_ok=True)
 
 
-__all__ = ["RunnerServicer", "build_admin_server", "default_admin_socket", "report_from", "serve"]
+__all__ = [
+    "RUNNER_SERVICE",
+    "RunnerServicer",
+    "build_admin_server",
+    "default_admin_socket",
+    "parse_address",
+    "report_from",
+    "serve",
+]

@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from host._client import RunnerClient
 from host._doctor import leftover_check
@@ -31,7 +36,7 @@ pytestmark = pytest.mark.docker
 class Served:
     """A `serve` loop in a thread of this process, with its admin socket and a persistent client."""
 
-    def __init__(self, state: HostState, warm: list[str]) -> None:
+    def __init__(self, state: HostState, warm: list[str], metrics: str | None = None) -> None:
         self.socket = Path(state.root) / "admin.sock"
         self.stop = threading.Event()
         ready = threading.Event()
@@ -44,6 +49,7 @@ class Served:
                 "ready": lambda _s: ready.set(),
                 "stop": self.stop,
                 "drain_seconds": 5.0,
+                "metrics_address": metrics,
             },
             daemon=True,
         )
@@ -62,9 +68,9 @@ class Served:
 def served(host_state: HostState, make_agent: Callable[..., Path]) -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
-    def start(warm: list[str], pool_size: int = 2) -> Served:
+    def start(warm: list[str], pool_size: int = 2, metrics: str | None = None) -> Served:
         host_state.write_config({"pool": {"size": pool_size, "idle_ttl_seconds": 120}})
-        s = Served(host_state, warm)
+        s = Served(host_state, warm, metrics)
         started.append(s)
         return s
 
@@ -312,3 +318,75 @@ def test_sixteen_async_runs_stream_their_logs_before_their_results_and_two_are_c
     assert sorted(by_request) == sorted(f"req-{n}" for n in range(16))
     assert all(a["caller"]["tenant"] == "acme" and a["caller"]["labels"] == {"batch": "b1"} for a in audit)
     assert {by_request[f"req-{n}"]["reason"] for n in doomed} == {"cancelled"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the metrics endpoint: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_and_health_agree_with_the_audit_after_runs_of_every_outcome(
+    host_state: HostState,
+    make_agent: Callable[..., Path],
+    served: Callable[..., Served],
+    docker_client: docker.DockerClient,
+) -> None:
+    agents = {
+        "fine": "def run(context, **kwargs):\n    return {'ok': True}\n",
+        "broken": "def run(context, **kwargs):\n    raise ValueError('no')\n",
+        "slow": "import time\ndef run(context, **kwargs):\n    time.sleep(30)\n",
+        "sleepy": "import time\ndef run(context, **kwargs):\n    time.sleep(60)\n",
+        "tooler": "def run(context, **kwargs):\n    return context.try_tool('absent-pack')\n",
+    }
+    for slug, source in agents.items():
+        extra = "limits:\n  max_runtime_seconds: 2\n" if slug == "slow" else ""
+        host_state.install(make_agent(slug, source, extra=extra))
+    port = _free_port()
+    s = served([], pool_size=0, metrics=f"127.0.0.1:{port}")
+    with grpc.insecure_channel(f"unix:{s.socket}") as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        for service in ("", "agentnode.sandbox.v1.RunnerService"):
+            answer = check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    for slug in ("fine", "fine", "broken", "slow", "tooler", "not-installed"):
+        s.client.submit(slug)
+    events: list[object] = []
+    t = threading.Thread(target=lambda: events.extend(s.client.stream("sleepy")))
+    t.start()
+    _wait_for(lambda: any(isinstance(e, RunStarted) for e in events))
+    run_id = next(e.run_id for e in events if isinstance(e, RunStarted))
+    _wait_for(lambda: bool(_labelled(docker_client, f"{LABEL_RUN}={run_id}")))
+    assert s.client.cancel(run_id)
+    t.join(timeout=60)
+
+    audit = host_state.audit()
+    samples = _scrape(port)
+    expected: dict[tuple[str, str, str], int] = {}
+    for record in audit:
+        key = ("success" if record["action"] == "allow" else "failure", record["reason"], record["source"])
+        expected[key] = expected.get(key, 0) + 1
+    runs = {
+        (dict(labels)["outcome"], dict(labels)["reason"], dict(labels)["mode"]): int(value)
+        for (name, labels), value in samples.items()
+        if name == "agentnode_runs_total" and value
+    }
+    assert runs == expected and sum(runs.values()) == 7
+    assert {k[1] for k in runs} >= {"agent_completed", "agent_error", "timeout", "not_installed", "cancelled"}
+    assert samples[("agentnode_tool_refusals_total", ())] == sum(r["tool_refusals"] for r in audit) >= 1
+    assert samples[("agentnode_run_duration_seconds_count", (("mode", "agent_sandbox"),))] == sum(
+        r["source"] == "agent_sandbox" for r in audit
+    )
+    assert samples[("agentnode_active_runs", ())] == 0
+    assert samples[("agentnode_run_stage_seconds_count", (("stage", "agent_done"),))] >= 5

@@ -113,3 +113,14 @@ def test_a_valid_request_runs_and_streams_started_then_the_report(admin: tuple[F
 def test_cancel_of_an_unknown_run_is_an_answer_not_an_error(admin: tuple[FakeHost, Any]) -> None:
     _, stub = admin
     assert stub.CancelRun(runner_pb2.CancelRunRequest(run_id="nope"), timeout=10).cancelled is False
+
+
+def test_a_metrics_address_is_host_and_port() -> None:
+    from host._serve import parse_address
+
+    assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_address(":9464") == ("127.0.0.1", 9464)  # opt-in, and local unless told otherwise
+    assert parse_address("[::1]:9464") == ("::1", 9464)
+    for bad in ("9464", "host:", "host:0", "host:70000", "host:x"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            parse_address(bad)
