@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from host._budget import (
     may_have_reached_provider,
     transient_kind,
 )
+from host._calltrace import CallTrace
 from host._config import AgentLlmConfig, LlmHostConfig
 from host._errors import CallRefusal, ConfigError
 from host._json import check_finite
@@ -750,6 +752,7 @@ class LlmSession:
         self._retries = RetryCounts()
         self._deadline = deadline
         self._closed = threading.Event()  # the run ended: a provider retry waiting to start gives up
+        self.trace = CallTrace()  # each admitted or refused call's timing, for the run's trace
         self._tools: Callable[[], ToolCatalog] | None = None
         self._catalog: ToolCatalog | None = None
         self._catalog_lock = threading.Lock()
@@ -844,6 +847,30 @@ class LlmSession:
         """One completion; raises LlmRefusal. `request` is an LlmCall or just its messages. `on_admit` runs
         once every check passed and a call was reserved, before the provider is called (the RPC layer counts
         the run as active from there)."""
+        start = time.monotonic()
+        try:
+            completion = self._call(request, on_admit)
+        except LlmRefusal as refusal:
+            self._traced(start, str(refusal.reason), None, streamed=False)
+            raise
+        self._traced(start, "ok", completion, streamed=False)
+        return completion
+
+    def _traced(self, start: float, outcome: str, completion: Completion | None, *, streamed: bool) -> None:
+        """Record one call's timing for the run's trace: its outcome and counts, never its text."""
+        attributes: dict[str, str | int | bool] = {
+            "agentnode.outcome": outcome,
+            "agentnode.llm.streamed": streamed,
+        }
+        if completion is not None:
+            attributes["agentnode.llm.input_tokens"] = max(0, completion.input_tokens)
+            attributes["agentnode.llm.output_tokens"] = max(0, completion.output_tokens)
+            attributes["agentnode.llm.tool_calls"] = len(completion.tool_calls)
+        self.trace.add("agentnode.llm_call", start, attributes)
+
+    def _call(
+        self, request: LlmCall | Sequence[Mapping[str, Any]], on_admit: Callable[[], None] | None
+    ) -> Completion:
         admitted = self._admit(_as_call(request), on_admit)
         reason = WireReason.LLM_OUTPUT_TOO_LARGE
 
@@ -883,6 +910,23 @@ class LlmSession:
         this generator closes the provider stream. As a generator, it checks and sends nothing until the
         first `next()`; `on_admit` is as for `call`.
         """
+        start = time.monotonic()
+        outcome, final = "closed", None  # closed: the consumer stopped reading before the end
+        try:
+            with contextlib.closing(self._stream(request, on_admit)) as items:  # closing this closes it
+                for item in items:
+                    if isinstance(item, Completion):
+                        outcome, final = "ok", item
+                    yield item
+        except LlmRefusal as refusal:
+            outcome = str(refusal.reason)
+            raise
+        finally:
+            self._traced(start, outcome, final, streamed=True)
+
+    def _stream(
+        self, request: LlmCall | Sequence[Mapping[str, Any]], on_admit: Callable[[], None] | None
+    ) -> Generator[StreamItem, None, None]:
         admitted = self._admit(_as_call(request), on_admit)
         sent = 0
         final: Completion | None = None

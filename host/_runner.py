@@ -33,6 +33,7 @@ from host._sequential import SequentialBackend
 from host._session import MAX_CONNECTIONS_PER_RUN, RunSession
 from host._tools import ToolRunner
 from host._toolsandbox import ToolSandboxLauncher
+from host._tracing import RunTracer
 from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
 
@@ -56,6 +57,7 @@ class SandboxHost:
         pool: PoolSettings | None = None,
         async_teardown: bool = False,
         sandbox_backend: Backend[Any] | None = None,
+        tracer: RunTracer | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self.config = config or load_config(self.env)
@@ -89,6 +91,7 @@ class SandboxHost:
         self._active: dict[str, RunSession] = {}
         self.metrics = HostMetrics()  # counted at each run's end, from its audit facts (host/_metrics.py)
         self.metrics.watch(lambda: len(self._active), lambda: self.pools)
+        self.tracer = tracer or RunTracer.from_env(self.env)  # spans when an OTLP endpoint is set
 
     @property
     def pools(self) -> WarmPools | None:
@@ -130,6 +133,7 @@ class SandboxHost:
         self.docker.close()
         self.tool_runner.close()
         self.audit.close()
+        self.tracer.shutdown()
 
     def prewarm(self, slug: str, runtime: str | None = None) -> None:
         """Start a warm pool for an installed community agent (no-op without pools)."""
@@ -183,7 +187,8 @@ class SandboxHost:
                                 timed_out=result.timed_out, slug=slug):  # fmt: skip
             self.audit_failures += 1
             result = withheld(result, self.records.hint)
-        self.metrics.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
+        for observer in (self.metrics, self.tracer):
+            observer.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
         run.mark("done")
         return result
 

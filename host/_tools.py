@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import sandbox_wrapper._tool_exec
+from host._calltrace import CallTrace
 from host._errors import CallRefusal
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._manifest import ToolpackManifest, ToolSpec
@@ -284,6 +285,7 @@ class ToolGate:
         self._deadline = deadline
         self._tool_timeout = tool_timeout
         self._lock = threading.Lock()
+        self.trace = CallTrace()  # each decided call's timing, for the run's trace (host/_tracing.py)
         self._parsing = threading.BoundedSemaphore(PARSE_SLOTS)
         self._calls_made = 0
         self._refusals = 0
@@ -351,9 +353,11 @@ class ToolGate:
 
         `on_admit` runs once the call passed every check and was reserved, before the tool runs.
         """
+        start = time.monotonic()
         try:
             pack, tool, arguments, timeout = self._admit(slug, tool_name, arguments_json)
         except ToolRefusal as refusal:
+            self.trace.add("agentnode.tool_call", start, {"agentnode.outcome": str(refusal.reason)})
             raise self.refused(refusal) from None
         if on_admit is not None:
             on_admit()
@@ -368,7 +372,13 @@ class ToolGate:
         if outcome.error == _MISSING:  # name what the agent can call instead (§3.3's ImportError)
             names = ", ".join(t.name for t in pack.manifest.tools) or "(none)"
             error = f"tool not found: package '{slug}' defines no function for this call; its tools: {names}"
-            return ToolOutcome(False, None, error[:_MAX_MESSAGE], outcome.mode_used)
+            outcome = ToolOutcome(False, None, error[:_MAX_MESSAGE], outcome.mode_used)
+        self.trace.add("agentnode.tool_call", start, {
+            "agentnode.outcome": "ok" if outcome.success else "failed",
+            "agentnode.tool.package": pack.slug,  # a slug that passed its pattern and the lookup
+            "agentnode.tool.name": tool.spec.name if tool.spec is not None else "",  # the lockfile's
+            "agentnode.tool.mode": mode,
+        })  # fmt: skip
         return outcome
 
     def _admit(
