@@ -1,4 +1,4 @@
-"""Who asked for a run: the caller's tenant, request id and free labels, validated before any run starts.
+"""Who asked for a run and how tightly: caller metadata and per-run limits, validated before it starts.
 
 An operator's service tags each run so its own logs, bills and traces can be joined with the audit record.
 The values are the operator's, never the agent's, but they still reach a terminal (`audit`) and log files,
@@ -8,10 +8,14 @@ bounded count: a bad value is refused with a message naming the field and the ru
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from host._policy import RunPolicy
 
 MAX_TENANT_CHARS = 64
 MAX_REQUEST_ID_CHARS = 128
@@ -86,6 +90,77 @@ class CallerInfo:
 
 NO_CALLER = CallerInfo()
 
+_MAX_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class RunOverrides:
+    """Tighter limits for one run, asked by its caller. They can only lower what the manifest and the host
+    allow (each effective limit becomes the lower of the two); None leaves a limit as it is. Construct it
+    with `RunOverrides.parse` to validate."""
+
+    max_runtime_seconds: int | None = None
+    max_tool_calls: int | None = None
+    max_iterations: int | None = None
+    max_llm_calls: int | None = None
+    max_total_tokens: int | None = None
+    max_cost_usd: float | None = None
+
+    @classmethod
+    def parse(cls, **limits: Any) -> RunOverrides:
+        """Validated overrides; raises InvalidCaller naming the limit. Whole limits are 1..2**31-1 (tool
+        and LLM calls may be 0: none), the cost a positive finite number of US dollars."""
+        checked: dict[str, Any] = {}
+        for name, value in limits.items():
+            if name not in cls.__dataclass_fields__:
+                raise InvalidCaller(f"{name} is not a limit a caller can set")
+            if value is None:
+                continue
+            if name == "max_cost_usd":
+                number = isinstance(value, int | float) and not isinstance(value, bool)
+                if not number or not math.isfinite(value) or not 0 < value < 1e9:
+                    raise InvalidCaller("max_cost_usd must be a positive number of US dollars")
+                checked[name] = float(value)
+                continue
+            floor = 0 if name in ("max_tool_calls", "max_llm_calls") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or not floor <= value <= _MAX_LIMIT:
+                raise InvalidCaller(f"{name} must be a whole number from {floor} to {_MAX_LIMIT}")
+            checked[name] = value
+        return cls(**checked)
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, name) is None for name in self.__dataclass_fields__)
+
+    def tighten(self, policy: RunPolicy) -> RunPolicy:
+        """`policy` with each limit lowered to this override where it is lower (never raised)."""
+
+        def lower(current: int | None, wanted: int | None) -> int | None:
+            if wanted is None:
+                return current
+            return wanted if current is None else min(current, wanted)
+
+        llm = policy.llm
+        cost = llm.max_cost_usd
+        if self.max_cost_usd is not None:
+            cost = self.max_cost_usd if cost is None else min(cost, self.max_cost_usd)
+        llm = replace(
+            llm,
+            max_calls=llm.max_calls if self.max_llm_calls is None else min(llm.max_calls, self.max_llm_calls),
+            max_total_tokens=lower(llm.max_total_tokens, self.max_total_tokens),
+            max_cost_usd=cost,
+        )
+        return replace(
+            policy,
+            max_runtime_seconds=lower(policy.max_runtime_seconds, self.max_runtime_seconds) or 1,
+            max_tool_calls=lower(policy.max_tool_calls, self.max_tool_calls) or 0,
+            max_iterations=lower(policy.max_iterations, self.max_iterations) or 1,
+            llm=llm,
+        )
+
+
+NO_OVERRIDES = RunOverrides()
+
 
 __all__ = [
     "MAX_LABELS",
@@ -94,6 +169,8 @@ __all__ = [
     "MAX_REQUEST_ID_CHARS",
     "MAX_TENANT_CHARS",
     "NO_CALLER",
+    "NO_OVERRIDES",
     "CallerInfo",
     "InvalidCaller",
+    "RunOverrides",
 ]

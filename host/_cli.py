@@ -170,6 +170,19 @@ def _caller(args: argparse.Namespace) -> Any:
         raise _UsageError(str(exc)) from None
 
 
+def _limits(args: argparse.Namespace) -> Any:
+    """The run's tighter limits from --max-*; None when none was given; a bad value is a usage error."""
+    from host._caller import InvalidCaller, RunOverrides
+
+    given = {name: getattr(args, name) for name in RunOverrides.__dataclass_fields__}
+    if all(value is None for value in given.values()):
+        return None
+    try:
+        return RunOverrides.parse(**given)
+    except InvalidCaller as exc:
+        raise _UsageError(str(exc)) from None
+
+
 def _follow(text: str) -> None:
     """One live line of the agent's output, escaped, on stderr (stdout keeps its one JSON value)."""
     _say(f"| {safe_line(text)}", err=True)
@@ -177,7 +190,7 @@ def _follow(text: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     kwargs = _parse_args_kv(args.arg or [])
-    caller = _caller(args)
+    caller, limits = _caller(args), _limits(args)
     on_log = _follow if args.follow else None
     audit_failures = 0
     if args.via:
@@ -186,14 +199,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         with RunnerClient(args.via) as client:
             if on_log is None:
-                result = client.submit(
-                    args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller
-                )
+                result = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                                       caller=caller, limits=limits)  # fmt: skip
             else:
                 finished = None
-                for event in client.stream(
-                    args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller
-                ):
+                events = client.stream(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                                       caller=caller, limits=limits)  # fmt: skip
+                for event in events:
                     if isinstance(event, RunLog):
                         on_log(event.text)
                     elif isinstance(event, RunFinished):
@@ -209,7 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             host.startup_sweep()
             result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                              on_log=on_log, caller=caller)  # fmt: skip
+                              on_log=on_log, caller=caller, limits=limits)  # fmt: skip
         finally:
             host.close()
         audit_failures = host.audit_failures
@@ -672,6 +684,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--request-id", help="the caller's request id, recorded in the audit record")
     r.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a free label recorded in the audit record (repeatable, at most 16)")
+    for flag, kind, what in (
+        ("--max-runtime-seconds", int, "wall-clock seconds"), ("--max-tool-calls", int, "tool calls"),
+        ("--max-iterations", int, "next_iteration() calls"), ("--max-llm-calls", int, "LLM calls"),
+        ("--max-total-tokens", int, "LLM tokens"), ("--max-cost-usd", float, "LLM cost in USD"),
+    ):  # fmt: skip
+        r.add_argument(flag, type=kind, metavar="N", help=f"at most this many {what} for this run "
+                       "(only lowers what the manifest and host allow)")  # fmt: skip
 
     sv = command("serve", cmd_serve, "run a long-running host with warm pools on an owner-only admin socket")
     sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")

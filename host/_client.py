@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from host._caller import CallerInfo
+from host._caller import CallerInfo, RunOverrides
 from host._errors import AuditReason, EngineError
 from host._events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields, result_from, rpc_error
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
@@ -70,10 +70,13 @@ class RunnerClient:
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
         caller: CallerInfo | None = None,
+        limits: RunOverrides | None = None,
         timeout: float | None = None,
     ) -> RunResult:
         """Run an installed agent on the host and wait for its result."""
-        request = runner_pb2.SubmitRunRequest(**request_fields(slug, goal, kwargs, runtime, caller))
+        request = runner_pb2.SubmitRunRequest(**request_fields(
+            slug, goal, kwargs, runtime, caller, limits=limits
+        ))
         self._ensure_ready()
         try:
             response = self._stub.SubmitRun(request, timeout=timeout, wait_for_ready=True)
@@ -89,10 +92,13 @@ class RunnerClient:
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
         caller: CallerInfo | None = None,
+        limits: RunOverrides | None = None,
     ) -> Iterator[RunEvent]:
         """Run an agent, yielding its events (host/_events.py): RunStarted, RunStage and RunLog as they
         happen, then RunFinished with the result. Closing the iterator early cancels the run."""
-        request = runner_pb2.StreamRunRequest(**request_fields(slug, goal, kwargs, runtime, caller))
+        request = runner_pb2.StreamRunRequest(**request_fields(
+            slug, goal, kwargs, runtime, caller, limits=limits
+        ))
         self._ensure_ready()
         call = self._stub.StreamRun(request, wait_for_ready=True)
         try:

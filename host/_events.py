@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from host._caller import CallerInfo
+from host._caller import CallerInfo, RunOverrides
 from host._errors import AuditReason, EngineError, InvalidRequest, SandboxError
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._proto.agentnode.sandbox.v1 import runner_pb2
@@ -111,6 +111,8 @@ def request_fields(
     kwargs: Mapping[str, Any] | None,
     runtime: str | None,
     caller: CallerInfo | None,
+    *,
+    limits: RunOverrides | None = None,
 ) -> dict[str, Any]:
     """The fields of a SubmitRun / StreamRun request."""
     fields: dict[str, Any] = {
@@ -124,6 +126,11 @@ def request_fields(
         fields["caller"] = runner_pb2.CallerMetadata(
             tenant=caller.tenant, request_id=caller.request_id, labels=dict(caller.labels)
         )
+    if limits is not None and not limits.empty:
+        fields["limits"] = runner_pb2.RunLimitOverrides(**{
+            name: value for name in RunOverrides.__dataclass_fields__
+            if (value := getattr(limits, name)) is not None
+        })  # fmt: skip
     return fields
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -15,7 +16,7 @@ import docker
 from host._admission import Admission, admit
 from host._audit import AuditLog
 from host._broker import LlmBroker
-from host._caller import NO_CALLER, CallerInfo
+from host._caller import NO_CALLER, CallerInfo, RunOverrides
 from host._config import HostConfig, load_config
 from host._engine import ContainerLimits, connect, owner_token, sweep_containers
 from host._errors import AuditReason, EngineError, SandboxError
@@ -154,12 +155,14 @@ class SandboxHost:
         on_start: Callable[[str], None] | None = None,
         on_log: Callable[[str], None] | None = None,
         caller: CallerInfo | None = None,
+        limits: RunOverrides | None = None,
     ) -> RunResult:
         """Run an installed agent; every path, refusals included, ends with exactly one audit record.
 
         `on_start(run_id)` is called once the workload serves the run; `on_stage(name)` as it passes
         each stage; `on_log(line)` for each line of the agent's output as it is written (within the log
-        cap). `caller` (host/_caller.py, validated) goes into the audit record.
+        cap). `caller` (host/_caller.py, validated) goes into the audit record; `limits` can only tighten
+        the run's effective policy.
         """
         run = RunFacts(started=time.monotonic(), on_stage=on_stage, on_log=on_log,
                        caller=caller or NO_CALLER)  # fmt: skip
@@ -169,6 +172,9 @@ class SandboxHost:
             )
             if run.admission.refusal is not None:
                 raise run.admission.refusal
+            if limits is not None and run.admission.policy is not None:
+                policy = limits.tighten(run.admission.policy)
+                run.admission = dataclasses.replace(run.admission, policy=policy)
             run.mark("routed")
             with self.fds.hold():  # before anything is built: a full host refuses cleanly
                 result = self._execute(run, run.admission, goal, dict(kwargs or {}), on_start)

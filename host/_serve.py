@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from host._caller import CallerInfo, InvalidCaller
+from host._caller import CallerInfo, InvalidCaller, RunOverrides
 from host._errors import SandboxError
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._pool import PoolSettings
@@ -105,9 +105,10 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     @staticmethod
     def _validated(
         request: _RunRequest, context: grpc.ServicerContext
-    ) -> tuple[dict[str, Any], CallerInfo]:
-        """The request's kwargs and caller once the request is valid; else the RPC is refused (on the
-        handler's own thread: `context.abort` raises there, before any run starts or any event is sent)."""
+    ) -> tuple[dict[str, Any], CallerInfo, RunOverrides]:
+        """The request's kwargs, caller and limits once the request is valid; else the RPC is refused (on
+        the handler's own thread: `context.abort` raises there, before any run starts or any event is
+        sent)."""
         if request.runtime not in ("", *Runtime):
             _invalid(context, "runtime must be runc or runsc")
         c = request.caller
@@ -115,13 +116,20 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             caller = CallerInfo.parse(c.tenant, c.request_id, dict(c.labels))
         except InvalidCaller as exc:
             _invalid(context, f"caller: {exc}")
-        return _kwargs(request.kwargs_json, context), caller
+        given = request.limits
+        try:
+            names = [name for name in RunOverrides.__dataclass_fields__ if given.HasField(name)]
+            limits = RunOverrides.parse(**{name: getattr(given, name) for name in names})
+        except InvalidCaller as exc:
+            _invalid(context, f"limits: {exc}")
+        return _kwargs(request.kwargs_json, context), caller, limits
 
     def _run(
         self,
         request: _RunRequest,
         kwargs: dict[str, Any],
         caller: CallerInfo,
+        limits: RunOverrides,
         context: grpc.ServicerContext,
         *,
         on_stage: Callable[[str], None] | None = None,
@@ -149,18 +157,20 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             on_start=started,
             on_log=on_log,
             caller=caller,
+            limits=None if limits.empty else limits,
         )
 
     def SubmitRun(
         self, request: runner_pb2.SubmitRunRequest, context: grpc.ServicerContext
     ) -> runner_pb2.SubmitRunResponse:
-        kwargs, caller = self._validated(request, context)
-        return runner_pb2.SubmitRunResponse(report=report_from(self._run(request, kwargs, caller, context)))
+        kwargs, caller, limits = self._validated(request, context)
+        result = self._run(request, kwargs, caller, limits, context)
+        return runner_pb2.SubmitRunResponse(report=report_from(result))
 
     def StreamRun(
         self, request: runner_pb2.StreamRunRequest, context: grpc.ServicerContext
     ) -> Iterator[runner_pb2.StreamRunResponse]:
-        kwargs, caller = self._validated(request, context)
+        kwargs, caller, limits = self._validated(request, context)
         events: queue.Queue[runner_pb2.StreamRunResponse | None] = queue.Queue()
         run_id: list[str] = []
 
@@ -178,6 +188,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                     request,
                     kwargs,
                     caller,
+                    limits,
                     context,
                     on_stage=lambda s: events.put(runner_pb2.StreamRunResponse(stage=s)),
                     on_start=started,

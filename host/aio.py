@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from host._caller import CallerInfo, InvalidCaller
+from host._caller import CallerInfo, InvalidCaller, RunOverrides
 from host._errors import EngineError, InvalidRequest, SandboxError
 from host._events import (
     MAX_MESSAGE_BYTES,
@@ -85,10 +85,13 @@ class AsyncRunnerClient:
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
         caller: CallerInfo | None = None,
+        limits: RunOverrides | None = None,
         timeout: float | None = None,
     ) -> RunResult:
         """Run an installed agent on the host and return its result."""
-        request = runner_pb2.SubmitRunRequest(**request_fields(slug, goal, kwargs, runtime, caller))
+        request = runner_pb2.SubmitRunRequest(**request_fields(
+            slug, goal, kwargs, runtime, caller, limits=limits
+        ))
         await self._ensure_ready()
         try:
             response = await self._stub.SubmitRun(request, timeout=timeout, wait_for_ready=True)
@@ -104,10 +107,13 @@ class AsyncRunnerClient:
         kwargs: Mapping[str, Any] | None = None,
         runtime: str | None = None,
         caller: CallerInfo | None = None,
+        limits: RunOverrides | None = None,
     ) -> AsyncIterator[RunEvent]:
         """Run an agent, yielding RunStarted, RunStage and RunLog as they happen, then RunFinished (after
         every RunLog of the run). Leaving the loop early, or cancelling its task, cancels the run."""
-        request = runner_pb2.StreamRunRequest(**request_fields(slug, goal, kwargs, runtime, caller))
+        request = runner_pb2.StreamRunRequest(**request_fields(
+            slug, goal, kwargs, runtime, caller, limits=limits
+        ))
         await self._ensure_ready()
         call = self._stub.StreamRun(request, wait_for_ready=True)
         try:
@@ -149,6 +155,7 @@ __all__ = [
     "RunEvent",
     "RunFinished",
     "RunLog",
+    "RunOverrides",
     "RunResult",
     "RunStage",
     "RunStarted",

@@ -337,3 +337,25 @@ def test_run_follow_shows_escaped_lines_live_and_the_caller_reaches_the_audit(
     bad = cli(state.env, "run", slug, "--tenant", "a b")
     assert bad.returncode == 2 and "tenant must be" in bad.stderr
     assert len(json_out(cli(state.env, "audit", "--json", "--slug", slug))) == 1  # nothing ran
+
+
+def test_per_run_limits_only_tighten_and_bind_the_sandboxed_run(
+    state: HostState, make_agent: Callable[..., Path]
+) -> None:
+    slug = unique()
+    install(state.env, EXAMPLES / "word-tools", "trusted")
+    install(state.env, make_agent(slug, """
+        import time
+        def run(context, nap=0, **kwargs):
+            counted = context.try_tool("word-tools", "count_words", text="a b c")
+            time.sleep(nap)
+            return {"tool": counted.result if counted else None, "left": context.max_tool_calls}
+    """, extra="tool_access:\n  allowed_packages: [word-tools]\n"))  # fmt: skip
+    code, out = run_json(state.env, slug, "--max-tool-calls", "0")
+    assert code == 0 and out["result"]["tool"] is None and out["result"]["left"] == 0  # refused: no calls
+    code, out = run_json(state.env, slug, "--max-tool-calls", "999")  # looser than the manifest: no effect
+    assert code == 0 and out["result"]["tool"] == {"count": 3} and out["result"]["left"] < 999
+    code, out = run_json(state.env, slug, "--max-runtime-seconds", "2", "--arg", "nap=30")
+    assert code == 1 and out["error_code"] == "timeout" and out["duration_ms"] < 20_000
+    bad = cli(state.env, "run", slug, "--max-cost-usd", "-1")
+    assert bad.returncode == 2 and "max_cost_usd must be" in bad.stderr

@@ -70,3 +70,40 @@ def test_live_lines_stop_where_the_logs_stop_and_long_lines_come_in_pieces() -> 
     assert lines[4] == f"[agentnode: output beyond {3 * MAX_LINE_BYTES} bytes is dropped]" and len(lines) == 5
     sink.flush()
     assert len(lines) == 5 and sink.dropped == 2 * MAX_LINE_BYTES - kept + 2000
+
+
+def _policy(**llm: Any) -> Any:
+    from host._policy import LlmPolicy, RunPolicy
+
+    return RunPolicy(allowed_packages=("a",), max_tool_calls=20, max_runtime_seconds=300, max_iterations=12,
+                     llm=LlmPolicy(enabled=True, max_calls=10, max_input_chars=100, max_output_chars=100, **llm),
+                     clamped=())  # fmt: skip
+
+
+def test_overrides_only_ever_lower_a_limit() -> None:
+    from host._caller import RunOverrides
+
+    policy = _policy(max_total_tokens=5000)
+    tighter = RunOverrides.parse(max_runtime_seconds=5, max_tool_calls=0, max_iterations=3, max_llm_calls=2,
+                                 max_total_tokens=100, max_cost_usd=0.25).tighten(policy)  # fmt: skip
+    assert (tighter.max_runtime_seconds, tighter.max_tool_calls, tighter.max_iterations) == (5, 0, 3)
+    assert (tighter.llm.max_calls, tighter.llm.max_total_tokens, tighter.llm.max_cost_usd) == (2, 100, 0.25)
+    looser = RunOverrides.parse(max_runtime_seconds=9999, max_tool_calls=500, max_iterations=100,
+                                max_llm_calls=99, max_total_tokens=10**9).tighten(policy)  # fmt: skip
+    assert looser == policy  # nothing above the manifest's and host's own limits
+    assert RunOverrides.parse().empty and RunOverrides.parse().tighten(policy) == policy
+    assert tighter.allowed_packages == ("a",) and tighter.llm.enabled  # grants are never touched
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_runtime_seconds": 0}, {"max_iterations": -1}, {"max_tool_calls": 2**31}, {"max_llm_calls": True},
+     {"max_total_tokens": 1.5}, {"max_cost_usd": 0}, {"max_cost_usd": float("nan")},
+     {"max_cost_usd": float("inf")}, {"max_memory": 1}],
+)  # fmt: skip
+def test_a_bad_override_is_refused_naming_the_limit(limits: dict[str, Any]) -> None:
+    from host._caller import RunOverrides
+
+    with pytest.raises(InvalidCaller) as info:
+        RunOverrides.parse(**limits)
+    assert next(iter(limits)) in str(info.value)

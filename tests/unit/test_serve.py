@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from host._caller import CallerInfo
+from host._caller import CallerInfo, RunOverrides
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult
 from host._serve import build_admin_server
@@ -68,6 +68,10 @@ BAD_REQUESTS = {
     "label_value": ({"caller": runner_pb2.CallerMetadata(labels={"k": "\x1b]0;x"})}, "caller: label k:"),
     "labels": ({"caller": runner_pb2.CallerMetadata(labels={f"k{i}": "" for i in range(17)})},
                "caller: at most 16 labels"),
+    "limit_runtime": ({"limits": runner_pb2.RunLimitOverrides(max_runtime_seconds=0)},
+                      "limits: max_runtime_seconds must be"),
+    "limit_cost": ({"limits": runner_pb2.RunLimitOverrides(max_cost_usd=float("nan"))},
+                   "limits: max_cost_usd must be"),
 }
 
 
@@ -108,6 +112,10 @@ def test_a_valid_request_runs_and_streams_started_then_the_report(admin: tuple[F
     assert [(r["runtime"], r["kwargs"]) for r in host.runs] == [("runsc", {"n": 1}), (None, {})]
     assert host.runs[0]["caller"] == CallerInfo("acme", "req-1", {"team": "search"})
     assert host.runs[1]["caller"].empty and host.runs[1]["on_log"] is None  # SubmitRun streams nothing
+    assert host.runs[1]["limits"] is None
+    limits = runner_pb2.RunLimitOverrides(max_tool_calls=0, max_cost_usd=0.5)
+    _submit(stub, {"limits": limits})
+    assert host.runs[2]["limits"] == RunOverrides(max_tool_calls=0, max_cost_usd=0.5)
 
 
 def test_cancel_of_an_unknown_run_is_an_answer_not_an_error(admin: tuple[FakeHost, Any]) -> None:

@@ -7,18 +7,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRunRequest(_message.Message):
-    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller")
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits")
     SLUG_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     slug: str
     goal: str
     kwargs_json: str
     runtime: str
     caller: CallerMetadata
-    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ...) -> None: ...
+    limits: RunLimitOverrides
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ...) -> None: ...
+
+class RunLimitOverrides(_message.Message):
+    __slots__ = ("max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens", "max_cost_usd")
+    MAX_RUNTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LLM_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    max_runtime_seconds: int
+    max_tool_calls: int
+    max_iterations: int
+    max_llm_calls: int
+    max_total_tokens: int
+    max_cost_usd: float
+    def __init__(self, max_runtime_seconds: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_iterations: _Optional[int] = ..., max_llm_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ...) -> None: ...
 
 class CallerMetadata(_message.Message):
     __slots__ = ("tenant", "request_id", "labels")
@@ -44,18 +62,20 @@ class SubmitRunResponse(_message.Message):
     def __init__(self, report: _Optional[_Union[RunReport, _Mapping]] = ...) -> None: ...
 
 class StreamRunRequest(_message.Message):
-    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller")
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits")
     SLUG_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     slug: str
     goal: str
     kwargs_json: str
     runtime: str
     caller: CallerMetadata
-    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ...) -> None: ...
+    limits: RunLimitOverrides
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ...) -> None: ...
 
 class StreamRunResponse(_message.Message):
     __slots__ = ("started_run_id", "stage", "report", "log")
