@@ -664,6 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="the host's own log lines on stderr: escaped text, or one JSON object per line")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def command(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
@@ -781,9 +783,16 @@ def _tolerant_streams() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_streams()
     args = build_parser().parse_args(argv)
+    from host._logs import JsonFormatter, RunIdFilter
+
     handler = logging.StreamHandler()
-    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
+    handler.addFilter(RunIdFilter())
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s [run %(run_id)s]: %(message)s"))
+    level = logging.DEBUG if args.debug else logging.INFO if args.cmd == "serve" else logging.WARNING
+    logging.basicConfig(level=level, handlers=[handler])
     try:
         return int(args.func(args))
     except _UsageError as exc:

@@ -13,6 +13,7 @@ from host._audit import AuditLog, run_record, start_record
 from host._broker import LlmSession
 from host._caller import NO_CALLER, CallerInfo
 from host._errors import AuditReason, SandboxError
+from host._logs import set_run_id
 from host._tools import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
 from host._vocab import Source
 
@@ -38,6 +39,7 @@ class RunFacts:
     def fix_id(self, run_id: str, *, warm: bool = False, placed: bool = True) -> None:
         assert not self.run_id, "a run's id is fixed once"
         self.run_id, self.warm, self.placed = run_id, warm, placed
+        set_run_id(run_id)  # the runner's thread works for this run: its log records say so
 
     def mark(self, stage: str) -> None:
         self.stages[stage] = round((time.monotonic() - self.started) * 1000, 2)

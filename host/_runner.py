@@ -22,6 +22,7 @@ from host._engine import ContainerLimits, connect, owner_token, sweep_containers
 from host._errors import AuditReason, EngineError, SandboxError
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
+from host._logs import set_run_id
 from host._metrics import HostMetrics
 from host._outcome import Ending, conclude, watch
 from host._packs import Lockfile
@@ -196,6 +197,7 @@ class SandboxHost:
         for observer in (self.metrics, self.tracer):
             observer.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
         run.mark("done")
+        set_run_id("")  # this thread's work for the run is over
         return result
 
     def _execute(

@@ -17,6 +17,7 @@ from host._broker import MAX_MESSAGES, Completion, LlmSession
 from host._errors import CallRefusal
 from host._json import JsonRejected, dumps_strict, loads_strict
 from host._llmtools import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
+from host._logs import set_run_id
 from host._policy import RunPolicy
 from host._tools import ToolGate, ToolRefusal
 from host._vocab import WireReason
@@ -461,6 +462,7 @@ def _unary(session: RunSession, name: str, serve: _Serve, *, throttled: bool) ->
     def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
         call = _Call(session)
         try:
+            set_run_id(session.task.run_id if session.task is not None else "")  # for its log records
             if throttled:
                 session.throttle()
             return serve(raw, call, context)
@@ -469,6 +471,7 @@ def _unary(session: RunSession, name: str, serve: _Serve, *, throttled: bool) ->
             _translate(exc, context, name, session)
         finally:
             call.finish()
+            set_run_id("")
 
     return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
 
@@ -481,6 +484,7 @@ def _unary_stream(
     def handler(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
         call = _Call(session)
         try:
+            set_run_id(session.task.run_id if session.task is not None else "")  # for its log records
             if throttled:
                 session.throttle()
             for item in serve(raw, call, context):
@@ -491,6 +495,7 @@ def _unary_stream(
             _translate(exc, context, name, session)
         finally:
             call.finish()
+            set_run_id("")
 
     return grpc.unary_stream_rpc_method_handler(handler, response_serializer=_serialize)
 

@@ -3,6 +3,8 @@ calls under it, back-dated and ordered, with host facts only (no prompt, argumen
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from host._caller import CallerInfo
+from host._logs import JsonFormatter, RunIdFilter
 from host._tracing import RunTracer
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
@@ -78,3 +81,29 @@ def test_a_sandboxed_run_is_one_span_tree_of_its_stages_and_calls(
         assert root.start_time <= call.start_time and call.end_time <= root.end_time  # type: ignore[operator]
     text = repr([(s.name, dict(s.attributes or {})) for s in spans])
     assert SECRET_PROMPT not in text and SECRET_ARGUMENT not in text and "sk-trace-test" not in text
+
+
+def test_log_records_of_a_runs_threads_carry_its_run_id(
+    host_state: HostState, make_agent: Callable[..., Path]
+) -> None:
+    host_state.install(make_agent("unbrokered", """
+        def run(context, **kwargs):
+            try:
+                context.call_llm("hello")
+            except Exception as exc:
+                return {"refused": type(exc).__name__}
+    """, extra="llm_access:\n  enabled: true\n  max_calls: 1\n"))  # fmt: skip
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.addFilter(RunIdFilter())  # as the CLI's handler: each record stamped where it is logged
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(handler)
+    host = host_state.host()  # no provider configured: the broker logs why, on the run server's thread
+    try:
+        result = host.run("unbrokered")
+    finally:
+        host.close()
+        logging.getLogger().removeHandler(handler)
+    assert result.success and result.result == {"refused": "LlmAccessError"}
+    lines = [json.loads(JsonFormatter().format(r)) for r in records if "LLM call refused" in r.getMessage()]
+    assert lines and all(line["run_id"] == result.run_id for line in lines)

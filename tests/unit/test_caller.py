@@ -75,9 +75,9 @@ def test_live_lines_stop_where_the_logs_stop_and_long_lines_come_in_pieces() -> 
 def _policy(**llm: Any) -> Any:
     from host._policy import LlmPolicy, RunPolicy
 
+    grant = LlmPolicy(enabled=True, max_calls=10, max_input_chars=100, max_output_chars=100, **llm)
     return RunPolicy(allowed_packages=("a",), max_tool_calls=20, max_runtime_seconds=300, max_iterations=12,
-                     llm=LlmPolicy(enabled=True, max_calls=10, max_input_chars=100, max_output_chars=100, **llm),
-                     clamped=())  # fmt: skip
+                     llm=grant, clamped=())  # fmt: skip
 
 
 def test_overrides_only_ever_lower_a_limit() -> None:
@@ -107,3 +107,30 @@ def test_a_bad_override_is_refused_naming_the_limit(limits: dict[str, Any]) -> N
     with pytest.raises(InvalidCaller) as info:
         RunOverrides.parse(**limits)
     assert next(iter(limits)) in str(info.value)
+
+
+def test_json_log_lines_carry_the_threads_run_and_escape_everything() -> None:
+    import json
+    import logging
+    import sys
+
+    from host._logs import JsonFormatter, RunIdFilter, run_context
+
+    formatter = JsonFormatter()
+    hostile = ("\x1b]0;pwn\x07",)
+    record = logging.LogRecord("agentnode.x", logging.WARNING, __file__, 1, "pack said %s", hostile, None)
+    with run_context("run-42"):
+        line = formatter.format(record)
+        RunIdFilter().filter(record)
+    assert record.run_id == "run-42"  # type: ignore[attr-defined]
+    assert "\x1b" not in line and "\x07" not in line and "\n" not in line
+    parsed = json.loads(line)
+    assert parsed["run_id"] == "run-42" and parsed["level"] == "warning" and parsed["logger"] == "agentnode.x"
+    assert parsed["message"] == "pack said \x1b]0;pwn\x07" and parsed["ts"].endswith("Z")
+    try:
+        raise ValueError("secret text from an agent")
+    except ValueError:
+        failed = logging.LogRecord("agentnode.x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    outside = json.loads(formatter.format(failed))
+    assert outside["run_id"] is None and outside["exception"] == "ValueError"
+    assert "secret text" not in formatter.format(failed)
