@@ -252,6 +252,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_FAILED
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from host._completion import bash_script
+
+    script = bash_script(build_parser())
+    if args.shell == "zsh":
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    sys.stdout.write(script)
+    return EXIT_OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from host._config import load_config
     from host._serve import default_admin_socket, parse_address, serve
@@ -743,6 +753,12 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", help="the tools, limits, LLM access and route a run would get", parents=[common]
     ).add_argument("slug")
     po.set_defaults(func=cmd_policy)
+
+    co = sub.add_parser("completion", help="print a shell completion script (source it in your shell's rc)",
+                        description='print a shell completion script: eval "$(agentnode-sandbox completion '
+                        'bash)"')  # fmt: skip
+    co.add_argument("shell", choices=("bash", "zsh"))
+    co.set_defaults(func=cmd_completion)
 
     a = command("audit", cmd_audit, "show or verify the audit trail")
     a.add_argument("audit_cmd", nargs="?", choices=["show", "verify"], default="show")
