@@ -726,8 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory of wheels for the pack's Python requirements (repeatable)",
     )
 
-    command("uninstall", cmd_uninstall, "remove an installed pack").add_argument("slug")
-    command("list", cmd_list, "list installed packs")
+    u = command("uninstall", cmd_uninstall, "remove an installed pack")
+    u.add_argument("slug")
+    ls = command("list", cmd_list, "list installed packs")
 
     n = sub.add_parser("init", help="scaffold a new pack", description="scaffold a new pack")
     n.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -749,9 +750,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     po = sub.add_parser("policy", help="explain the effective policy of an agent")
     pos = po.add_subparsers(dest="policy_cmd", required=True, metavar="ACTION")
-    pos.add_parser(
+    pe = pos.add_parser(
         "explain", help="the tools, limits, LLM access and route a run would get", parents=[common]
-    ).add_argument("slug")
+    )
+    pe.add_argument("slug")
+    for admin in (i, u, ls, d, pe):
+        admin.add_argument("--via", metavar="SOCKET", help="run this command on the `serve` host at SOCKET")
     po.set_defaults(func=cmd_policy)
 
     co = sub.add_parser("completion", help="print a shell completion script (source it in your shell's rc)",
@@ -796,9 +800,35 @@ def _tolerant_streams() -> None:
             reconfigure(errors="backslashreplace")
 
 
+def _forward(raw: list[str], via: str) -> int:
+    """This command line, run by the `serve` host at `via` (RunAdminCommand); its output is printed as the
+    host's CLI printed it (already escaped there)."""
+    from host._client import RunnerClient
+
+    forwarded: list[str] = []
+    skip = False
+    for word in raw:
+        if skip:
+            skip = False
+        elif word == "--via":
+            skip = True
+        elif not word.startswith("--via="):
+            forwarded.append(word)
+    with RunnerClient(via) as client:
+        code, out, err = client.admin(forwarded)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return code
+
+
+ADMIN_COMMANDS = frozenset({"install", "uninstall", "list", "doctor", "policy"})
+"""Commands that `--via SOCKET` runs on a `serve` host (host/_serve.py's RunAdminCommand)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_streams()
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw)
     from host._logs import JsonFormatter, RunIdFilter
 
     handler = logging.StreamHandler()
@@ -810,6 +840,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else logging.INFO if args.cmd == "serve" else logging.WARNING
     logging.basicConfig(level=level, handlers=[handler])
     try:
+        if args.cmd in ADMIN_COMMANDS and getattr(args, "via", None):
+            return _forward(raw, args.via)
         return int(args.func(args))
     except _UsageError as exc:
         _print_error(str(exc), f"see: {PROG} {args.cmd} --help")

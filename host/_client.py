@@ -111,6 +111,17 @@ class RunnerClient:
         finally:
             call.cancel()  # a no-op once the stream ended; an early close cancels the run
 
+    def admin(self, args: list[str], *, timeout: float | None = None) -> tuple[int, str, str]:
+        """Run a CLI pack or inspection command (install, uninstall, list, doctor, policy explain) as the
+        host: (exit code, stdout, stderr), as the command printed them there."""
+        self._ensure_ready()
+        request = runner_pb2.RunAdminCommandRequest(args=args)
+        try:
+            response = self._stub.RunAdminCommand(request, timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as err:
+            raise rpc_error(err, self.socket_path) from None
+        return int(response.exit_code), str(response.stdout), str(response.stderr)
+
     def cancel(self, run_id: str) -> bool:
         """Cancel a run in progress; False when no such run is running."""
         self._ensure_ready()

@@ -6,6 +6,8 @@ import logging
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
@@ -70,6 +72,27 @@ def report_from(result: RunResult) -> runner_pb2.RunReport:
         warm=result.warm,
         stages_ms=result.stages,
     )
+
+
+ADMIN_COMMANDS = {"install": (), "uninstall": (), "list": (), "doctor": (), "policy": ("explain",)}
+"""The commands RunAdminCommand runs (with their required subcommand); never run or serve (their own RPCs)
+nor init, image or audit (the operator's terminal)."""
+ADMIN_COMMAND_SECONDS = 1800.0
+"""An install may build a volume and download wheels; nothing an admin command does takes longer."""
+
+
+def admin_command_problem(args: list[str]) -> str:
+    """Why `args` is not a command RunAdminCommand runs ("" when it is)."""
+    if not args or args[0] not in ADMIN_COMMANDS:
+        return f"the admin socket runs only: {', '.join(sorted(ADMIN_COMMANDS))} (and run through SubmitRun)"
+    required = ADMIN_COMMANDS[args[0]]
+    if required and (len(args) < 2 or args[1] not in required):
+        return f"{args[0]} needs one of: {', '.join(required)}"
+    if len(args) > 64 or sum(len(a.encode()) for a in args) > 64 * 1024 or any("\0" in a for a in args):
+        return "at most 64 arguments, 64 KiB in all, and no NUL characters"
+    if "--via" in args or any(a.startswith("--via=") for a in args):
+        return "--via names the host; it is not passed on"
+    return ""
 
 
 def _invalid(context: grpc.ServicerContext, message: str) -> NoReturn:
@@ -206,6 +229,31 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         self, request: runner_pb2.CancelRunRequest, context: grpc.ServicerContext
     ) -> runner_pb2.CancelRunResponse:
         return runner_pb2.CancelRunResponse(cancelled=self.host.cancel(request.run_id))
+
+    def RunAdminCommand(
+        self, request: runner_pb2.RunAdminCommandRequest, context: grpc.ServicerContext
+    ) -> runner_pb2.RunAdminCommandResponse:
+        """The CLI command in a child process of the host, with the host's environment and config: the
+        command behaves, prints and exits exactly as it would on the host's own terminal."""
+        args = list(request.args)
+        problem = admin_command_problem(args)
+        if problem:
+            _invalid(context, problem)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "host", *args], env=dict(self.host.env), capture_output=True,
+                timeout=ADMIN_COMMAND_SECONDS, check=False, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return runner_pb2.RunAdminCommandResponse(
+                exit_code=1, stderr=f"error: the command took longer than {ADMIN_COMMAND_SECONDS} s\n"
+            )
+        cap = _MAX_MESSAGE_BYTES // 4
+        return runner_pb2.RunAdminCommandResponse(
+            exit_code=done.returncode,
+            stdout=done.stdout[:cap].decode("utf-8", "replace"),
+            stderr=done.stderr[:cap].decode("utf-8", "replace"),
+        )
 
 
 def build_admin_server(

@@ -40,7 +40,7 @@ def test_serve_then_run_via_its_socket(
     try:
         assert serve.stdout is not None
         ready = json.loads(serve.stdout.readline())
-        assert ready == {"socket": str(sock), "warm": ["via-agent"]}
+        assert ready == {"socket": str(sock), "warm": ["via-agent"], "metrics": None}
         assert sock.stat().st_mode & 0o777 == 0o600
         proc = cli(
             host_state.env, "run", "via-agent", "--goal", "through the socket", "--via", sock, "--json"
@@ -66,3 +66,46 @@ def test_run_via_a_socket_nobody_serves(host_state: HostState) -> None:
     assert proc.returncode == 1
     out = json_out(proc)
     assert out["success"] is False and "serve" in (out["hint"] or "")
+
+
+def test_pack_and_inspection_commands_run_on_the_serve_host_via_its_socket(
+    host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path
+) -> None:
+    pack = make_agent("remote-agent", """
+        def run(context, **kwargs):
+            return "ok"
+    """)  # fmt: skip
+    sock = host_state.root / "admin.sock"
+    serve = subprocess.Popen(
+        [str(BIN), "serve", "--socket", str(sock), "--json", "--drain-seconds", "5"],
+        env=host_state.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # The client has a config of its own, empty: whatever it sees came from the host's.
+    elsewhere = {**host_state.env, "AGENTNODE_CONFIG": str(tmp_path / "client-config")}
+    try:
+        assert serve.stdout is not None and json.loads(serve.stdout.readline())["socket"] == str(sock)
+        installed = cli(elsewhere, "install", str(pack), "--via", str(sock), "--json")
+        assert installed.returncode == 0, installed.stderr
+        entry = json_out(installed)
+        check_schema("install", entry)
+        assert entry["slug"] == "remote-agent" and entry["sandbox_volume"]
+        listed = json_out(cli(elsewhere, "list", "--json", "--via", str(sock)))
+        assert [row["slug"] for row in listed] == ["remote-agent"]
+        assert json_out(cli(elsewhere, "list", "--json")) == []  # the client's own lockfile is untouched
+        explained = cli(elsewhere, "policy", "explain", "remote-agent", "--json", "--via", str(sock))
+        assert explained.returncode == 0 and json_out(explained)["slug"] == "remote-agent"
+        doctor = cli(elsewhere, "doctor", "remote-agent", "--json", "--via", str(sock))
+        report = json_out(doctor)
+        check_schema("doctor", report)
+        assert doctor.returncode == 0 and report["ready"] is True
+        ran = json_out(cli(elsewhere, "run", "remote-agent", "--json", "--via", str(sock)))
+        assert ran["success"] is True and ran["result"] == "ok"
+        gone = cli(elsewhere, "uninstall", "remote-agent", "--json", "--via", str(sock))
+        assert gone.returncode == 0 and json_out(gone)["slug"] == "remote-agent"
+        refused = cli(elsewhere, "uninstall", "remote-agent", "--via", str(sock))
+        assert refused.returncode == 1 and refused.stderr.startswith("error: ")
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=120)
+    assert serve.returncode == 0, err
+    assert [r["reason"] for r in host_state.audit()] == ["agent_completed"]

@@ -3,6 +3,7 @@ with INVALID_ARGUMENT / INVALID_REQUEST (errors.proto's model) before any run st
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -14,6 +15,7 @@ import grpc
 import pytest
 
 from host._caller import CallerInfo, RunOverrides
+from host._client import RunnerClient
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult
 from host._serve import build_admin_server
@@ -22,9 +24,10 @@ from host._serve import build_admin_server
 class FakeHost:
     """What RunnerServicer needs of a SandboxHost; records every run it was asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.runs: list[dict[str, Any]] = []
         self.cancelled = threading.Event()
+        self.env = env or {}
 
     def run(self, slug: str, **kwargs: Any) -> RunResult:
         self.runs.append({"slug": slug, **kwargs})
@@ -132,3 +135,46 @@ def test_a_metrics_address_is_host_and_port() -> None:
     for bad in ("9464", "host:", "host:0", "host:70000", "host:x"):
         with pytest.raises(ValueError, match="HOST:PORT"):
             parse_address(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the admin socket runs only"),
+        (["run", "agent"], "the admin socket runs only"),
+        (["serve"], "the admin socket runs only"),
+        (["image", "build"], "the admin socket runs only"),
+        (["policy"], "policy needs one of: explain"),
+        (["list", "x" * 70000], "at most 64 arguments"),
+        (["list", *(["--json"] * 64)], "at most 64 arguments"),
+        (["list", "a\0b"], "no NUL"),
+        (["list", "--via=/elsewhere"], "--via names the host"),
+    ],
+)
+def test_admin_commands_are_an_allowlist_checked_before_anything_runs(
+    admin: tuple[FakeHost, Any], args: list[str], message: str
+) -> None:
+    _, stub = admin
+    with pytest.raises(grpc.RpcError) as info:
+        stub.RunAdminCommand(runner_pb2.RunAdminCommandRequest(args=args), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
+
+
+def test_an_admin_command_runs_as_the_host_with_the_hosts_config(tmp_path: Path) -> None:
+    import os
+
+    host = FakeHost(env={"PATH": os.environ.get("PATH", ""), "AGENTNODE_CONFIG": str(tmp_path / "cfg")})
+    root = Path(tempfile.mkdtemp(prefix="an-admin-"))
+    server = build_admin_server(host, root / "s" / "admin.sock")  # type: ignore[arg-type]
+    server.start()
+    try:
+        with RunnerClient(root / "s" / "admin.sock") as client:
+            code, out, err = client.admin(["list", "--json"])
+            assert (code, json.loads(out)) == (0, [])  # the host's (empty) lockfile, not this process's
+            code, out, err = client.admin(["uninstall", "nothing-here"])
+            assert code == 1 and out == "" and err.startswith("error: ")
+            code, _, err = client.admin(["list", "--no-such-option"])
+            assert code == 2 and "unrecognized arguments" in err
+    finally:
+        server.stop(grace=None).wait(5)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,10 +1,26 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunAdminCommandRequest(_message.Message):
+    __slots__ = ("args",)
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    args: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, args: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RunAdminCommandResponse(_message.Message):
+    __slots__ = ("exit_code", "stdout", "stderr")
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    exit_code: int
+    stdout: str
+    stderr: str
+    def __init__(self, exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ...) -> None: ...
 
 class SubmitRunRequest(_message.Message):
     __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits")

@@ -50,6 +50,11 @@ class RunnerServiceStub:
                 request_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.RunAdminCommand = channel.unary_unary(
+                '/agentnode.sandbox.v1.RunnerService/RunAdminCommand',
+                request_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.RunAdminCommandRequest.SerializeToString,
+                response_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.RunAdminCommandResponse.FromString,
+                _registered_method=True)
 
 
 class RunnerServiceServicer:
@@ -84,6 +89,16 @@ class RunnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunAdminCommand(self, request, context):
+        """RunAdminCommand runs one of the CLI's pack and inspection commands (install, uninstall, list, doctor,
+        policy explain) as the host, with the host's config, and returns what the command printed and its
+        exit code: `agentnode-sandbox COMMAND --via SOCKET` is that command run where the host runs. Any
+        other command, or arguments over the bounds, fail with INVALID_ARGUMENT / INVALID_REQUEST.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -101,6 +116,11 @@ def add_RunnerServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.FromString,
                     response_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'RunAdminCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunAdminCommand,
+                    request_deserializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.RunAdminCommandRequest.FromString,
+                    response_serializer=host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.RunAdminCommandResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -185,6 +205,33 @@ class RunnerService:
             '/agentnode.sandbox.v1.RunnerService/CancelRun',
             host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunRequest.SerializeToString,
             host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunAdminCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentnode.sandbox.v1.RunnerService/RunAdminCommand',
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.RunAdminCommandRequest.SerializeToString,
+            host_dot___proto_dot_agentnode_dot_sandbox_dot_v1_dot_runner__pb2.RunAdminCommandResponse.FromString,
             options,
             channel_credentials,
             insecure,
