@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -35,6 +36,7 @@ from host._serve import serve
 from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
+from host.aio import AsyncRunnerClient
 from sandbox_wrapper import PROTOCOL_VERSION
 
 RPC_CLIENT = """
@@ -743,7 +745,9 @@ def _filler_probe(state: BenchState, runtime: str, n: int, settle: float) -> dic
 
 def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: float,
          cold_to_result: dict[str, float]) -> dict[str, Any]:
-    """`serve` with a pool; a persistent client submits one run at a time once the pool is full again.
+    """`serve` with a pool; a persistent client submits one run at a time once the pool is full again,
+    alternating the blocking client and host.aio's (same socket, same pool), so their request-to-result
+    times are interleaved in one run.
 
     `settle` lets the newest member's wrapper reach FetchTask; the claim prefers ready members anyway.
     """
@@ -760,22 +764,33 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     thread.start()
     server_ms: list[float] = []
     client_ms: list[float] = []
+    aio_ms: list[float] = []
     stages: dict[str, list[float]] = {}
+    loop = asyncio.new_event_loop()
     warm_runs = 0
     used: set[str] = set()
     try:
         if not ready.wait(120):
             raise RuntimeError("serve did not become ready")
+        aclient = AsyncRunnerClient(socket)  # its channel opens in `loop`, on first use
         with RunnerClient(socket) as client:
-            for i in range(reps + 1):
+            for i in range(2 * reps + 2):
+                through_aio = i % 2 == 1
                 _pool_ready(state, used, pool_size)
                 time.sleep(settle)
                 t = time.perf_counter()
-                result = _ok(client.submit(state.trivial, timeout=600))
+                if through_aio:
+                    result = _ok(loop.run_until_complete(aclient.submit(state.trivial, timeout=600)))
+                else:
+                    result = _ok(client.submit(state.trivial, timeout=600))
                 elapsed = _since(t)
                 used.add(result.run_id)
-                if i == 0:
-                    continue  # the first call also opens the client's channel
+                if i < 2:
+                    continue  # each client's first call also opens its channel
+                if through_aio:
+                    if result.warm:
+                        aio_ms.append(elapsed)
+                    continue
                 warm_runs += result.warm
                 if result.warm:
                     client_ms.append(elapsed)
@@ -785,17 +800,23 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                                        ("agent", s["agent_done"] - s["fetched"]),
                                        ("finish", s["done"] - s["agent_done"])):
                         stages.setdefault(key, []).append(value)
+        loop.run_until_complete(aclient.close())
     finally:
+        loop.close()
         stop.set()
         thread.join(timeout=300)
         state.configure(runtime)
     server = summary(server_ms)
+    sync_client, aio_client = summary(client_ms), summary(aio_ms)
     return {
         "pool_size": pool_size,
         "submitted": reps,
         "warm_runs": warm_runs,
         "server_ms": server,
-        "client_ms": summary(client_ms),
+        "client_ms": sync_client,
+        "aio_client_ms": aio_client,
+        "aio_over_sync_ms": (None if med(aio_client) is None or med(sync_client) is None
+                             else round((med(aio_client) or 0.0) - (med(sync_client) or 0.0), 3)),
         "stages_ms": {k: summary(v) for k, v in stages.items()},
         "cold_to_result_ms": cold_to_result,
         "audit_append_ms": _audit_append(state, max(reps, 5)),

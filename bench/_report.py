@@ -154,6 +154,9 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, str]]:
             unit=" ms")
         r = w.get("speedup")
         row("warm speed-up over cold", rt, r, goal=">= 10x", ok=r is not None and r >= 10, unit="x")
+        d = w.get("aio_over_sync_ms")
+        row("warm run p50 through host.aio over the blocking client", rt, d, goal="<= 1 ms",
+            ok=d is not None and d <= 1.0, unit=" ms")
     return rows
 
 
@@ -231,7 +234,9 @@ _CONCURRENCY = (
 _WARM = (
     "`serve` with a warm pool, one persistent `RunnerClient` over the admin socket, runs submitted one "
     "at a time after the pool refilled. Server side = `stages['done']` (request received -> result); "
-    "client side = around `submit`. Cold = the cold runs above up to their result (teardown excluded, "
+    "client side = around `submit`; the host.aio client (`AsyncRunnerClient.submit`, awaited) takes every "
+    "other run, interleaved with the blocking one. Cold = the cold runs above up to their result (teardown "
+    "excluded, "
     "as `serve` tears down after answering). median / p95 in ms; then medians of the server-side "
     "parts, and one audit append timed alone (median / p95)."
 )
@@ -351,11 +356,13 @@ def render(results: Mapping[str, Any]) -> str:
                for n, c in levels.items() for r in c["repetitions"] for reason in r["failure_reasons"]]
     out += ["", "Failures:", "", *reasons] if reasons else []
     out += _section("Warm", _WARM,
-                    ("runtime", "warm, server", "warm, client", "cold to result", "speed-up",
+                    ("runtime", "warm, server", "warm, client", "warm, host.aio client", "cold to result",
+                     "speed-up",
                      "warm / submitted", "claim", "claimed -> task fetched", "fetched -> agent done",
                      "agent done -> result",
                      "audit append alone"),
-                    [(rt, _mp(w["server_ms"]), _mp(w["client_ms"]), _mp(w["cold_to_result_ms"]),
+                    [(rt, _mp(w["server_ms"]), _mp(w["client_ms"]), _mp(w.get("aio_client_ms")),
+                      _mp(w["cold_to_result_ms"]),
                       f"{_fmt(w['speedup'])}x", f"{w['warm_runs']} / {w['submitted']}",
                       *(_fmt(med(w["stages_ms"].get(k))) for k in ("claim", "handover", "agent", "finish")),
                       _mp(w["audit_append_ms"]))

@@ -42,18 +42,13 @@ from host._result import RunResult
 
 
 class AsyncRunnerClient:
-    """Submits runs to `agentnode-sandbox serve` from asyncio; one per event loop, it holds one channel."""
+    """Submits runs to `agentnode-sandbox serve` from asyncio; it holds one channel, opened on first use in
+    the event loop that uses it (so it may be built anywhere), for that loop only."""
 
     def __init__(self, socket_path: str | Path, *, connect_timeout: float = 5.0) -> None:
         self.socket_path = str(socket_path)
-        self._channel = grpc.aio.insecure_channel(
-            f"unix:{self.socket_path}",
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
         self._connect_timeout = connect_timeout
         self._ready = False
 
@@ -65,12 +60,23 @@ class AsyncRunnerClient:
 
     async def close(self) -> None:
         """Close the channel; calls still open are cancelled (and with them their runs)."""
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel, self._stub, self._ready = None, None, False
 
     async def _ensure_ready(self) -> None:
-        """Fail fast (with the fix) when nothing serves the socket, instead of waiting forever."""
+        """Open the channel in this loop, failing fast (with the fix) when nothing serves the socket."""
         if self._ready:
             return
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                f"unix:{self.socket_path}",
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ],
+            )
+            self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)  # type: ignore[no-untyped-call]
         try:
             await asyncio.wait_for(self._channel.channel_ready(), self._connect_timeout)
         except TimeoutError:

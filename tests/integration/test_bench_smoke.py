@@ -49,6 +49,7 @@ def test_smoke_writes_every_section(
     assert level["failures"] == 0 and level["leftovers"] == 0 and level["peak_active"] >= 1
     warm = data["warm"]["runc"]
     assert warm["submitted"] == run.SMOKE.warm and warm["server_ms"]["n"] == warm["warm_runs"] >= 1
+    assert warm["aio_client_ms"]["n"] >= 1 and warm["aio_over_sync_ms"] is not None
 
     statuses = {(t["target"], t["status"]) for t in data["targets"]}
     assert ("64 concurrent: failures", "not measured") in statuses  # smoke never runs 64 at once
@@ -84,4 +85,5 @@ def test_targets_say_met_missed_or_not_measured() -> None:
         ("64 concurrent: host memory per active run", "runc"): "met",
         ("warm run p50 (server side)", "runc"): "met",
         ("warm speed-up over cold", "runc"): "missed",
+        ("warm run p50 through host.aio over the blocking client", "runc"): "not measured",
     }

@@ -89,3 +89,19 @@ def test_cancelling_the_task_cancels_the_run(served: tuple[FakeHost, Path]) -> N
 
     asyncio.run(main())
     assert host.cancelled.wait(10)  # the host was told to cancel the run when its caller went away
+
+
+def test_a_client_built_outside_the_loop_opens_its_channel_in_the_loop_that_uses_it(
+    served: tuple[FakeHost, Path],
+) -> None:
+    _, socket = served
+    client = AsyncRunnerClient(socket)  # built where no loop runs, as a module-level client would be
+
+    async def use() -> bool:
+        try:
+            return (await client.submit("agent")).success
+        finally:
+            await client.close()
+
+    assert asyncio.run(use()) is True
+    assert asyncio.run(use()) is True  # closed, then opened again in another loop
