@@ -1,5 +1,6 @@
-"""The wheel works on its own: installed into a fresh virtual environment outside the checkout, its console
-script builds the pinned image from the inputs the wheel ships and runs an agent sandboxed."""
+"""The sdist and wheel work on their own: the wheel, built from the sdist alone and installed into a fresh
+virtual environment outside the checkout, builds the pinned image from the inputs it ships and runs an agent
+sandboxed with its console script."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import venv
 from pathlib import Path
 
@@ -43,7 +45,15 @@ def test_an_installed_wheel_builds_the_image_and_runs_a_sandboxed_agent(
     for key in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "DOCKER_HOST"):
         if key in os.environ:
             env[key] = os.environ[key]
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+    # The sdist first, then the wheel built from the sdist alone: both must stand without the checkout.
+    build_sdist = f"from setuptools import build_meta; print(build_meta.build_sdist({str(dist)!r}))"
+    sdist = dist / _run([sys.executable, "-c", build_sdist], env={**env, "HOME": str(tmp_path)},
+                        cwd=REPO).strip().splitlines()[-1]  # fmt: skip
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    (source,) = (tmp_path / "unpacked").iterdir()
+    assert (source / "host" / "_image_inputs" / "Dockerfile").is_file()  # real files, not the symlink
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
          env={**env, "HOME": os.environ.get("HOME", str(tmp_path))}, cwd=work)  # fmt: skip
     (wheel,) = dist.glob("agentnode_sandbox-*.whl")
     venv.EnvBuilder(with_pip=True).create(env_dir)
