@@ -765,6 +765,7 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     server_ms: list[float] = []
     client_ms: list[float] = []
     aio_ms: list[float] = []
+    aio_server_ms: list[float] = []
     stages: dict[str, list[float]] = {}
     loop = asyncio.new_event_loop()
     warm_runs = 0
@@ -790,6 +791,7 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                 if through_aio:
                     if result.warm:
                         aio_ms.append(elapsed)
+                        aio_server_ms.append(result.stages["done"])
                     continue
                 warm_runs += result.warm
                 if result.warm:
@@ -815,6 +817,7 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         "server_ms": server,
         "client_ms": sync_client,
         "aio_client_ms": aio_client,
+        "aio_server_ms": summary(aio_server_ms),
         "aio_over_sync_ms": (None if med(aio_client) is None or med(sync_client) is None
                              else round((med(aio_client) or 0.0) - (med(sync_client) or 0.0), 3)),
         "stages_ms": {k: summary(v) for k, v in stages.items()},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -48,7 +49,12 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with the contract's error shape: `error: …` and `hint: …` on stderr, exit 2."""
+    """argparse with the contract's error shape: `error: …` and `hint: …` on stderr, exit 2; no
+    abbreviated options (`--vi` is not `--via`: what a script says is what runs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         _print_error(message, f"see: {self.prog} --help")
@@ -800,20 +806,25 @@ def _tolerant_streams() -> None:
             reconfigure(errors="backslashreplace")
 
 
-def _forward(raw: list[str], via: str) -> int:
+def _forward(args: argparse.Namespace, raw: list[str], via: str) -> int:
     """This command line, run by the `serve` host at `via` (RunAdminCommand); its output is printed as the
-    host's CLI printed it (already escaped there)."""
+    host's CLI printed it (already escaped there). Global options stay here; the command's own go along,
+    without --via, and the paths it names are made absolute (the socket means the same machine)."""
     from host._client import RunnerClient
 
+    if os.environ.get(ADMIN_CHILD_VARIABLE):
+        raise _UsageError("--via cannot be used by a command the host itself runs for its admin socket")
     forwarded: list[str] = []
     skip = False
-    for word in raw:
+    for word in raw[raw.index(args.cmd):]:
         if skip:
             skip = False
         elif word == "--via":
             skip = True
         elif not word.startswith("--via="):
             forwarded.append(word)
+    if args.cmd == "install":
+        forwarded = [str(Path(w).absolute()) if w in (args.path, *args.find_links) else w for w in forwarded]
     with RunnerClient(via) as client:
         code, out, err = client.admin(forwarded)
     sys.stdout.write(out)
@@ -823,6 +834,8 @@ def _forward(raw: list[str], via: str) -> int:
 
 ADMIN_COMMANDS = frozenset({"install", "uninstall", "list", "doctor", "policy"})
 """Commands that `--via SOCKET` runs on a `serve` host (host/_serve.py's RunAdminCommand)."""
+ADMIN_CHILD_VARIABLE = "AGENTNODE_ADMIN_CHILD"
+"""Set in the environment of a command the host runs for its admin socket: such a command never forwards."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -841,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, handlers=[handler])
     try:
         if args.cmd in ADMIN_COMMANDS and getattr(args, "via", None):
-            return _forward(raw, args.via)
+            return _forward(args, raw, args.via)
         return int(args.func(args))
     except _UsageError as exc:
         _print_error(str(exc), f"see: {PROG} {args.cmd} --help")

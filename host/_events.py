@@ -26,7 +26,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 @dataclass(frozen=True)
 class RunStarted:
-    """The run has its id (first event)."""
+    """The run has its id (after the first stages; before any RunLog)."""
 
     run_id: str
 
@@ -148,7 +148,15 @@ def rpc_error(err: grpc.RpcError, socket_path: str) -> SandboxError:
         message = safe_line(str(details or "the host refused the request")).removeprefix("INVALID_REQUEST: ")
         return InvalidRequest(message, hint="fix the request; nothing ran")
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return InvalidRequest("the request is larger than the host accepts (16 MiB)", hint="send less")
+        return InvalidRequest("a message was over 16 MiB (the request, or the host's answer to it)",
+                              hint="send less, or ask for less")  # fmt: skip
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return EngineError(
+            "the call took longer than its timeout (the run, if it started, was cancelled)",
+            reason=AuditReason.ENGINE_UNAVAILABLE,
+            hint="pass a longer timeout, or none",
+            check="serve",
+        )
     if code is grpc.StatusCode.UNAVAILABLE:
         return EngineError(
             f"nothing answers on {socket_path}",

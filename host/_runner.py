@@ -194,9 +194,10 @@ class SandboxHost:
                                 timed_out=result.timed_out, slug=slug):  # fmt: skip
             self.audit_failures += 1
             result = withheld(result, self.records.hint)
-        for observer in (self.metrics, self.tracer):
-            observer.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
         run.mark("done")
+        for observer in (self.metrics, self.tracer):  # neither may touch the result now fixed and audited
+            with contextlib.suppress(Exception):
+                observer.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
         set_run_id("")  # this thread's work for the run is over
         return result
 
@@ -251,6 +252,7 @@ class SandboxHost:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
             if not (self.teardowns.background and a.sandboxed) or run.on_log is not None:
                 work.settle_logs(_LOG_SETTLE_SECONDS)  # the last lines (a follower gets them all first)
+            work.session.listen_logs(None)  # a line later than that is in the logs only
             outcome = conclude(
                 ending,
                 work,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -74,11 +75,20 @@ def report_from(result: RunResult) -> runner_pb2.RunReport:
     )
 
 
+MAX_LOG_EVENTS = 4096
+"""Log events one StreamRun sends (the output cap bounds their bytes; this bounds their count)."""
 ADMIN_COMMANDS = {"install": (), "uninstall": (), "list": (), "doctor": (), "policy": ("explain",)}
 """The commands RunAdminCommand runs (with their required subcommand); never run or serve (their own RPCs)
 nor init, image or audit (the operator's terminal)."""
 ADMIN_COMMAND_SECONDS = 1800.0
 """An install may build a volume and download wheels; nothing an admin command does takes longer."""
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    """Stop an admin command and whatever it started (its own session), if it still runs."""
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
 
 
 def admin_command_problem(args: list[str]) -> str:
@@ -165,6 +175,8 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             run_ids.append(run_id)
             if on_start is not None:
                 on_start(run_id)
+            if not context.is_active():  # the caller left before the run had an id to cancel by
+                self.host.cancel(run_id)
 
         def cancel_on_disconnect() -> None:
             for run_id in run_ids:
@@ -196,14 +208,33 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         kwargs, caller, limits = self._validated(request, context)
         events: queue.Queue[runner_pb2.StreamRunResponse | None] = queue.Queue()
         run_id: list[str] = []
+        early: list[str] = []  # lines written before the run's id was announced: sent right after it
+        lock = threading.Lock()
+        sent = [0]
+
+        def put_line(text: str) -> None:
+            sent[0] += 1
+            if sent[0] <= MAX_LOG_EVENTS:
+                line = runner_pb2.LogLine(run_id=run_id[0], text=text)
+                events.put(runner_pb2.StreamRunResponse(log=line))
+            elif sent[0] == MAX_LOG_EVENTS + 1:
+                note = f"[agentnode: more than {MAX_LOG_EVENTS} lines; the rest are in the report's logs]"
+                events.put(runner_pb2.StreamRunResponse(log=runner_pb2.LogLine(run_id=run_id[0], text=note)))
 
         def started(rid: str) -> None:
-            run_id.append(rid)
-            events.put(runner_pb2.StreamRunResponse(started_run_id=rid))
+            with lock:
+                run_id.append(rid)
+                events.put(runner_pb2.StreamRunResponse(started_run_id=rid))
+                for text in early:
+                    put_line(text)
+                early.clear()
 
         def log(text: str) -> None:
-            line = runner_pb2.LogLine(run_id=run_id[0] if run_id else "", text=text)
-            events.put(runner_pb2.StreamRunResponse(log=line))
+            with lock:
+                if run_id:
+                    put_line(text)
+                else:
+                    early.append(text)
 
         def work() -> None:
             try:
@@ -239,20 +270,28 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         problem = admin_command_problem(args)
         if problem:
             _invalid(context, problem)
+        # This very package (-P: never a `host` from the working directory), run from the host's own
+        # config directory, marked as the host's child so it can never forward to a socket again.
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = {**self.host.env, "PYTHONPATH": package_root, "AGENTNODE_ADMIN_CHILD": "1"}
+        child = subprocess.Popen(
+            [sys.executable, "-P", "-m", "host", *args], env=env, cwd=self.host.config.paths.dir,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        context.add_callback(lambda: _kill_group(child))  # the caller went away (or the host is stopping)
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "host", *args], env=dict(self.host.env), capture_output=True,
-                timeout=ADMIN_COMMAND_SECONDS, check=False, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+            out, err = child.communicate(timeout=ADMIN_COMMAND_SECONDS)
         except subprocess.TimeoutExpired:
+            _kill_group(child)
+            child.communicate()
             return runner_pb2.RunAdminCommandResponse(
                 exit_code=1, stderr=f"error: the command took longer than {ADMIN_COMMAND_SECONDS} s\n"
             )
         cap = _MAX_MESSAGE_BYTES // 4
         return runner_pb2.RunAdminCommandResponse(
-            exit_code=done.returncode,
-            stdout=done.stdout[:cap].decode("utf-8", "replace"),
-            stderr=done.stderr[:cap].decode("utf-8", "replace"),
+            exit_code=child.returncode,
+            stdout=out[:cap].decode("utf-8", "replace"),
+            stderr=err[:cap].decode("utf-8", "replace"),
         )
 
 

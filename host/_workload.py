@@ -72,6 +72,11 @@ class CappedSink:
         self._partial += data
         while (end := self._partial.find(b"\n")) >= 0 or len(self._partial) >= MAX_LINE_BYTES:
             cut = end if 0 <= end < MAX_LINE_BYTES else MAX_LINE_BYTES
+            if cut != end:  # a piece of a long line: never end it inside a UTF-8 character
+                back = cut
+                while back > cut - 3 and back < len(self._partial) and self._partial[back] & 0xC0 == 0x80:
+                    back -= 1
+                cut = back if back > 0 else cut
             line = bytes(self._partial[:cut])
             del self._partial[: cut + (1 if cut == end else 0)]
             self.on_line(line.decode("utf-8", "replace").removesuffix("\r"))

@@ -65,7 +65,8 @@ def test_a_sandboxed_run_is_one_span_tree_of_its_stages_and_calls(
     assert all(s.parent.span_id == root.context.span_id for s in children)  # type: ignore[union-attr]
     assert all(s.context.trace_id == root.context.trace_id for s in children)
     names = [s.name for s in sorted(children, key=lambda s: s.start_time or 0)]
-    for stage in ("agentnode.admission", "agentnode.prepare", "agentnode.start", "agentnode.agent"):
+    for stage in ("agentnode.admission", "agentnode.prepare", "agentnode.start", "agentnode.agent",
+                  "agentnode.finish"):  # fmt: skip
         assert stage in names
     tools = [s for s in children if s.name == "agentnode.tool_call"]
     assert sorted(str((s.attributes or {})["agentnode.outcome"]) for s in tools) == ["TOOL_NOT_ALLOWED", "ok"]

@@ -390,3 +390,4 @@ def test_metrics_and_health_agree_with_the_audit_after_runs_of_every_outcome(
     )
     assert samples[("agentnode_active_runs", ())] == 0
     assert samples[("agentnode_run_stage_seconds_count", (("stage", "agent_done"),))] >= 5
+    assert samples[("agentnode_run_stage_seconds_count", (("stage", "done"),))] == 7  # every run ends

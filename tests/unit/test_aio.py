@@ -105,3 +105,21 @@ def test_a_client_built_outside_the_loop_opens_its_channel_in_the_loop_that_uses
 
     assert asyncio.run(use()) is True
     assert asyncio.run(use()) is True  # closed, then opened again in another loop
+
+
+def test_a_caller_that_leaves_before_the_run_has_an_id_still_cancels_it(
+    served: tuple[FakeHost, Path],
+) -> None:
+    host, socket = served
+
+    async def main() -> None:
+        async with AsyncRunnerClient(socket) as client:
+            task = asyncio.create_task(client.submit("late"))
+            while not host.runs:
+                await asyncio.sleep(0.01)
+            task.cancel()  # the run is still starting: no run id has been announced yet
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    assert host.cancelled.wait(10)  # cancelled as soon as it got its id

@@ -134,3 +134,14 @@ def test_json_log_lines_carry_the_threads_run_and_escape_everything() -> None:
     outside = json.loads(formatter.format(failed))
     assert outside["run_id"] is None and outside["exception"] == "ValueError"
     assert "secret text" not in formatter.format(failed)
+
+
+def test_a_long_lines_pieces_never_split_a_character() -> None:
+    lines: list[str] = []
+    sink = CappedSink(cap=4 * MAX_LINE_BYTES, on_line=lines.append)
+    text = "é" * MAX_LINE_BYTES  # two bytes each: the 4096-byte cut falls inside one at every other offset
+    sink.feed(b"x" + text.encode() + b"\n")
+    assert "\ufffd" not in "".join(lines) and "".join(lines) == "x" + text
+    exact: list[str] = []
+    CappedSink(cap=2 * MAX_LINE_BYTES, on_line=exact.append).feed(b"y" * MAX_LINE_BYTES)  # exactly one piece
+    assert exact == ["y" * MAX_LINE_BYTES]

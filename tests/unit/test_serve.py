@@ -7,8 +7,10 @@ import json
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -28,9 +30,14 @@ class FakeHost:
         self.runs: list[dict[str, Any]] = []
         self.cancelled = threading.Event()
         self.env = env or {}
+        self.config = SimpleNamespace(paths=SimpleNamespace(dir=Path(tempfile.gettempdir())))
 
     def run(self, slug: str, **kwargs: Any) -> RunResult:
         self.runs.append({"slug": slug, **kwargs})
+        if slug == "late":  # a cold start: the run has no id for a while
+            time.sleep(1.0)
+        if slug == "early" and kwargs.get("on_log") is not None:
+            kwargs["on_log"]("written before the id was announced")  # a warm member's first line
         kwargs["on_start"]("run-1")
         if kwargs.get("on_log") is not None:
             for line in ("first line", "\x1b[31mred\x1b[0m"):
@@ -175,6 +182,49 @@ def test_an_admin_command_runs_as_the_host_with_the_hosts_config(tmp_path: Path)
             assert code == 1 and out == "" and err.startswith("error: ")
             code, _, err = client.admin(["list", "--no-such-option"])
             assert code == 2 and "unrecognized arguments" in err
+            # An abbreviation of --via is no --via, and the host's child never forwards anyway.
+            code, _, err = client.admin(["list", "--vi", str(root / "s" / "admin.sock")])
+            assert code == 2 and "unrecognized arguments: --vi" in err
+    finally:
+        server.stop(grace=None).wait(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_lines_written_before_the_run_id_come_right_after_it(admin: tuple[FakeHost, Any]) -> None:
+    _, stub = admin
+    events = list(stub.StreamRun(runner_pb2.StreamRunRequest(slug="early"), timeout=10))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds == ["started_run_id", "log", "log", "log", "report"]
+    assert [e.log.run_id for e in events[1:4]] == ["run-1"] * 3
+    assert events[1].log.text == "written before the id was announced"
+
+
+def test_the_host_child_never_forwards() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AGENTNODE_ADMIN_CHILD": "1"}
+    proc = subprocess.run([sys.executable, "-m", "host", "list", "--via", "/nowhere.sock"], env=env,
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and "--via cannot be used" in proc.stderr
+
+
+def test_global_options_stay_with_the_caller_and_the_command_goes_to_the_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    from host._cli import main
+
+    host = FakeHost(env={"PATH": os.environ.get("PATH", ""), "AGENTNODE_CONFIG": str(tmp_path / "cfg")})
+    root = Path(tempfile.mkdtemp(prefix="an-admin-"))
+    server = build_admin_server(host, root / "s" / "admin.sock")  # type: ignore[arg-type]
+    server.start()
+    try:
+        code = main(["--log-format", "json", "list", "--json", "--via", str(root / "s" / "admin.sock")])
+        out = capsys.readouterr().out
+        assert code == 0 and json.loads(out) == []
     finally:
         server.stop(grace=None).wait(5)
         shutil.rmtree(root, ignore_errors=True)
