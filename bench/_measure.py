@@ -8,7 +8,7 @@ import json
 import math
 import struct
 import subprocess
-import threading
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from bench._report import TOOL_SANDBOX_STAGES, med, ratio, summary
+from bench._report import REPO, TOOL_SANDBOX_STAGES, med, ratio, summary
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
@@ -32,7 +32,6 @@ from host._pool import PoolSettings
 from host._rundir import make_run_dir
 from host._runner import RunResult, SandboxHost
 from host._sandbox import Sandbox
-from host._serve import serve
 from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
@@ -753,15 +752,12 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     """
     state.configure(runtime, pool={"size": pool_size, "idle_ttl_seconds": 3600})
     socket = state.root / "admin.sock"
-    stop = threading.Event()
-    ready = threading.Event()
-    thread = threading.Thread(
-        target=serve, args=(socket,),
-        kwargs={"env": state.env, "warm": [state.trivial], "ready": lambda _s: ready.set(), "stop": stop,
-                "drain_seconds": 10.0},
-        daemon=True, name="bench-serve",
-    )
-    thread.start()
+    # serve in its own process, as an operator runs it: the clients here never share its interpreter.
+    served = subprocess.Popen(
+        [sys.executable, "-m", "host", "serve", "--socket", str(socket), "--warm", state.trivial, "--json",
+         "--drain-seconds", "10"],
+        cwd=REPO, env=dict(state.env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
     server_ms: list[float] = []
     client_ms: list[float] = []
     aio_ms: list[float] = []
@@ -771,7 +767,8 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     warm_runs = 0
     used: set[str] = set()
     try:
-        if not ready.wait(120):
+        assert served.stdout is not None
+        if not served.stdout.readline().startswith("{"):
             raise RuntimeError("serve did not become ready")
         aclient = AsyncRunnerClient(socket)  # its channel opens in `loop`, on first use
         with RunnerClient(socket) as client:
@@ -805,8 +802,14 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         loop.run_until_complete(aclient.close())
     finally:
         loop.close()
-        stop.set()
-        thread.join(timeout=300)
+        served.terminate()  # SIGTERM: drain, destroy the pool, exit
+        try:
+            served.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            served.kill()
+            served.wait()
+        if served.stdout is not None:
+            served.stdout.close()
         state.configure(runtime)
     server = summary(server_ms)
     sync_client, aio_client = summary(client_ms), summary(aio_ms)

@@ -232,7 +232,8 @@ _CONCURRENCY = (
     "containerd shims' RSS. Failures, if any, are listed below the table."
 )
 _WARM = (
-    "`serve` with a warm pool, one persistent `RunnerClient` over the admin socket, runs submitted one "
+    "`serve` (its own process) with a warm pool, one persistent `RunnerClient` over the admin socket, runs "
+    "submitted one "
     "at a time after the pool refilled. Server side = `stages['done']` (request received -> result); "
     "client side = around `submit`; the host.aio client (`AsyncRunnerClient.submit`, awaited) takes every "
     "other run, interleaved with the blocking one. Cold = the cold runs above up to their result (teardown "
