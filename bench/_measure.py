@@ -9,6 +9,7 @@ import math
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -763,7 +764,14 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     aio_ms: list[float] = []
     aio_server_ms: list[float] = []
     stages: dict[str, list[float]] = {}
+    # The async client lives in a loop that runs all along on its own thread, as in an asyncio service.
     loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True, name="bench-aio-loop")
+    loop_thread.start()
+
+    def in_loop(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=900)
+
     warm_runs = 0
     used: set[str] = set()
     try:
@@ -778,7 +786,7 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                 time.sleep(settle)
                 t = time.perf_counter()
                 if through_aio:
-                    result = _ok(loop.run_until_complete(aclient.submit(state.trivial, timeout=600)))
+                    result = _ok(in_loop(aclient.submit(state.trivial, timeout=600)))
                 else:
                     result = _ok(client.submit(state.trivial, timeout=600))
                 elapsed = _since(t)
@@ -799,8 +807,10 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                                        ("agent", s["agent_done"] - s["fetched"]),
                                        ("finish", s["done"] - s["agent_done"])):
                         stages.setdefault(key, []).append(value)
-        loop.run_until_complete(aclient.close())
+        in_loop(aclient.close())
     finally:
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(timeout=30)
         loop.close()
         served.terminate()  # SIGTERM: drain, destroy the pool, exit
         try:
