@@ -161,13 +161,19 @@ def test_agent_failure_text_is_escaped_in_human_output(
             ledger, f"{id}.human", human, escaped=escaped,
             expected="exit 1; one `error:` line, ESC/C1/bidi shown escaped (\\x1b, \\u202e)",
         )  # fmt: skip
+        # The agent's last output lines come first, each one line behind `| `, then the one `error:` line.
+        errors = [line for line in lines if line.startswith("error: ")]
+        shown_lines = [line for line in lines if line.startswith("| ")]
+        header = [line for line in lines if line.startswith("the agent's last ")]
         ledger.attack(
             f"{id}.one_error_line",
-            expected="the agent's text stays inside the one `error:` line (no fake `ok:` line of its own)",
+            expected="the agent's text stays inside the one `error:` line and its own `| ` output lines "
+            "(no fake `ok:` line of its own)",
             observed=f"exit {human.returncode}; stdout {len(human.stdout)} chars; stderr lines "
             f"{[brief(ascii(line), 40) for line in lines]}",
-            ok=ok and human.returncode == 1 and human.stdout == "" and 1 <= len(lines) <= 2
-            and lines[0].startswith("error: ") and not any(line.startswith("ok:") for line in lines),
+            ok=ok and human.returncode == 1 and human.stdout == "" and len(errors) == 1 and len(header) <= 1
+            and all(line.startswith(("error: ", "hint: ", "| ", "the agent's last ")) for line in lines)
+            and len(shown_lines) <= 10 and not any(line.startswith("ok:") for line in lines),
         )  # fmt: skip
         as_json = run_cli("run", slug, "--runtime", lab.runtime, "--arg", f'mode="{mode}"', "--json")
         try:
