@@ -236,12 +236,14 @@ def container_spec(
     limits: ContainerLimits = ContainerLimits(),
     warm: bool = False,
     tool_for: str = "",
+    preload: str = "",
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run: every hardening decision, as plain data.
 
     `warm` marks a warm pool member (LABEL_WARM: counted by doctor, swept like any run container); it is
     the only difference between a warm and a cold spec. `tool_for` (a run id) makes it a tool sandbox of
     that run: the wrapper's tool-server mode and LABEL_TOOL_FOR are the only differences from a run's.
+    `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
     """
     tmpfs_opts = "rw,noexec,nosuid,nodev"
     labels = {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]}
@@ -285,6 +287,7 @@ def container_spec(
             pythonpath="/opt/agentnode/site",
             socket=f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}",
             import_root=import_root,
+            preload="" if tool_for else preload,
         ),
         "mounts": [
             Mount(

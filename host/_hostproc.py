@@ -14,6 +14,7 @@ from pathlib import Path
 
 from host._admission import Admission
 from host._explain import host_copy_error
+from host._manifest import AgentManifest
 from host._rundir import RunDir
 from host._session import RunSession
 from host._vocab import HOST_TRUST, Trust
@@ -37,6 +38,7 @@ def host_wrapper_env(rundir: RunDir, spec: HostSpec, env: Mapping[str, str]) -> 
         pythonpath=_WRAPPER_CODE,
         socket=str(rundir.socket_path),
         import_root=spec.import_root,
+        preload=spec.preload,
     )
 
 
@@ -46,6 +48,8 @@ class HostSpec:
 
     slug: str
     import_root: str
+    preload: str = ""
+    """The agent's entrypoint module, imported by the wrapper before its task."""
 
 
 @dataclass(kw_only=True)
@@ -92,7 +96,10 @@ class HostBackend:
         entry = admission.entry
         if entry is None or Trust.parse(entry.trust_level) not in HOST_TRUST or not entry.host_path:
             raise host_copy_error(admission.slug)
-        return HostSpec(slug=admission.slug, import_root=str(Path(entry.host_path) / entry.import_subdir))
+        manifest = admission.manifest
+        entrypoint = manifest.entrypoint if isinstance(manifest, AgentManifest) else ""
+        return HostSpec(slug=admission.slug, import_root=str(Path(entry.host_path) / entry.import_subdir),
+                        preload=entrypoint.partition(":")[0])  # fmt: skip
 
     def launch(
         self,

@@ -19,6 +19,11 @@ logger = logging.getLogger("agentnode.sandbox.pool")
 
 PoolKey = tuple[str, str, str, str]
 
+REFILL_DEFER_SECONDS = 0.15
+"""How long a refill waits for the runs just claimed from a pool to get their results first. Starting a
+container keeps both cores of a small host busy for a while, and a warm run's few milliseconds are the
+reason the pool exists; a run that takes longer than this shares the machine with the refill as before."""
+
 
 @dataclass(frozen=True)
 class PoolSettings:
@@ -62,6 +67,8 @@ class WarmPools:
         self._members: dict[PoolKey, list[Sandbox]] = {}
         self._specs: dict[PoolKey, SandboxSpec] = {}
         self._launching: dict[PoolKey, int] = {}
+        self._unsettled: dict[str, float] = {}
+        """Run ids of claimed members whose runs have no result yet, with when they were claimed."""
         self._cond = threading.Condition()
         self._closed = False
         self.launch_failures = 0
@@ -102,10 +109,17 @@ class WarmPools:
             if pick is not None:
                 members.remove(pick)
                 self.hits += 1
+                self._unsettled[pick.run_id] = time.monotonic()
             elif key in self._specs:
                 self.misses += 1
             self._cond.notify_all()
         return pick
+
+    def settled(self, run_id: str) -> None:
+        """The run of a claimed member has its result: a refill need not wait for it any longer."""
+        with self._cond:
+            if self._unsettled.pop(run_id, None) is not None:
+                self._cond.notify_all()
 
     def counts(self) -> dict[str, int]:
         with self._cond:
@@ -147,6 +161,21 @@ class WarmPools:
                 self._launching[key] = self._launching.get(key, 0) + 1
                 return doomed, spec
         return doomed, None
+
+    def _defer_refill(self) -> None:
+        """Under the lock: wait while a run claimed less than REFILL_DEFER_SECONDS ago has no result yet,
+        never longer than that in all (claims that keep coming cannot starve the pool)."""
+        give_up = time.monotonic() + REFILL_DEFER_SECONDS
+        while not self._closed:
+            now = time.monotonic()
+            for run_id, at in list(self._unsettled.items()):  # a run that never settles is forgotten
+                if now - at >= REFILL_DEFER_SECONDS:
+                    del self._unsettled[run_id]
+            hold = min(max((at + REFILL_DEFER_SECONDS for at in self._unsettled.values()), default=now),
+                       give_up) - now  # fmt: skip
+            if hold <= 0:
+                return
+            self._cond.wait(timeout=hold)
 
     def _retire_stale(self) -> None:
         """Drop pools whose pack version is no longer the installed one (outside the lock: it reads files)."""
@@ -193,6 +222,11 @@ class WarmPools:
                 if spec is None and not doomed:
                     self._cond.wait(timeout=1.0)
                     continue
+                if spec is not None:
+                    self._defer_refill()
+                    if self._closed:
+                        self._launching[spec.pool_key] -= 1
+                        return
             for old in doomed:
                 with contextlib.suppress(Exception):
                     self._destroy(old)

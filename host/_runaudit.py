@@ -35,6 +35,8 @@ class RunFacts:
     on_log: Callable[[str], None] | None = None
     """Each line of the agent's output as it is written (within the log cap)."""
     caller: CallerInfo = NO_CALLER
+    after_result: Callable[[], None] | None = None
+    """Work the run's result need not wait for (a background teardown): done once the result is fixed."""
 
     def fix_id(self, run_id: str, *, warm: bool = False, placed: bool = True) -> None:
         assert not self.run_id, "a run's id is fixed once"

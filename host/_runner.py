@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -195,10 +196,17 @@ class SandboxHost:
             self.audit_failures += 1
             result = withheld(result, self.records.hint)
         run.mark("done")
-        for observer in (self.metrics, self.tracer):  # neither may touch the result now fixed and audited
-            with contextlib.suppress(Exception):
-                observer.run_ended(run, reason=reason, success=result.success, duration_ms=result.duration_ms)
-        set_run_id("")  # this thread's work for the run is over
+        try:
+            for observer in (self.metrics, self.tracer):  # neither may touch the result fixed and audited
+                with contextlib.suppress(Exception):
+                    observer.run_ended(run, reason=reason, success=result.success,
+                                       duration_ms=result.duration_ms)  # fmt: skip
+        finally:
+            if run.warm and self.pools is not None:
+                self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
+            if run.after_result is not None:
+                run.after_result()
+            set_run_id("")  # this thread's work for the run is over
         return result
 
     def _execute(
@@ -268,7 +276,13 @@ class SandboxHost:
                 run.gate.close()  # the run's tool sandboxes go with it, whatever ended it
             if work is not None:
                 # A host process dies at once, and must never outlive a serve that is shutting down.
-                self.teardowns.submit(backend, work, lambda: run.mark("teardown"), inline=not a.sandboxed)
+                teardown = functools.partial(
+                    self.teardowns.submit, backend, work, lambda: run.mark("teardown"), inline=not a.sandboxed
+                )
+                if self.teardowns.background and a.sandboxed:
+                    run.after_result = teardown  # it would compete with the audit for the host's cores
+                else:
+                    teardown()
 
 
 __all__ = ["RunResult", "SandboxHost"]

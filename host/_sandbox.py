@@ -53,6 +53,8 @@ class SandboxSpec:
     volume: str
     import_root: str
     limits: ContainerLimits
+    preload: str = ""
+    """The agent's entrypoint module, which the wrapper imports before its task ("" for none)."""
 
     @property
     def pool_key(self) -> tuple[str, str, str, str]:
@@ -128,6 +130,7 @@ class Sandbox(Workload):
                 limits=spec.limits,
                 warm=warm,
                 tool_for=tool_for,
+                preload=spec.preload,
             )
             try:
                 with engine_errors():
@@ -253,8 +256,9 @@ class DockerBackend:
         self._facts = (now, facts)
         return facts
 
-    def spec_for(self, entry: LockEntry, runtime: str) -> SandboxSpec:
-        """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed."""
+    def spec_for(self, entry: LockEntry, runtime: str, *, entrypoint: str = "") -> SandboxSpec:
+        """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed.
+        `entrypoint` (an agent's) names the module its wrapper imports ahead of the task."""
         client = self.client()
         require_capable(self.facts(), runtime)
         image = verify_pinned_image(client, self.image_pin)
@@ -268,6 +272,7 @@ class DockerBackend:
             volume=volume,
             import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
             limits=self.limits,
+            preload=entrypoint.partition(":")[0],
         )
 
     def claim(self, admission: Admission) -> Sandbox | None:
@@ -280,7 +285,9 @@ class DockerBackend:
     def prepare(self, admission: Admission) -> SandboxSpec:
         """The verified spec of a cold run; its pool (if pools are on) starts filling for the next run."""
         assert admission.entry is not None and admission.runtime is not None
-        spec = self.spec_for(admission.entry, admission.runtime)
+        manifest = admission.manifest
+        entrypoint = manifest.entrypoint if isinstance(manifest, AgentManifest) else ""
+        spec = self.spec_for(admission.entry, admission.runtime, entrypoint=entrypoint)
         if self.pools is not None:
             self.pools.want(spec)
         return spec
@@ -292,7 +299,7 @@ class DockerBackend:
             return
         manifest = entry.parsed_manifest()
         if isinstance(manifest, AgentManifest) and manifest.orchestration is None:
-            self.pools.want(self.spec_for(entry, runtime))
+            self.pools.want(self.spec_for(entry, runtime, entrypoint=manifest.entrypoint))
 
     def _launch_member(self, spec: SandboxSpec) -> Sandbox:
         self._before_member()  # e.g. the host's descriptor budget: a refill must not eat into its reserve

@@ -8,9 +8,14 @@ TOOL_SERVER_ARGS: tuple[str, ...] = (*WRAPPER_ARGS, "tool-server")
 """The same package in a tool sandbox's mode (sandbox_wrapper/_tool_server.py): it serves tool calls."""
 
 
-def wrapper_env(*, home: str, path: str, pythonpath: str, socket: str, import_root: str) -> dict[str, str]:
+def wrapper_env(
+    *, home: str, path: str, pythonpath: str, socket: str, import_root: str, preload: str = ""
+) -> dict[str, str]:
     """The whole environment of a wrapper process: nothing of the host's leaks in, and only where things
-    are differs between backends (home, PATH, the wrapper's code, the socket, the pack's import root)."""
+    are differs between backends (home, PATH, the wrapper's code, the socket, the pack's import root).
+
+    `preload` is the agent's entrypoint module ("" for none): the wrapper imports it while it waits for
+    its task, so a warm member has done its imports before a run claims it."""
     return {
         "HOME": home,
         "PATH": path,
@@ -24,6 +29,7 @@ def wrapper_env(*, home: str, path: str, pythonpath: str, socket: str, import_ro
         # for its task as long as the host keeps it: a fixed wrapper-side deadline turns a busy host
         # (many workloads starting on few cores) into a spurious exited_before_result.
         "AGENTNODE_FETCH_TIMEOUT": "0",
+        "AGENTNODE_PRELOAD": preload,
     }
 
 

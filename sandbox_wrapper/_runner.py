@@ -11,6 +11,7 @@ import site
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
+from types import ModuleType
 from typing import Any
 
 import grpc
@@ -55,6 +56,10 @@ def main() -> int:
     socket_path = os.environ.get("AGENTNODE_SOCKET", DEFAULT_SOCKET)
     if not os.path.exists(socket_path):
         return _die(EXIT_NO_TASK, f"host socket {socket_path} does not exist")
+    # The agent's module is imported while the task is still to come: a warm member has its imports
+    # done before a run claims it (the host names the module; a failure is reported once the task is here).
+    add_import_root(os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))
+    preloaded = preload(os.environ.get("AGENTNODE_PRELOAD", ""))
     channel = open_channel(socket_path)
     try:
         session = session_pb2_grpc.SessionServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -68,8 +73,7 @@ def main() -> int:
             task = session.FetchTask(request, timeout=wait, wait_for_ready=True)
         except grpc.RpcError as err:
             return _die(EXIT_NO_TASK, f"FetchTask failed: {err.code().name}: {err.details()}")
-        add_import_root(os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))
-        outcome = execute(AgentContext(channel, task), task)
+        outcome = execute(AgentContext(channel, task), task, preloaded)
         try:
             session.ReportResult(outcome)
         except grpc.RpcError as err:
@@ -91,10 +95,35 @@ def add_import_root(root: str) -> None:
     add_compat_path()  # agentnode_sdk for SDK-written packs, after the pack's own modules
 
 
-def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> session_pb2.ReportResultRequest:
+class Preloaded:
+    """The agent's module imported before its task: the module, or the failure its import ended in."""
+
+    def __init__(self, name: str, module: ModuleType | None, failure: _Failure | None) -> None:
+        self.name, self.module, self.failure = name, module, failure
+
+
+NOTHING_PRELOADED = Preloaded("", None, None)
+
+
+def preload(module_name: str) -> Preloaded:
+    """Import the module the host named (its agent's entrypoint module) ahead of the task; "" or a name
+    that is no module path imports nothing. Whatever the import raises is kept for the task's outcome."""
+    if not module_name or not all(p.isidentifier() for p in module_name.split(".")):
+        return NOTHING_PRELOADED
+    try:
+        return Preloaded(module_name, _import(module_name), None)
+    except _Failure as failure:
+        return Preloaded(module_name, None, failure)
+
+
+def execute(
+    context: AgentContext,
+    task: session_pb2.FetchTaskResponse,
+    preloaded: Preloaded = NOTHING_PRELOADED,
+) -> session_pb2.ReportResultRequest:
     """Call the entrypoint and turn whatever happens into the one ReportResult request."""
     try:
-        function = _resolve(task.entrypoint)
+        function = _resolve(task.entrypoint, preloaded)
         value = function(context, **loads_finite(task.kwargs_json or "{}"))
         if isinstance(value, Awaitable):
             value = asyncio.run(_await(value, context))
@@ -113,8 +142,9 @@ def execute(context: AgentContext, task: session_pb2.FetchTaskResponse) -> sessi
         context._finish()  # the agent's leftover threads stop waiting to retry
 
 
-def _resolve(entrypoint: str) -> Callable[..., Any]:
-    """Import `module[:function]` (function defaults to `run`) from the pack's import root."""
+def _resolve(entrypoint: str, preloaded: Preloaded = NOTHING_PRELOADED) -> Callable[..., Any]:
+    """Import `module[:function]` (function defaults to `run`) from the pack's import root, unless that
+    module was preloaded (then its import's module or failure stands)."""
     module_name, colon, function_name = entrypoint.partition(":")
     function_name = function_name if colon else "run"
     if not (all(p.isidentifier() for p in module_name.split(".")) and function_name.isidentifier()):
@@ -122,14 +152,9 @@ def _resolve(entrypoint: str) -> Callable[..., Any]:
             session_pb2.AGENT_ERROR_CODE_BAD_ENTRYPOINT,
             _clip(f"entrypoint {entrypoint!r} is not 'module' or 'module:function'"),
         )
-    try:
-        module = importlib.import_module(module_name)
-    except BaseException as exc:  # noqa: BLE001 - module-level agent code may raise anything
-        traceback.print_exception(exc)
-        raise _Failure(
-            session_pb2.AGENT_ERROR_CODE_IMPORT_FAILED,
-            _clip(f"cannot import {module_name!r}: {_summary(exc)}"),
-        ) from None
+    if preloaded.name == module_name and preloaded.failure is not None:
+        raise preloaded.failure
+    module = preloaded.module if preloaded.name == module_name and preloaded.module else _import(module_name)
     function: Callable[..., Any] | None = getattr(module, function_name, None)
     if not callable(function):
         missing = "has no" if function is None else "has a non-callable"
@@ -138,6 +163,18 @@ def _resolve(entrypoint: str) -> Callable[..., Any]:
             _clip(f"module {module_name!r} {missing} {function_name!r}"),
         )
     return function
+
+
+def _import(module_name: str) -> ModuleType:
+    """Import one module of the pack; whatever its module-level code raises becomes IMPORT_FAILED."""
+    try:
+        return importlib.import_module(module_name)
+    except BaseException as exc:  # noqa: BLE001 - module-level agent code may raise anything
+        traceback.print_exception(exc)
+        raise _Failure(
+            session_pb2.AGENT_ERROR_CODE_IMPORT_FAILED,
+            _clip(f"cannot import {module_name!r}: {_summary(exc)}"),
+        ) from None
 
 
 async def _await(awaitable: Awaitable[Any], context: AgentContext) -> Any:

@@ -145,6 +145,7 @@ def test_boundary_seen_from_inside(
         "AGENTNODE_SOCKET",
         "AGENTNODE_IMPORT_ROOT",
         "AGENTNODE_FETCH_TIMEOUT",
+        "AGENTNODE_PRELOAD",
         "HOSTNAME",
     }
 

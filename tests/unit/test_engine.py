@@ -62,6 +62,7 @@ WRAPPER_ENV = {
     "PYTHONUNBUFFERED",
     "AGENTNODE_SOCKET",
     "AGENTNODE_IMPORT_ROOT",
+    "AGENTNODE_PRELOAD",
 }
 ENGINE_SOCKETS = ("docker.sock", "podman.sock", "containerd.sock")
 
@@ -142,6 +143,9 @@ def test_spec_environment_is_only_the_wrappers(monkeypatch: pytest.MonkeyPatch) 
     assert env["AGENTNODE_SOCKET"] == "/run/agentnode/sandbox.sock"
     assert env["AGENTNODE_IMPORT_ROOT"] == "/pack/src"
     assert env["AGENTNODE_FETCH_TIMEOUT"] == "0"  # the host, not the wrapper, bounds the wait for a task
+    assert env["AGENTNODE_PRELOAD"] == ""  # no agent module named: the wrapper imports it with its task
+    assert spec(preload="agents.main")["environment"]["AGENTNODE_PRELOAD"] == "agents.main"
+    assert spec(preload="agents.main", tool_for="r" * 32)["environment"]["AGENTNODE_PRELOAD"] == ""
     assert canary not in repr(s) and "docker.sock" not in repr(s)
     for key, value in os.environ.items():
         if key not in WRAPPER_ENV and len(value) > 6:

@@ -28,13 +28,14 @@ GIB = 1024**3
 
 
 class FakeBox:
-    """Stands in for a launched Sandbox: the pool reads only `ready`, `exited` and `launched_at`."""
+    """Stands in for a launched Sandbox: the pool reads only `ready`, `exited`, `launched_at` and `run_id`."""
 
     def __init__(
         self, spec: SandboxSpec, n: int, *, ready: bool = True, exited: bool = False, age: float = 0
     ) -> None:
         self.spec = spec
         self.n = n
+        self.run_id = f"{spec.slug}-{n}"
         self.ready = ready
         self.exited = exited
         self.launched_at = time.monotonic() - age
@@ -278,6 +279,58 @@ def test_a_claim_takes_a_member_for_good_and_the_pool_refills(
     pools.close()
     assert all(b.destroyed == 1 for b in engine.launched if b not in seen)
     assert all(b.destroyed == 0 for b in seen)
+
+
+def test_a_refill_waits_for_the_claimed_run_to_settle(
+    engine: Engine, make_pools: Callable[..., ObservedPools], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch keeps the host's cores busy: the refill starts once the claimed run has its result."""
+    monkeypatch.setattr(host._pool, "REFILL_DEFER_SECONDS", 60.0)  # only settled() can end the wait
+    pools = make_pools(PoolSettings(size=1))
+    s = spec()
+    pools.want(s)
+    until(lambda: pools.counts() == {name(s): 1})
+    box = pools.claim(s.pool_key)
+    assert box is not None
+    for _ in range(5):  # wake-ups of the filler do not end the deferral
+        pools.poke()
+        time.sleep(0.02)
+    assert engine.started == 1
+    pools.settled("some-other-run")  # unknown ids change nothing
+    pools.poke()
+    time.sleep(0.02)
+    assert engine.started == 1
+    pools.settled(box.run_id)
+    engine.wait(lambda: len(engine.launched) == 2)
+    until(lambda: pools.counts() == {name(s): 1})
+
+
+def test_a_run_that_never_settles_delays_its_refill_only_boundedly(
+    engine: Engine, make_pools: Callable[..., ObservedPools], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host._pool, "REFILL_DEFER_SECONDS", 0.05)
+    pools = make_pools(PoolSettings(size=2))
+    s = spec()
+    pools.want(s)
+    until(lambda: pools.counts() == {name(s): 2})
+    for _ in range(3):  # claims that keep coming, none settled: the pool still refills
+        assert pools.claim(s.pool_key) is not None
+        until(lambda: pools.counts() == {name(s): 2})
+    assert len(engine.launched) == 5
+
+
+def test_close_ends_a_deferred_refill_without_launching(
+    engine: Engine, make_pools: Callable[..., ObservedPools], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host._pool, "REFILL_DEFER_SECONDS", 60.0)
+    pools = make_pools(PoolSettings(size=1))
+    s = spec()
+    pools.want(s)
+    until(lambda: pools.counts() == {name(s): 1})
+    assert pools.claim(s.pool_key) is not None
+    t = time.monotonic()
+    pools.close()
+    assert time.monotonic() - t < WAIT and engine.started == 1
 
 
 def test_members_that_exited_or_outlived_the_idle_ttl_are_destroyed_and_replaced(

@@ -37,13 +37,16 @@ def served(host: FakeHost) -> Iterator[Served]:
     running.stop()
 
 
-def run_wrapper(socket_path: str, import_root: Path) -> subprocess.CompletedProcess[str]:
-    """The wrapper as the container runs it: a fresh interpreter with only the two documented variables."""
+def run_wrapper(
+    socket_path: str, import_root: Path, preload: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The wrapper as the container runs it: a fresh interpreter with only the documented variables."""
     env = {
         "PATH": os.environ.get("PATH", ""),
         "AGENTNODE_SOCKET": socket_path,
         "AGENTNODE_IMPORT_ROOT": str(import_root),
         "PYTHONDONTWRITEBYTECODE": "1",  # the pack is read-only in the container; keep examples/ clean
+        **({"AGENTNODE_PRELOAD": preload} if preload is not None else {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "sandbox_wrapper"],
@@ -145,6 +148,77 @@ def test_syntax_error_is_an_import_failure(served: Served, tmp_path: Path) -> No
     assert code == Code.AGENT_ERROR_CODE_IMPORT_FAILED
     assert message.startswith("cannot import 'agent': SyntaxError:")
     assert "line 2" in message
+
+
+class MarkerHost(FakeHost):
+    """A fake host that notes, when FetchTask arrives, whether the agent's module had already run."""
+
+    marker: Path
+    marker_at_fetch: list[bool]
+
+    def FetchTask(self, request: session_pb2.FetchTaskRequest, context: Any) -> session_pb2.FetchTaskResponse:
+        self.marker_at_fetch.append(self.marker.exists())
+        return super().FetchTask(request, context)
+
+
+@pytest.fixture
+def marker_served(tmp_path: Path) -> Iterator[Served]:
+    host = MarkerHost()
+    host.marker, host.marker_at_fetch = tmp_path / "imported.log", []
+    running = serve(host)
+    yield running
+    running.stop()
+
+
+IMPORT_COUNTER = """
+    import pathlib
+    _log = pathlib.Path(__file__).with_name("imported.log")
+    with _log.open("a") as f:
+        f.write("imported\\n")
+    def run(context):
+        return len(_log.read_text().splitlines())
+"""
+
+
+def test_the_preloaded_module_is_imported_once_before_the_task(marker_served: Served, tmp_path: Path) -> None:
+    """A warm member does its agent's imports while it waits: the task then finds the module loaded."""
+    (tmp_path / "agent.py").write_text(textwrap.dedent(IMPORT_COUNTER))
+    proc = run_wrapper(marker_served.socket_path, tmp_path, preload="agent")
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(marker_served.host) == 1  # imported once, not again for the task
+    assert marker_served.host.marker_at_fetch == [True]  # FetchTask came after the import
+
+
+def test_without_a_preload_the_module_is_imported_after_the_task(
+    marker_served: Served, tmp_path: Path
+) -> None:
+    (tmp_path / "agent.py").write_text(textwrap.dedent(IMPORT_COUNTER))
+    proc = run_wrapper(marker_served.socket_path, tmp_path, preload="")
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(marker_served.host) == 1
+    assert marker_served.host.marker_at_fetch == [False]
+
+
+def test_a_preload_that_fails_is_the_runs_import_failure(served: Served, tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text("import no_such_dependency_xyz\n")
+    proc = run_wrapper(served.socket_path, tmp_path, preload="agent")
+    code, message = failure_of(served.host, proc)
+    assert len(served.host.fetches) == 1  # the task was still fetched, and the failure is its outcome
+    assert code == Code.AGENT_ERROR_CODE_IMPORT_FAILED
+    assert message == "cannot import 'agent': ModuleNotFoundError: No module named 'no_such_dependency_xyz'"
+    assert proc.stderr.count("Traceback") == 1
+
+
+@pytest.mark.parametrize("preload", ["ghost", "other", "not a module", "../agent", "agent:run"])
+def test_a_preload_of_anything_but_the_entrypoint_module_changes_nothing(
+    served: Served, tmp_path: Path, preload: str
+) -> None:
+    (tmp_path / "other.py").write_text("raise SystemExit('other must not matter')\n")
+    served.host.task = make_task(entrypoint="agent:run")
+    (tmp_path / "agent.py").write_text("def run(context):\n    return 'ok'\n")
+    proc = run_wrapper(served.socket_path, tmp_path, preload=preload)
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == "ok"
 
 
 @pytest.mark.parametrize(
