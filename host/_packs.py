@@ -16,13 +16,14 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import docker
 import docker.types
@@ -130,18 +131,25 @@ class LockEntry:
         return Path(self.host_path or "/nonexistent") / VENV_DIR / "bin" / "python"
 
     def parsed_manifest(self) -> AgentManifest | ToolpackManifest:
-        """Validate the stored manifest again; an entry an older host wrote (or someone edited) may fail."""
+        """Validate the stored manifest again; an entry an older host wrote (or someone edited) may fail.
+        The validated form is kept on this entry (frozen, like the manifest): the Lockfile hands out the
+        same entry until the file changes, so a run does not parse its pack's manifest again."""
+        kept = self.__dict__.get("_parsed")
+        if kept is not None:
+            return cast("AgentManifest | ToolpackManifest", kept)
         try:
-            return parse_manifest(self.manifest, source=f"lockfile entry {self.slug}")
+            parsed = parse_manifest(self.manifest, source=f"lockfile entry {self.slug}")
         except ManifestError as exc:
             raise ManifestError(
                 exc.message,
                 hint=f"reinstall it: agentnode-sandbox install <path-to-{self.slug}> (the entry was written "
                 "by an older version of the host, or edited)",
             ) from None
+        object.__setattr__(self, "_parsed", parsed)
+        return parsed
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LockEntry:
@@ -488,6 +496,12 @@ class Lockfile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._mutex = threading.Lock()
+        self._version: tuple[int, ...] | None = None
+        """The file as last parsed (device, inode, size, mtime, ctime): unchanged, it is not read again."""
+        self._data: dict[str, Any] = {}
+        self._entries: dict[str, LockEntry] = {}
+        """Entries of that version handed out so far (each keeps its parsed manifest)."""
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -517,10 +531,18 @@ class Lockfile:
         )
 
     def _read(self) -> dict[str, Any]:
+        """The lockfile's data, to change and write back (its own copy of the packages table)."""
+        data = self._current()[1]
+        return {**data, "packages": dict(data["packages"])}
+
+    def _current(self) -> tuple[tuple[int, ...] | None, dict[str, Any]]:
+        """(version, data) of the file as it is now: parsed again only when it changed since the last read
+        (a write replaces the file, an edit in place changes its size or times). The data is shared: read
+        only. Runs read the lockfile on every run and every tool call; this is why they need not parse it."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            return {"lockfile_version": LOCKFILE_VERSION, "packages": {}}
+            return None, {"lockfile_version": LOCKFILE_VERSION, "packages": {}}
         except OSError as exc:
             raise PackError(
                 f"{self.path}: cannot read the lockfile ({type(exc).__name__})",
@@ -532,6 +554,10 @@ class Lockfile:
                 raise PackError(f"{self.path}: not a regular file", hint="delete it and reinstall the packs")
             if st.st_size > MAX_LOCKFILE_BYTES:
                 raise self._too_big(st.st_size)
+            version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            with self._mutex:
+                if version == self._version:
+                    return version, self._data
             raw = fh.read(MAX_LOCKFILE_BYTES + 1)
         if len(raw) > MAX_LOCKFILE_BYTES:
             raise self._too_big(len(raw))
@@ -545,7 +571,10 @@ class Lockfile:
         packages = data.get("packages") if isinstance(data, dict) else None
         if not isinstance(packages, dict) or not all(isinstance(e, dict) for e in packages.values()):
             raise PackError(f"{self.path}: unexpected layout", hint="delete it and reinstall the packs")
-        return {**data, "packages": packages}
+        parsed = {**data, "packages": packages}
+        with self._mutex:
+            self._version, self._data, self._entries = version, parsed, {}
+        return version, parsed
 
     def _write(self, data: dict[str, Any]) -> None:
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -565,11 +594,24 @@ class Lockfile:
             raise self._unwritable(exc) from None
 
     def entries(self) -> dict[str, LockEntry]:
-        return {slug: LockEntry.from_json(e) for slug, e in self._read()["packages"].items()}
+        version, data = self._current()
+        return {slug: self._entry(version, slug, e) for slug, e in data["packages"].items()}
 
     def get(self, slug: str) -> LockEntry | None:
-        raw = self._read()["packages"].get(slug)
-        return LockEntry.from_json(raw) if raw else None
+        version, data = self._current()
+        raw = data["packages"].get(slug)
+        return self._entry(version, slug, raw) if raw else None
+
+    def _entry(self, version: tuple[int, ...] | None, slug: str, raw: dict[str, Any]) -> LockEntry:
+        """The entry of this version of the file, made once (later calls get the same frozen object)."""
+        with self._mutex:
+            if version is not None and version == self._version and slug in self._entries:
+                return self._entries[slug]
+        entry = LockEntry.from_json(raw)
+        with self._mutex:
+            if version is not None and version == self._version:
+                entry = self._entries.setdefault(slug, entry)
+        return entry
 
     def put(self, entry: LockEntry) -> LockEntry | None:
         size = len(json.dumps(entry.to_json()))

@@ -172,6 +172,46 @@ def test_lockfile_round_trip_is_private_and_atomic(tmp_path: Path) -> None:
     assert lock.remove("alpha") is None and set(lock.entries()) == {"beta"}
 
 
+def test_an_unchanged_lockfile_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs read it on every run and tool call: the same file gives the same entry, manifest parsed once."""
+    raw = {"package_id": "alpha", "version": "1.0.0", "package_type": "agent",
+           "agent": {"entrypoint": "mod:run"}}  # fmt: skip
+    lock = Lockfile(tmp_path / "agentnode.lock")
+    lock.put(entry(manifest=raw))
+    parses: list[object] = []
+    real_loads = json.loads
+    monkeypatch.setattr(_packs.json, "loads", lambda *a, **k: parses.append(a) or real_loads(*a, **k))
+    first = lock.get("alpha")
+    assert first is not None and lock.get("alpha") is first and lock.entries()["alpha"] is first
+    assert first.parsed_manifest() is first.parsed_manifest()
+    assert len(parses) == 1
+    assert "_parsed" not in first.to_json() and Lockfile(lock.path).get("alpha") == first
+
+
+@pytest.mark.parametrize("how", ["put", "remove", "edit in place", "replace"])
+def test_a_changed_lockfile_is_read_again(tmp_path: Path, how: str) -> None:
+    lock = Lockfile(tmp_path / "agentnode.lock")
+    lock.put(entry())
+    assert lock.get("alpha") == entry()
+    other = Lockfile(lock.path)  # another process's writes, as far as `lock` can tell
+    if how == "put":
+        other.put(entry(version="1.0.1"))
+    elif how == "remove":
+        other.remove("alpha")
+    else:
+        text = lock.path.read_text().replace('"1.0.0"', '"1.0.10"')
+        if how == "edit in place":
+            with lock.path.open("r+") as fh:  # same inode, new size
+                fh.write(text)
+        else:
+            staged = tmp_path / "staged"
+            staged.write_text(text)
+            staged.replace(lock.path)
+    expected = {"put": "1.0.1", "remove": None, "edit in place": "1.0.10", "replace": "1.0.10"}[how]
+    got = lock.get("alpha")
+    assert (got.version if got else None) == expected
+
+
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"packages": []}'])
 def test_a_damaged_lockfile_is_a_pack_error(tmp_path: Path, content: str) -> None:
     path = tmp_path / "agentnode.lock"
