@@ -70,9 +70,12 @@ install -d -m 0755 "$r/pack" "$r/run/agentnode"
 rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/* "$r"/var/log/* \\
   "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/usr/share/locale/*
 find "$r" -xdev -type f -perm /6000 -exec chmod ug-s {} +
+chroot "$r" /usr/bin/python3 -m compileall -q -j0 --invalidation-mode unchecked-hash /usr/lib/python3.11
 """
 """Runs inside mmdebstrap as root: the non-root user, the mountpoints, no setuid/setgid binaries (su,
-newgrp, ...: nothing in a run may gain privileges), and nothing else a run does not need."""
+newgrp, ...: nothing in a run may gain privileges), nothing else a run does not need, and the standard
+library's bytecode: Debian compiles only part of it at install, and the root is read-only at run time, so
+without it every sandbox compiled asyncio, json, email, ... from source again (~0.1 s of each cold run)."""
 
 # Wheel architecture (as the daemon reports it) -> Debian architecture.
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}

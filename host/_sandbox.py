@@ -22,6 +22,7 @@ from host._engine import (
     MemoryProbe,
     PidsProbe,
     container_spec,
+    create_container,
     engine_errors,
     engine_facts,
     remove_and_verify,
@@ -134,10 +135,9 @@ class Sandbox(Workload):
             )
             try:
                 with engine_errors():
-                    container = client.containers.create(**kwargs)
-                    box.container_id = container.id
+                    box.container_id = create_container(client, kwargs)
                     box.mark("created")
-                    container.start()
+                    client.api.start(box.container_id)
                     box.mark("started")
             except EngineRejected as exc:
                 raise EngineError(
@@ -156,9 +156,12 @@ class Sandbox(Workload):
     def _watch_exit(self) -> None:
         cid = self.container_id
         with contextlib.suppress(Exception):
-            pid = int(self.client.api.inspect_container(cid)["State"]["Pid"])
-            self.memory.append(MemoryProbe(pid))
-            self.probes.append(PidsProbe(pid))
+            memory, pids = MemoryProbe(container_id=cid or ""), PidsProbe(container_id=cid or "")
+            if not (memory.found and pids.path is not None):  # not where the engine's drivers put them
+                pid = int(self.client.api.inspect_container(cid)["State"]["Pid"])
+                memory, pids = MemoryProbe(pid), PidsProbe(pid)
+            self.memory.append(memory)
+            self.probes.append(pids)
         with contextlib.suppress(Exception):
             self.exit_info.update(self.client.api.wait(cid))
         self.exited_with(-1)

@@ -71,6 +71,19 @@ def test_the_wrapper_and_the_grpc_runtime_import_as_the_sandbox_user(run_python:
     }
 
 
+def test_everything_the_wrapper_imports_has_bytecode_in_the_image(run_python: RunPython) -> None:
+    """The root is read-only, so a module without bytecode would be compiled again by every sandbox."""
+    facts = run_python(
+        "import grpc, sandbox_wrapper._runner, sandbox_wrapper._context, sys, os, json\n"
+        "found = [m.__spec__.cached for m in list(sys.modules.values())\n"
+        "         if getattr(m, '__spec__', None) is not None and m.__spec__.cached]\n"
+        "missing = sorted(c for c in found if not os.path.exists(c))\n"
+        "print(json.dumps({'checked': len(found), 'missing': missing}))"
+    )
+    assert facts["checked"] > 100  # the stdlib, grpc, protobuf and the wrapper
+    assert facts["missing"] == []
+
+
 def test_the_wrapper_stays_importable_when_pythonpath_is_replaced(run_python: RunPython) -> None:
     facts = run_python(
         "import json, sandbox_wrapper\nprint(json.dumps({'file': sandbox_wrapper.__file__}))",

@@ -34,6 +34,7 @@ from host._engine import (
     PidsProbe,
     classify_engine_exception,
     connect,
+    container_cgroup_dir,
     container_spec,
     engine_errors,
     engine_facts,
@@ -555,6 +556,32 @@ def test_token_of_a_missing_process_never_matches_a_live_one() -> None:
     proc.wait()
     token = owner_token(proc.pid)
     assert token == f"{proc.pid}:0" and not owner_alive(token)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "pids/docker/{id}",
+        "pids/system.slice/docker-{id}.scope",
+        "docker/{id}",
+        "system.slice/docker-{id}.scope",
+    ],
+)
+def test_a_containers_cgroup_is_found_by_its_id_in_every_driver_layout(tmp_path: Path, layout: str) -> None:
+    cid = "ab" * 32
+    where = tmp_path / layout.format(id=cid)
+    where.mkdir(parents=True)
+    (where / "pids.events").write_text("max 0\n")
+    assert container_cgroup_dir(cid, "pids", "pids.events", root=tmp_path) == where
+    assert container_cgroup_dir(cid, "pids", "pids.max", root=tmp_path) is None  # the marker must be there
+    assert container_cgroup_dir("cd" * 32, "pids", "pids.events", root=tmp_path) is None
+
+
+@pytest.mark.parametrize("bad", ["", "../../etc", "AB" * 32, "ab" * 31, "ab" * 32 + "/..", "docker"])
+def test_only_a_full_container_id_is_looked_up(tmp_path: Path, bad: str) -> None:
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "pids.events").write_text("max 0\n")
+    assert container_cgroup_dir(bad, "pids", "pids.events", root=tmp_path) is None
 
 
 # --- PidsProbe ---------------------------------------------------------------------------------------------

@@ -275,7 +275,18 @@ def test_customize_hook_adds_the_user_and_mountpoints_and_drops_setuid(tmp_path:
     su.parent.mkdir(parents=True)
     su.write_text("x")
     su.chmod(0o6755)
-    subprocess.run(["sh", "-c", _image.CUSTOMIZE_HOOK, "hook", str(root)], check=True)
+    stub = tmp_path / "bin"  # chroot needs root and a real interpreter in the rootfs: record its call
+    stub.mkdir()
+    (stub / "chroot").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "chroot.args"}\n')
+    (stub / "chroot").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"}
+    subprocess.run(["sh", "-c", _image.CUSTOMIZE_HOOK, "hook", str(root)], check=True, env=env)
+    # The whole stdlib is byte-compiled by the rootfs's own interpreter (the root is read-only at run time).
+    assert (tmp_path / "chroot.args").read_text().splitlines() == [
+        str(root), "/usr/bin/python3", "-m", "compileall", "-q", "-j0",
+        "--invalidation-mode", "unchecked-hash",
+        "/usr/lib/python3.11",
+    ]  # fmt: skip
     assert (
         "sandbox:*:65532:65532:agentnode sandbox:/home/sandbox:/usr/sbin/nologin"
         in (root / "etc" / "passwd").read_text().splitlines()
