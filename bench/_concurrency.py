@@ -1,8 +1,8 @@
 """N simultaneous runs through one host, in a fresh process so its memory growth is this level's alone.
 
-The parent calls `concurrency(...)`; it runs `python -m bench._concurrency` with the job on stdin and reads
-one JSON line back. The same process then starts N bare docker runs at once: docker's own throughput on
-this machine, the floor for ours.
+The parent calls `concurrency(...)` once per level and repetition; it runs `python -m bench._concurrency`
+with the job on stdin and reads one JSON line back. The same process then starts N bare docker runs at
+once: docker's own throughput on this machine at that moment, the floor for ours.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 
 import docker
 
-from bench._report import REPO, summary
+from bench._report import CODE_ROOT
 from bench._state import BENCH_LABEL
+from bench._stats import ratio, summary
 from host._engine import LABEL_OWNER
 from host._runner import RunResult, SandboxHost
 
@@ -121,7 +122,6 @@ def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> 
     leftovers = host.client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={host.owner}"})
     failed = [r for r in results if not r.success]
     return {
-        "n": n,
         "wall_s": round(wall, 3),
         "throughput": round(n / wall, 2),
         "failures": len(failed),
@@ -174,20 +174,20 @@ def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str)
 
 
 def concurrency(job: dict[str, Any]) -> dict[str, Any]:
-    """Run one level in a child process: `reps` batches of runs, then the docker floor at the same N.
+    """One repetition of one level in a child process: a batch of N runs, then the docker floor at the
+    same N; our throughput over docker's is the figure the target reads.
 
-    `job`: env, slug, runtime, n, reps, image, tag. The worst repetition is the one reported.
+    `job`: env, slug, runtime, n, image, tag.
     """
     proc = subprocess.run(
         [sys.executable, "-m", "bench._concurrency"], input=json.dumps(job), capture_output=True, text=True,
-        cwd=REPO, timeout=3600, check=False,
+        cwd=CODE_ROOT, timeout=3600, check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"concurrency child failed: {proc.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    reps: list[dict[str, Any]] = out["repetitions"]
-    worst = min(reps, key=lambda r: (-r["failures"], -r["leftovers"], r["throughput"]))
-    return {**worst, "host_mb_per_run": max(r["host_mb_per_run"] for r in reps), **out}
+    return {**out["batch"], "floor": out["floor"],
+            "throughput_over_floor": ratio(out["batch"]["throughput"], out["floor"]["throughput"])}
 
 
 def main() -> None:
@@ -197,11 +197,11 @@ def main() -> None:
         host.run(job["slug"], runtime=job["runtime"])  # imports, clients and caches belong to the baseline
         gc.collect()
         base = _rss()
-        reps = [batch(host, job["slug"], job["runtime"], job["n"], base) for _ in range(job["reps"])]
+        ours = batch(host, job["slug"], job["runtime"], job["n"], base)
         floor = floor_batch(job["env"], job["image"], job["runtime"], job["n"], job["tag"])
     finally:
         host.close()
-    sys.stdout.write(json.dumps({"repetitions": reps, "floor": floor}) + "\n")
+    sys.stdout.write(json.dumps({"batch": ours, "floor": floor}) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from typing import Any
 
 import grpc
 
-from bench._report import REPO, TOOL_SANDBOX_STAGES, med, ratio, summary
+from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
+from bench._stats import med, ratio, summary
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
 from host._client import RunnerClient
@@ -234,7 +235,8 @@ def _boot_probe(state: BenchState, runtime: str) -> dict[str, float]:
 
 
 def cold(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
-    """Cold runs and both floors, interleaved so load drift hits all three alike."""
+    """Cold runs and both floors, interleaved so load drift hits all three alike; then the boot probe and
+    the teardown steps, a quarter as often (at least once)."""
     host = SandboxHost(env=state.env)
     runs: list[float] = []
     cli: list[float] = []
@@ -255,11 +257,12 @@ def cold(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
                 stages.setdefault(key, []).append(value)
     finally:
         host.close()
-    boots = [_boot_probe(state, runtime) for _ in range(max(2, reps // 4))]
+    aside = max(1, math.ceil(reps / 4))
+    boots = [_boot_probe(state, runtime) for _ in range(aside)]
     host = SandboxHost(env=state.env)
     try:
         steps = {mode: [_teardown_steps(state, host, runtime, wait_exit=mode == "after exit")
-                        for _ in range(max(2, reps // 4))] for mode in ("at once", "after exit")}
+                        for _ in range(aside)] for mode in ("at once", "after exit")}
     finally:
         host.close()
     floor_sdk, floor_cli = summary(sdk["total"]), summary(cli)
@@ -476,6 +479,8 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
     finally:
         runner.close()
     line = summary(stdio(state, runtime, n, warmup))
+    host_side = _host_tool_path(state, n, warmup)
+    echo, worker = med(bare), med(host_side["worker_ms"])
     return {
         "tool_ms": tool,
         "tool_stub_ms": summary(result.result["stub_ms"]),
@@ -485,7 +490,9 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
         "stdio_ms": line,
         "tool_over_echo": ratio(med(tool), med(bare)),
         "stdio_over_echo": ratio(med(line), med(bare)),
-        "host_side": _host_tool_path(state, n, warmup),
+        # the tool call against its floor: the bare transport plus the worker's own round trip
+        "tool_over_floor": None if echo is None or worker is None else ratio(med(tool), echo + worker),
+        "host_side": host_side,
     }
 
 
@@ -615,6 +622,7 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
         return None if a is None or b is None else round(a - b, 3)
 
     out["overhead_ms"] = over("sandbox_ms", "direct_ms")
+    out["first_chunk_overhead_ms"] = over("sandbox_first_chunk_ms", "direct_first_chunk_ms")
     out["session_overhead_ms"] = over("session_ms", "direct_ms")
     out["tools_overhead_ms"] = over("sandbox_tools_ms", "direct_tools_ms")
     out["tools_first_chunk_overhead_ms"] = over("sandbox_tools_first_chunk_ms", "direct_tools_first_chunk_ms")
@@ -744,20 +752,23 @@ def _filler_probe(state: BenchState, runtime: str, n: int, settle: float) -> dic
 
 
 def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: float,
-         cold_to_result: dict[str, float]) -> dict[str, Any]:
+         filler: int) -> dict[str, Any]:
     """`serve` with a pool; a persistent client submits one run at a time once the pool is full again,
     alternating the blocking client and host.aio's (same socket, same pool), so their request-to-result
-    times are interleaved in one run.
+    times are interleaved in one run. Then the filler probe, `filler` runs with the filler on and off.
 
     `settle` lets the newest member's wrapper reach FetchTask; the claim prefers ready members anyway.
+    (The speed-up over a cold run is derived from the cold section afterwards: bench._report.aggregate.)
     """
     state.configure(runtime, pool={"size": pool_size, "idle_ttl_seconds": 3600})
     socket = state.root / "admin.sock"
-    # serve in its own process, as an operator runs it: the clients here never share its interpreter.
+    # serve in its own process, as an operator runs it: the clients here never share its interpreter. Its
+    # host package is CODE_ROOT's (under --compare, that of the revision measured).
     served = subprocess.Popen(
         [sys.executable, "-m", "host", "serve", "--socket", str(socket), "--warm", state.trivial, "--json",
          "--drain-seconds", "10"],
-        cwd=REPO, env=dict(state.env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=CODE_ROOT, env={**state.env, "PYTHONPATH": str(CODE_ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     server_ms: list[float] = []
     client_ms: list[float] = []
@@ -823,6 +834,7 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         state.configure(runtime)
     server = summary(server_ms)
     sync_client, aio_client = summary(client_ms), summary(aio_ms)
+    p50, p95 = med(server), server.get("p95")
     return {
         "pool_size": pool_size,
         "submitted": reps,
@@ -833,11 +845,10 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         "aio_server_ms": summary(aio_server_ms),
         "aio_over_sync_ms": (None if med(aio_client) is None or med(sync_client) is None
                              else round((med(aio_client) or 0.0) - (med(sync_client) or 0.0), 3)),
+        "p95_over_p50": ratio(p95, p50),
         "stages_ms": {k: summary(v) for k, v in stages.items()},
-        "cold_to_result_ms": cold_to_result,
         "audit_append_ms": _audit_append(state, max(reps, 5)),
-        "filler_probe_ms": _filler_probe(state, runtime, min(reps, 8), settle),
-        "speedup": ratio(med(cold_to_result), med(server)),
+        "filler_probe_ms": _filler_probe(state, runtime, filler, settle),
     }
 
 

@@ -1,47 +1,57 @@
-"""Statistics, machine facts, targets and the Markdown table: turning raw timings into a verdict."""
+"""Machine facts, targets and the Markdown reports: turning repetitions of raw timings into a verdict.
+
+Pure apart from `machine_facts`: the reports are functions of the JSON written beside them.
+"""
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench._plan import SECTION_NAMES
+from bench._stats import (
+    UNSTABLE_SPREAD,
+    combine,
+    figure,
+    med,
+    ratio,
+    rep_value,
+    summary,
+    unstable_figures,
+    walk_figures,
+)
 
-SECTIONS = ("Targets", "Cold start", "Per-call overhead", "Tool sandboxes", "Broker", "Concurrency", "Warm")
+REPO = Path(__file__).resolve().parent.parent
+"""This checkout: where `bench` itself always comes from."""
+
+CODE_ROOT = Path(os.environ.get("AGENTNODE_BENCH_CODE_ROOT") or REPO)
+"""Where the child processes the benchmark starts (`python -m host serve`, a concurrency level) import
+`host` and `sandbox_wrapper` from: this checkout, or under `--compare` one revision's tree
+(bench/_compare)."""
+
+IMAGE_ROOT = Path(os.environ.get("AGENTNODE_BENCH_IMAGE_ROOT") or REPO)
+"""The tree whose docker/ and sandbox_wrapper/ the pinned image is built from (`build_image(repo_root=)`)."""
+
+SECTIONS = ("Targets", "Load", "Cold start", "Per-call overhead", "Tool sandboxes", "Broker", "Concurrency",
+            "Warm")
 """The Markdown sections every report has, in order (smoke mode included)."""
 
 BUSY_LOAD = 1.5
 """A 1-minute load average above this means other work competed with the benchmark."""
 
+WARM_P50_MS = {"runc": 6.0, "runsc": 15.0}
+"""The warm run's server-side p50 goal per runtime (another runtime gets runsc's)."""
 
-def summary(values: Sequence[float]) -> dict[str, float]:
-    """Median, nearest-rank p95, min, max and count; an empty sample has only n = 0."""
-    v = sorted(values)
-    if not v:
-        return {"n": 0}
-    return {
-        "n": len(v),
-        "median": round(statistics.median(v), 3),
-        "p95": round(v[max(0, math.ceil(0.95 * len(v)) - 1)], 3),
-        "min": round(v[0], 3),
-        "max": round(v[-1], 3),
-    }
+THROUGHPUT_LEVELS = ("16", "32", "64")
+"""Concurrency levels whose throughput is held against docker's at the same N."""
 
-
-def med(stats: Mapping[str, float] | None) -> float | None:
-    return None if not stats or not stats.get("n") else stats["median"]
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else round(a / b, 2)
+MAX_UNSTABLE_LISTED = 60
 
 
 def _read(path: str) -> str:
@@ -95,69 +105,164 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return text + unit
 
 
-def _mp(stats: Mapping[str, float] | None) -> str:
-    """`median / p95` of a summary, in ms."""
-    if not stats or not stats.get("n"):
+def _pct(spread: float | None) -> str:
+    return " ±n/a" if spread is None else f" ±{spread * 100:.0f}%"
+
+
+def _spread_text(fig: Mapping[str, Any], which: str = "median") -> str:
+    """` ±8%` (and ` ⚠` above UNSTABLE_SPREAD) when the figure has two repetitions or more."""
+    prefix = "" if which == "median" else "p95_"
+    reps = fig.get("rep_medians" if which == "median" else "rep_p95s") or []
+    if len(reps) < 2:
+        return ""
+    text = _pct(fig.get(f"{prefix}spread"))
+    return text + (" ⚠" if fig.get(f"{prefix}unstable") else "")
+
+
+def _f(fig: Any, unit: str = "") -> str:
+    """A figure's median (median of the repetitions' medians) with its spread: `13.0 ms ±8%`."""
+    if isinstance(fig, int | float) and not isinstance(fig, bool):
+        return _fmt(fig, unit)
+    if not isinstance(fig, Mapping) or not fig.get("n") or fig.get("median") is None:
         return "n/a"
-    return f"{_fmt(stats['median'])} / {_fmt(stats['p95'])}"
+    return _fmt(fig["median"], unit) + _spread_text(fig)
 
 
-def _verdict(value: float | None, ok: bool) -> str:
-    return "not measured" if value is None else ("met" if ok else "missed")
+def _mp(fig: Any) -> str:
+    """`median ±spread / p95 ±spread` of a combined summary, in ms."""
+    if not isinstance(fig, Mapping) or not fig.get("n") or "p95" not in fig:
+        return _f(fig)
+    return f"{_fmt(fig['median'])}{_spread_text(fig)} / {_fmt(fig['p95'])}{_spread_text(fig, 'p95')}"
 
 
-def targets(results: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Every target of the issues, per runtime: what was measured, the goal, and met / missed."""
-    rows: list[dict[str, str]] = []
+def _get(tree: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(tree, Mapping):
+            return None
+        tree = tree.get(key)
+    return tree
 
-    def row(target: str, rt: str, value: float | None, *, goal: str, ok: bool, unit: str = "") -> None:
-        rows.append({"target": target, "runtime": rt, "measured": _fmt(value, unit), "goal": goal,
-                     "status": _verdict(value, ok)})
 
-    for rt, c in results.get("cold", {}).items():
-        r = c.get("ratio")
-        row("cold run / docker floor", rt, r, goal="<= 1.3x", ok=r is not None and r <= 1.3, unit="x")
-    for rt, c in results.get("calls", {}).items():
-        r = c.get("tool_over_echo")
-        row("tool call / bare gRPC echo", rt, r, goal="<= 1.25x", ok=r is not None and r <= 1.25, unit="x")
-    for rt, t in results.get("tool_sandbox", {}).items():
-        r = t.get("ratio")
-        row("community tool call (tool sandbox) / trusted (host worker)", rt, r, goal="<= 1.5x",
-            ok=r is not None and r <= 1.5, unit="x")
-    for rt, b in results.get("broker", {}).items():
-        o = b.get("overhead_ms")
-        row("broker overhead (median)", rt, o, goal="<= 2 ms", ok=o is not None and o <= 2.0, unit=" ms")
-        o, f = b.get("tools_overhead_ms"), b.get("tools_first_chunk_overhead_ms")
-        row("broker overhead from the sandbox, 8 tools + 2 KiB JSON schema (median)", rt, o,
-            goal="<= 2 ms", ok=o is not None and o <= 2.0, unit=" ms")
-        row("first streamed chunk in the sandbox after the provider's, same call (median)", rt, f,
-            goal="<= 5 ms", ok=f is not None and f <= 5.0, unit=" ms")
-    tools: Mapping[str, Any] = results.get("broker_tools") or {}
-    if tools:
-        o, f = tools.get("overhead_ms"), tools.get("first_chunk_overhead_ms")
-        row("broker overhead, 8 tools + 2 KiB JSON schema (median)", "host", o, goal="<= 2 ms",
-            ok=o is not None and o <= 2.0, unit=" ms")
-        row("first streamed chunk after the provider's, same call (median)", "host", f, goal="<= 5 ms",
-            ok=f is not None and f <= 5.0, unit=" ms")
-    for rt, levels in results.get("concurrency", {}).items():
-        top: Mapping[str, Any] = levels.get("64") or {}
-        fail, left, tp, mb = (top.get(k) for k in ("failures", "leftovers", "throughput", "host_mb_per_run"))
-        row("64 concurrent: failures", rt, fail, goal="0", ok=fail == 0)
-        row("64 concurrent: leftovers", rt, left, goal="0", ok=left == 0)
-        row("64 concurrent: throughput", rt, tp, goal=">= 8 runs/s", ok=tp is not None and tp >= 8,
-            unit=" runs/s")
-        row("64 concurrent: host memory per active run", rt, mb, goal="<= 5 MB",
-            ok=mb is not None and mb <= 5, unit=" MB")
+def _m(tree: Any, *keys: str) -> str:
+    """The median of the figure at `keys`, formatted, without its spread (for breakdowns)."""
+    return _fmt(med(_get(tree, *keys)))
+
+
+# -- targets ---------------------------------------------------------------------------------------
+
+
+def _warm_floor(w: Mapping[str, Any]) -> str:
+    return (f"stages (median ms): claim {_m(w, 'stages_ms', 'claim')} · task fetched "
+            f"{_m(w, 'stages_ms', 'handover')} · agent done {_m(w, 'stages_ms', 'agent')} · result "
+            f"{_m(w, 'stages_ms', 'finish')}; audit append alone {_m(w, 'audit_append_ms')}")
+
+
+def _at_most(limit: float) -> Callable[[float], bool]:
+    return lambda value: value <= limit
+
+
+def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every target, per runtime: the figure, its repetitions, the goal, and met / missed / unstable (the
+    repetitions disagree by more than UNSTABLE_SPREAD, so neither verdict can be trusted) / not measured;
+    where it is not met, the measured floor or breakdown beside it."""
+    rows: list[dict[str, Any]] = []
+
+    def row(target: str, rt: str, fig: Any, *, goal: str, ok: Callable[[float], bool], unit: str = "",
+            floor: str = "") -> None:
+        value: float | None = None
+        unstable, reps = False, []
+        if isinstance(fig, Mapping):
+            value = med(fig)
+            unstable, reps = bool(fig.get("unstable")), list(fig.get("rep_medians") or [])
+        elif isinstance(fig, int | float) and not isinstance(fig, bool):
+            value = fig
+        if value is None:
+            status = "not measured"
+        elif unstable:
+            status = "unstable"
+        else:
+            status = "met" if ok(value) else "missed"
+        rows.append({"target": target, "runtime": rt, "measured": _f(fig, unit), "value": value,
+                     "reps": reps, "goal": goal, "status": status,
+                     "floor": floor if status in ("missed", "unstable") else ""})
+
     for rt, w in results.get("warm", {}).items():
-        p50 = med(w.get("server_ms"))
-        row("warm run p50 (server side)", rt, p50, goal="<= 25 ms", ok=p50 is not None and p50 <= 25,
-            unit=" ms")
-        r = w.get("speedup")
-        row("warm speed-up over cold", rt, r, goal=">= 10x", ok=r is not None and r >= 10, unit="x")
-        d = w.get("aio_over_sync_ms")
-        row("warm run p50 through host.aio over the blocking client", rt, d, goal="<= 1 ms",
-            ok=d is not None and d <= 1.0, unit=" ms")
+        goal = WARM_P50_MS.get(rt, WARM_P50_MS["runsc"])
+        row("warm run p50 (server side)", rt, w.get("server_ms"), goal=f"<= {goal:g} ms",
+            ok=_at_most(goal), unit=" ms", floor=_warm_floor(w))
+        row("warm run p95 / p50 (server side)", rt, w.get("p95_over_p50"), goal="<= 2x", ok=lambda v: v <= 2,
+            unit="x", floor=f"p50 {_m(w, 'server_ms')} ms, p95 {_fmt(_get(w, 'server_ms', 'p95'))} ms")
+    for rt, levels in results.get("concurrency", {}).items():
+        for n in THROUGHPUT_LEVELS:
+            c = levels.get(n) or {}
+            row(f"{n} concurrent: throughput / docker's at {n}", rt, c.get("throughput_over_floor"),
+                goal=">= 0.95x", ok=lambda v: v >= 0.95, unit="x",
+                floor=f"ours {_m(c, 'throughput')} runs/s, docker alone "
+                      f"{_m(c, 'floor', 'throughput')} runs/s")
+        top: Mapping[str, Any] = levels.get("64") or {}
+        row("64 concurrent: failures", rt, top.get("failures"), goal="0", ok=lambda v: v == 0)
+        row("64 concurrent: leftovers", rt, top.get("leftovers"), goal="0", ok=lambda v: v == 0)
+        row("64 concurrent: host memory per active run", rt, top.get("host_mb_per_run"), goal="<= 1 MB",
+            ok=lambda v: v <= 1, unit=" MB",
+            floor=f"containers {_m(top, 'container_mb_per_run')} MB/run, shims {_m(top, 'shim_mb_per_run')} "
+                  "MB/run (engine side)")
+    for rt, c in results.get("calls", {}).items():
+        if rt == "runc":
+            row("tool call / (bare gRPC echo + worker round trip)", rt, c.get("tool_over_floor"),
+                goal="<= 1.3x", ok=lambda v: v <= 1.3, unit="x",
+                floor=f"tool call {_m(c, 'tool_ms')} ms; echo {_m(c, 'echo_ms')} + worker "
+                      f"{_m(c, 'host_side', 'worker_ms')} ms; free tool (no worker) "
+                      f"{_m(c, 'free_tool_ms')} ms")
+        row("the gate's share of a tool call (host-timed, as runs use it)", rt,
+            _get(c, "host_side", "gate_ms"),
+            goal="<= 0.1 ms", ok=lambda v: v <= 0.1, unit=" ms",
+            floor=f"gate with the toolpack looked up once {_m(c, 'host_side', 'gate_cached_lookup_ms')} ms")
+    for rt, b in results.get("broker", {}).items():
+        row("broker overhead: sandbox call_llm - direct SDK (median)", rt, b.get("overhead_ms"),
+            goal="<= 1 ms", ok=lambda v: v <= 1, unit=" ms",
+            floor=f"direct {_m(b, 'direct_ms')} ms, sandbox {_m(b, 'sandbox_ms')} ms; sandbox RPC floor "
+                  f"(ListTools) {_m(b, 'sandbox_rpc_floor_ms')} ms")
+        row("first streamed chunk: sandbox - direct provider (median)", rt, b.get("first_chunk_overhead_ms"),
+            goal="<= 1 ms", ok=lambda v: v <= 1, unit=" ms",
+            floor=f"direct {_m(b, 'direct_first_chunk_ms')} ms, sandbox {_m(b, 'sandbox_first_chunk_ms')} ms")
     return rows
+
+
+# -- combining repetitions -------------------------------------------------------------------------
+
+
+def aggregate(raw: Mapping[str, Mapping[str, Sequence[Any]]]) -> dict[str, dict[str, Any]]:
+    """section -> runtime -> the repetitions combined (bench._stats.combine); a runtime none of whose
+    repetitions succeeded is left out. Then the figures derived across sections (the warm speed-up)."""
+    out: dict[str, dict[str, Any]] = {}
+    for section, by_runtime in raw.items():
+        combined = {rt: combine(list(reps)) for rt, reps in by_runtime.items()}
+        out[section] = {rt: c for rt, c in combined.items() if c is not None}
+    for rt, w in out.get("warm", {}).items():
+        to_result = _get(out, "cold", rt, "stages_ms", "to_result")
+        cold_ms = med(to_result)
+        if cold_ms is None:
+            continue
+        w["cold_to_result_ms"] = to_result
+        warm_ms = _get(w, "server_ms", "rep_medians") or []
+        w["speedup"] = figure([round(cold_ms / m, 2) for m in warm_ms if m])
+    return out
+
+
+def unstable_list(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every figure of every section whose repetitions disagree by more than UNSTABLE_SPREAD."""
+    return [u for section in SECTION_NAMES for rt, tree in results.get(section, {}).items()
+            for u in unstable_figures(tree, f"{section} {rt}")]
+
+
+def finish(results: dict[str, Any]) -> dict[str, Any]:
+    """A run's raw repetitions -> each section combined, the targets, the unstable figures (in place)."""
+    combined = aggregate(results.get("raw", {}))
+    for section in SECTION_NAMES:
+        results[section] = combined.get(section, {})
+    results["targets"] = targets(results)
+    results["unstable"] = unstable_list(results)
+    return results
 
 
 STAGE_ROWS = (
@@ -193,7 +298,8 @@ _CALLS = (
     "same request against the real run server (`build_run_server`) with the gate's toolpack looked up "
     "once instead of from the lockfile per call, then also with tools that cost nothing (no worker); a "
     "bare gRPC unary echo over the same kind of bind-mounted per-run socket; line-delimited JSON over "
-    "the container's attached stdio."
+    "the container's attached stdio. tool / floor = the tool call against the bare echo plus the worker's "
+    "own round trip (below), per repetition."
 )
 _TOOL_SANDBOX = (
     "One sandboxed agent calls the same no-op tool installed twice, as a trusted pack (run by a host worker "
@@ -206,7 +312,8 @@ _TOOL_SANDBOX = (
 _BROKER = (
     "The same local fake provider (its own process on 127.0.0.1) called directly with the openai SDK, "
     "through the host's `LlmSession.call`, and by an agent's `call_llm` inside the sandbox; time to the "
-    "first streamed chunk likewise. median / p95 in ms; overhead = sandbox median - direct median."
+    "first streamed chunk likewise. median / p95 in ms; overhead = sandbox median - direct median, per "
+    "repetition."
 )
 _BROKER_TOOLS = (
     "Host side, no sandbox: a call offering the installed tool definitions of a trusted pack (8 tools, "
@@ -225,11 +332,12 @@ _BROKER_SANDBOX_TOOLS = (
     "the share of the overhead that is the sandbox-to-host hop itself rather than the broker."
 )
 _CONCURRENCY = (
-    "N trivial runs submitted at once to one host (a fresh process per level; worst repetition shown), "
-    "and N bare `docker run --rm ... python3 -c 'import grpc'` at once through the SDK (docker's own "
-    "throughput here). Memory per active run at the peak: host process RSS growth over its baseline "
-    "(largest of the repetitions); the containers' memory as `docker stats` counts it (cgroup); the "
-    "containerd shims' RSS. Failures, if any, are listed below the table."
+    "N trivial runs submitted at once to one host (a fresh process per level and repetition), then N "
+    "bare `docker run --rm ... python3 -c 'import grpc'` at once through the SDK in the same process "
+    "(docker's own throughput at that moment); ratio = ours / docker's, per repetition. Memory per active "
+    "run at the peak: host process RSS growth over its baseline; the containers' memory as `docker stats` "
+    "counts it (cgroup); the containerd shims' RSS. Failures and leftovers add up over the repetitions, "
+    "peak active is the lowest; failures, if any, are listed below the table."
 )
 _WARM = (
     "`serve` (its own process) with a warm pool, one persistent `RunnerClient` over the admin socket, runs "
@@ -237,9 +345,16 @@ _WARM = (
     "at a time after the pool refilled. Server side = `stages['done']` (request received -> result); "
     "client side = around `submit`; the host.aio client (`AsyncRunnerClient.submit`, awaited) takes every "
     "other run, interleaved with the blocking one. Cold = the cold runs above up to their result (teardown "
-    "excluded, "
-    "as `serve` tears down after answering). median / p95 in ms; then medians of the server-side "
-    "parts, and one audit append timed alone (median / p95)."
+    "excluded, as `serve` tears down after answering); speed-up = that over each repetition's warm median. "
+    "median / p95 in ms; p95 / p50 per repetition; then medians of the server-side parts, and one audit "
+    "append timed alone (median / p95)."
+)
+
+
+_LOAD = (
+    "The 1-minute load average and the processes runnable or blocked at that instant, before and after "
+    "each section; its duration; the seconds spent before its measurements waiting for a calm machine "
+    "(full mode: at most one process per core runnable or blocked for 3 s, bounded at 180 s each)."
 )
 
 
@@ -249,51 +364,92 @@ def _section(title: str, prose: str, header: Sequence[str], rows: Iterable[Seque
     return ["", f"## {title}" if title else prose, "", *([prose, ""] if title else []), *table]
 
 
+def _load_rows(loads: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    return [(name, _fmt(_get(x, "before", "load1")), str(_get(x, "before", "busy")),
+             _fmt(_get(x, "after", "load1")), str(_get(x, "after", "busy")), _fmt(x.get("seconds")),
+             _fmt(x.get("quiesce_s"))) for name, x in loads.items()]
+
+
+_LOAD_HEADER = ("section", "load before", "runnable before", "load after", "runnable after", "seconds",
+                "waited s")
+
+
+def _unstable_lines(unstable: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per unstable figure (its median and p95 together): value ±spread (the repetitions)."""
+    grouped: dict[str, list[str]] = {}
+    for u in unstable:
+        grouped.setdefault(u["figure"], []).append(
+            f"{u['which']} {_fmt(u['value'])}{_pct(u['spread'])} ("
+            + " / ".join(_fmt(v) for v in u["reps"]) + ")")
+    if not grouped:
+        return []
+    lines = [f"- {name}: {'; '.join(parts)}" for name, parts in list(grouped.items())[:MAX_UNSTABLE_LISTED]]
+    if len(grouped) > MAX_UNSTABLE_LISTED:
+        lines.append(f"- ... and {len(grouped) - MAX_UNSTABLE_LISTED} more (the JSON's `unstable`)")
+    return ["", f"⚠ unstable: figures whose repetitions disagree by more than {UNSTABLE_SPREAD:.0%} "
+            "(spread = (max - min) / median of the per-repetition values, shown with the repetitions); a "
+            "target read from one says `unstable`, not met or missed:", "", *lines]
+
+
+def _reps_text(reps: Sequence[float]) -> str:
+    return " / ".join(_fmt(v) for v in reps) if len(reps) > 1 else ""
+
+
+def _method(plan: Mapping[str, Any]) -> str:
+    return (f"Each section ran {plan.get('reps')} repetition(s), the runtimes interleaved within each "
+            "(repetition 1 runc, repetition 1 runsc, repetition 2 runc, ...). Every figure is the median of "
+            "the per-repetition medians (p95: of the per-repetition p95s; ratios and overheads: of the "
+            "per-repetition values), ±spread = (max - min) / median of those per-repetition values; ⚠ marks "
+            f"a spread above {UNSTABLE_SPREAD:.0%}.")
+
+
 def render(results: Mapping[str, Any]) -> str:
     """The Markdown report; every section in SECTIONS appears even when a part was not measured."""
     m = results["machine"]
     facts = [m["date"], f"rev `{m['git_revision']}`", m["cpu_model"], f"{m['cores']} cores",
              f"{m['memory_gib']} GiB", f"kernel {m['kernel']}", f"Docker {m['docker_server']}",
              m["runsc"] or "no runsc", f"mode **{results['mode']}**",
-             f"load average at start {m['load_at_start']}, at end {m['load_at_end']}"]
-    out = ["# agentnode-sandbox benchmarks", "", " · ".join(facts)]
-    loads = results.get("load_by_section", {})
-    if loads:
-        out += ["", "1-minute load average as each section started: "
-                + ", ".join(f"{name} {load}" for name, load in loads.items()) + "."]
-    waits = results.get("quiesce_s", {})
-    if waits:
-        out += ["", "Each section started once at most one process per core was runnable or blocked for 3 s "
-                "(the previous section's teardowns done; bounded at 180 s); seconds waited: "
-                + ", ".join(f"{name} {w}" for name, w in waits.items()) + "."]
+             f"load average at start {m['load_at_start']}, at end {m.get('load_at_end')}"]
+    out = ["# agentnode-sandbox benchmarks", "", " · ".join(facts), "", _method(results.get("plan", {}))]
     # The sections' own load (64 sandboxes at once) shows in the lagging average; only the load found at
     # the start says whether something else was running.
     if m["load_at_start"][0] > BUSY_LOAD:
         out += ["", f"**The machine was busy when the run began (1-minute load above {BUSY_LOAD}): absolute "
                     "numbers are noisy.**"]
     if results.get("errors"):
-        out += ["", "**Sections that failed (their numbers are missing below):**", "",
+        out += ["", "**Measurements that failed (their repetitions are missing below):**", "",
                 *(f"- {e}" for e in results["errors"])]
-    out += _section("Targets", "Each target of the issues, per runtime.",
-                    ("target", "runtime", "measured", "goal", "status"),
-                    [(t["target"], t["runtime"], t["measured"], t["goal"], f"**{t['status']}**")
-                     for t in results["targets"]])
-    cold = results.get("cold", {})
+    out += _section("Targets", "Each target, per runtime; where one is not met, the measured floor or "
+                    "breakdown beside it.",
+                    ("target", "runtime", "measured", "repetitions", "goal", "status", "floor / breakdown"),
+                    [(t["target"], t["runtime"], t["measured"], _reps_text(t.get("reps", [])), t["goal"],
+                      f"**{t['status']}**", t.get("floor", "")) for t in results["targets"]])
+    out += _unstable_lines(results.get("unstable", []))
+    out += _section("Load", _LOAD, _LOAD_HEADER, _load_rows(results.get("load_by_section", {})))
+    out += _body(results)
+    out += ["", f"Reproduce: `{results['command']}`", ""]
+    return "\n".join(out)
+
+
+def _body(results: Mapping[str, Any]) -> list[str]:
+    """The per-section tables, from the combined results."""
+    out: list[str] = []
+    cold: Mapping[str, Any] = results.get("cold", {})
     out += _section("Cold start", _COLD,
                     ("runtime", "floor: SDK", "floor: CLI", "agentnode cold run", "ratio to floor"),
-                    [(rt, _mp(c["floor_sdk_ms"]), _mp(c["floor_cli_ms"]), _mp(c["run_ms"]),
-                      f"{_fmt(c['ratio'])}x") for rt, c in cold.items()])
+                    [(rt, _mp(c.get("floor_sdk_ms")), _mp(c.get("floor_cli_ms")), _mp(c.get("run_ms")),
+                      _f(c.get("ratio"), "x")) for rt, c in cold.items()])
     out += _section("", "Per stage (median ms); the floor's own steps (SDK) beside each runtime:",
                     ("stage", "what", *(f"{rt} {kind}" for rt in cold for kind in ("run", "floor"))),
                     [(key, what, *(cell for c in cold.values() for cell in (
-                        _fmt(med(c["stages_ms"].get(key))),
-                        _fmt(med(c["floor_stages_ms"].get(floor))) if floor else "")))
+                        _f(_get(c, "stages_ms", key)),
+                        _f(_get(c, "floor_stages_ms", floor)) if floor else "")))
                      for key, what, floor in STAGE_ROWS])
     out += _section("", "Boot probe (median ms, a container hardened like a run's): interpreter start-up "
                     "(process age at its first line, 10 ms resolution), `import grpc`, then the wrapper's "
                     "own imports (`sandbox_wrapper._runner`: generated stubs, asyncio, ...).",
                     ("runtime", "interpreter", "import grpc", "wrapper imports"),
-                    [(rt, *(_fmt(med(c["boot_probe_ms"].get(k)))
+                    [(rt, *(_f(_get(c, "boot_probe_ms", k))
                             for k in ("interpreter", "import_grpc", "import_wrapper")))
                      for rt, c in cold.items()])
     out += _section("", "Teardown of a real sandbox after the trivial agent reported: Sandbox.destroy's "
@@ -301,81 +457,224 @@ def render(results: Mapping[str, Any]) -> str:
                     "by itself.",
                     ("runtime", "destroy", "wait for exit", "server stop", "remove + verify", "run dir",
                      "total"),
-                    [(rt, mode, *(_fmt(med(v.get(k))) for k in _STEP_KEYS))
-                     for rt, c in cold.items() for mode, v in c["teardown_steps_ms"].items()])
+                    [(rt, mode, *(_f(v.get(k)) for k in _STEP_KEYS))
+                     for rt, c in cold.items() for mode, v in (c.get("teardown_steps_ms") or {}).items()])
+    calls: Mapping[str, Any] = results.get("calls", {})
     out += _section("Per-call overhead", _CALLS,
                     ("runtime", "tool call", "same, bare stub", "same, lookup cached", "same, free tool",
-                     "bare gRPC echo", "stdio JSON line", "tool / echo", "stdio / echo"),
-                    [(rt, *(_mp(c[k]) for k in _CALL_KEYS),
-                      f"{_fmt(c['tool_over_echo'])}x", f"{_fmt(c['stdio_over_echo'])}x")
-                     for rt, c in results.get("calls", {}).items()])
+                     "bare gRPC echo", "stdio JSON line", "tool / echo", "stdio / echo", "tool / floor"),
+                    [(rt, *(_mp(c.get(k)) for k in _CALL_KEYS), _f(c.get("tool_over_echo"), "x"),
+                      _f(c.get("stdio_over_echo"), "x"), _f(c.get("tool_over_floor"), "x"))
+                     for rt, c in calls.items()])
     out += _section("", "The host's share of a tool call (median / p95 ms, timed on the host): the gate as "
                     "runs use it, the gate with the toolpack looked up once, the worker round trip alone.",
                     ("runtime", "gate (as runs use it)", "gate, lookup cached", "worker round trip"),
-                    [(rt, *(_mp(c["host_side"][k]) for k in _HOST_TOOL_KEYS))
-                     for rt, c in results.get("calls", {}).items()])
-    sandboxes = results.get("tool_sandbox", {})
+                    [(rt, *(_mp(_get(c, "host_side", k)) for k in _HOST_TOOL_KEYS))
+                     for rt, c in calls.items()])
     out += _section("Tool sandboxes", _TOOL_SANDBOX,
                     ("runtime", "trusted (host worker)", "community (tool sandbox)", "ratio", "first call",
                      *TOOL_SANDBOX_STAGES),
-                    [(rt, _mp(t["trusted_ms"]), _mp(t["community_ms"]), f"{_fmt(t['ratio'])}x",
-                      _fmt(t["first_call_ms"]),
-                      *(_fmt(t["first_start_ms"].get(k)) for k in TOOL_SANDBOX_STAGES))
-                     for rt, t in sandboxes.items()])
+                    [(rt, _mp(t.get("trusted_ms")), _mp(t.get("community_ms")), _f(t.get("ratio"), "x"),
+                      _f(t.get("first_call_ms")),
+                      *(_f(_get(t, "first_start_ms", k)) for k in TOOL_SANDBOX_STAGES))
+                     for rt, t in results.get("tool_sandbox", {}).items()])
+    broker: Mapping[str, Any] = results.get("broker", {})
     out += _section("Broker", _BROKER,
                     ("runtime", "direct SDK", "host LlmSession.call", "sandbox call_llm", "overhead",
-                     "first chunk: direct", "first chunk: LlmSession", "first chunk: sandbox"),
-                    [(rt, _mp(b["direct_ms"]), _mp(b["session_ms"]), _mp(b["sandbox_ms"]),
-                      _fmt(b["overhead_ms"], " ms"), _mp(b["direct_first_chunk_ms"]),
-                      _mp(b["session_first_chunk_ms"]), _mp(b["sandbox_first_chunk_ms"]))
-                     for rt, b in results.get("broker", {}).items()])
+                     "first chunk: direct", "first chunk: LlmSession", "first chunk: sandbox",
+                     "first chunk overhead"),
+                    [(rt, _mp(b.get("direct_ms")), _mp(b.get("session_ms")), _mp(b.get("sandbox_ms")),
+                      _f(b.get("overhead_ms"), " ms"), _mp(b.get("direct_first_chunk_ms")),
+                      _mp(b.get("session_first_chunk_ms")), _mp(b.get("sandbox_first_chunk_ms")),
+                      _f(b.get("first_chunk_overhead_ms"), " ms")) for rt, b in broker.items()])
     out += _section("", _BROKER_SANDBOX_TOOLS,
                     ("runtime", "direct SDK", "sandbox call_llm", "overhead", "sandbox RPC floor",
                      "first chunk: direct", "first chunk: sandbox", "first chunk overhead"),
-                    [(rt, _mp(b["direct_tools_ms"]), _mp(b["sandbox_tools_ms"]),
-                      _fmt(b["tools_overhead_ms"], " ms"), _mp(b.get("sandbox_rpc_floor_ms")),
-                      _mp(b["direct_tools_first_chunk_ms"]), _mp(b["sandbox_tools_first_chunk_ms"]),
-                      _fmt(b["tools_first_chunk_overhead_ms"], " ms"))
-                     for rt, b in results.get("broker", {}).items() if "sandbox_tools_ms" in b])
-    bt: Mapping[str, Any] = results.get("broker_tools") or {}
+                    [(rt, _mp(b.get("direct_tools_ms")), _mp(b.get("sandbox_tools_ms")),
+                      _f(b.get("tools_overhead_ms"), " ms"), _mp(b.get("sandbox_rpc_floor_ms")),
+                      _mp(b.get("direct_tools_first_chunk_ms")), _mp(b.get("sandbox_tools_first_chunk_ms")),
+                      _f(b.get("tools_first_chunk_overhead_ms"), " ms"))
+                     for rt, b in broker.items() if "sandbox_tools_ms" in b])
+    bt: Mapping[str, Any] = _get(results, "broker_tools", "host") or {}
     out += _section("", _BROKER_TOOLS,
                     ("tools", "schema bytes", "request bytes", "direct SDK", "host LlmSession.call",
                      "overhead", "first chunk: direct", "first chunk: LlmSession", "first chunk overhead"),
-                    [(str(bt["tools"]), str(bt["schema_bytes"]), str(bt["request_bytes"]),
-                      _mp(bt["direct_ms"]), _mp(bt["session_ms"]), _fmt(bt["overhead_ms"], " ms"),
-                      _mp(bt["direct_first_chunk_ms"]), _mp(bt["session_first_chunk_ms"]),
-                      _fmt(bt["first_chunk_overhead_ms"], " ms"))]
+                    [(_f(bt.get("tools")), _f(bt.get("schema_bytes")), _f(bt.get("request_bytes")),
+                      _mp(bt.get("direct_ms")), _mp(bt.get("session_ms")), _f(bt.get("overhead_ms"), " ms"),
+                      _mp(bt.get("direct_first_chunk_ms")), _mp(bt.get("session_first_chunk_ms")),
+                      _f(bt.get("first_chunk_overhead_ms"), " ms"))]
                     if bt else [])
+    levels_by_rt: Mapping[str, Any] = results.get("concurrency", {})
     out += _section("Concurrency", _CONCURRENCY,
-                    ("runtime", "N", "runs/s", "docker floor runs/s", "wall s", "failures", "leftovers",
-                     "peak active", "host MB/run", "container MB/run", "shim MB/run"),
-                    [(rt, n, _fmt(c["throughput"]), _fmt(c["floor"]["throughput"]), _fmt(c["wall_s"]),
-                      str(c["failures"]), str(c["leftovers"]), str(c["peak_active"]),
-                      _fmt(c["host_mb_per_run"]), _fmt(c["container_mb_per_run"]), _fmt(c["shim_mb_per_run"]))
-                     for rt, levels in results.get("concurrency", {}).items() for n, c in levels.items()])
-    reasons = [f"- {rt} x{n}: {reason}" for rt, levels in results.get("concurrency", {}).items()
-               for n, c in levels.items() for r in c["repetitions"] for reason in r["failure_reasons"]]
+                    ("runtime", "N", "runs/s", "docker floor runs/s", "ours / docker", "wall s", "failures",
+                     "leftovers", "peak active", "host MB/run", "container MB/run", "shim MB/run"),
+                    [(rt, n, _f(c.get("throughput")), _f(_get(c, "floor", "throughput")),
+                      _f(c.get("throughput_over_floor"), "x"), _f(c.get("wall_s")), _f(c.get("failures")),
+                      _f(c.get("leftovers")), _f(c.get("peak_active")), _f(c.get("host_mb_per_run")),
+                      _f(c.get("container_mb_per_run")), _f(c.get("shim_mb_per_run")))
+                     for rt, levels in levels_by_rt.items() for n, c in levels.items()
+                     if isinstance(c, Mapping)])
+    reasons = [f"- {rt} x{n}: {reason}" for rt, levels in levels_by_rt.items() for n, c in levels.items()
+               if isinstance(c, Mapping)
+               for reason in [*(c.get("failure_reasons") or []),
+                              *(f"docker floor: {e}" for e in _get(c, "floor", "errors") or [])]]
     out += ["", "Failures:", "", *reasons] if reasons else []
+    warm: Mapping[str, Any] = results.get("warm", {})
     out += _section("Warm", _WARM,
-                    ("runtime", "warm, server", "warm, client", "warm, host.aio client", "cold to result",
-                     "speed-up",
-                     "warm / submitted", "claim", "claimed -> task fetched", "fetched -> agent done",
-                     "agent done -> result",
+                    ("runtime", "warm, server", "warm, client", "warm, host.aio client",
+                     "host.aio over blocking",
+                     "cold to result", "speed-up", "p95 / p50", "warm / submitted", "claim",
+                     "claimed -> task fetched", "fetched -> agent done", "agent done -> result",
                      "audit append alone"),
-                    [(rt, _mp(w["server_ms"]), _mp(w["client_ms"]), _mp(w.get("aio_client_ms")),
-                      _mp(w["cold_to_result_ms"]),
-                      f"{_fmt(w['speedup'])}x", f"{w['warm_runs']} / {w['submitted']}",
-                      *(_fmt(med(w["stages_ms"].get(k))) for k in ("claim", "handover", "agent", "finish")),
-                      _mp(w["audit_append_ms"]))
-                     for rt, w in results.get("warm", {}).items()])
+                    [(rt, _mp(w.get("server_ms")), _mp(w.get("client_ms")), _mp(w.get("aio_client_ms")),
+                      _f(w.get("aio_over_sync_ms"), " ms"), _mp(w.get("cold_to_result_ms")),
+                      _f(w.get("speedup"), "x"), _f(w.get("p95_over_p50"), "x"),
+                      f"{_f(w.get('warm_runs'))} / {_f(w.get('submitted'))}",
+                      *(_f(_get(w, "stages_ms", k)) for k in ("claim", "handover", "agent", "finish")),
+                      _mp(w.get("audit_append_ms")))
+                     for rt, w in warm.items()])
     out += _section("", "Is the pool filler in the way? Warm runs on an in-process host with serve's "
                     "settings (no admin socket), server side, median / p95 ms: the filler refilling during "
                     "each run (as serve does) against the filler paused.",
                     ("runtime", "filler refilling", "filler paused"),
-                    [(rt, _mp(w["filler_probe_ms"]["refilling"]), _mp(w["filler_probe_ms"]["paused"]))
-                     for rt, w in results.get("warm", {}).items()])
-    out += ["", f"Reproduce: `{results['command']}`", ""]
+                    [(rt, _mp(_get(w, "filler_probe_ms", "refilling")),
+                      _mp(_get(w, "filler_probe_ms", "paused")))
+                     for rt, w in warm.items()])
+    return out
+
+
+# -- --compare --------------------------------------------------------------------------------------
+
+SIDES = ("base", "candidate")
+
+SECTION_TITLES = {
+    "broker_tools": "Broker, 8 tools + 2 KiB schema (host side)", "cold": "Cold start",
+    "calls": "Per-call overhead", "tool_sandbox": "Tool sandboxes", "broker": "Broker", "warm": "Warm",
+    "concurrency": "Concurrency",
+}
+
+
+def _brief(fig: Any, which: str) -> dict[str, Any]:
+    """One side's figure (its median, or its p95) shaped as a figure: n, median, spread, unstable, reps."""
+    if isinstance(fig, int | float) and not isinstance(fig, bool):
+        return {"n": 1, "median": fig, "spread": None, "unstable": False, "rep_medians": [fig]}
+    if not isinstance(fig, Mapping) or not fig.get("n"):
+        return {"n": 0}
+    if which == "median":
+        return {k: fig.get(k) for k in ("n", "median", "spread", "unstable", "rep_medians")}
+    return {"n": fig["n"], "median": fig.get("p95"), "spread": fig.get("p95_spread"),
+            "unstable": bool(fig.get("p95_unstable")), "rep_medians": fig.get("rep_p95s") or []}
+
+
+def compare_figures(results: Mapping[str, Mapping[str, Any]],
+                    raw: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every figure of either revision, side by side: each side's median ±spread and candidate / base as
+    the median of the per-repetition ratios (repetition i of both sides ran back to back), with the
+    ratio of the medians beside it (the only ratio for figures combined across sections)."""
+    rows: list[dict[str, Any]] = []
+    base, candidate = results.get("base") or {}, results.get("candidate") or {}
+    for section in SECTION_NAMES:
+        b_section, c_section = base.get(section) or {}, candidate.get(section) or {}
+        for rt in dict.fromkeys([*b_section, *c_section]):
+            b_figs, c_figs = dict(walk_figures(b_section.get(rt))), dict(walk_figures(c_section.get(rt)))
+            b_reps = _get(raw, "base", section, rt) or []
+            c_reps = _get(raw, "candidate", section, rt) or []
+            for path in dict.fromkeys([*b_figs, *c_figs]):
+                for which in ("median", "p95"):
+                    bf, cf = b_figs.get(path), c_figs.get(path)
+                    if which == "p95" and not any(isinstance(f, Mapping) and "p95" in f for f in (bf, cf)):
+                        continue
+                    b, c = _brief(bf, which), _brief(cf, which)
+                    pairs = zip([rep_value(r, path, which) for r in b_reps],
+                                [rep_value(r, path, which) for r in c_reps], strict=False)
+                    paired = figure([round(cv / bv, 4) for bv, cv in pairs if bv and cv is not None])
+                    rows.append({
+                        "section": section, "runtime": rt,
+                        "figure": ".".join(path) + (" p95" if which == "p95" else ""),
+                        "base": b, "candidate": c, "ratio": paired,
+                        "ratio_of_medians": ratio(med(c), med(b)),
+                        "unstable": bool(b.get("unstable") or c.get("unstable") or paired.get("unstable")),
+                    })
+    return rows
+
+
+def finish_compare(data: dict[str, Any]) -> dict[str, Any]:
+    """A comparison's raw repetitions per side -> combined, targets per side, the figures side by side."""
+    raw: Mapping[str, Any] = data.get("raw") or {}
+    data["results"] = {side: aggregate(raw.get(side) or {}) for side in SIDES}
+    data["targets"] = {side: targets(data["results"][side]) for side in SIDES}
+    data["unstable"] = {side: unstable_list(data["results"][side]) for side in SIDES}
+    data["figures"] = compare_figures(data["results"], raw)
+    return data
+
+
+def _ratio_cell(row: Mapping[str, Any]) -> str:
+    paired, of_medians = row.get("ratio") or {}, row.get("ratio_of_medians")
+    text = _f(paired, "x") if paired.get("n") else ("n/a" if of_medians is None else f"{_fmt(of_medians)}x")
+    return text + (" ⚠" if row.get("unstable") and "⚠" not in text else "")
+
+
+def _side_line(name: str, side: Mapping[str, Any]) -> str:
+    facts = [f"**{name}**: {side.get('label', '')} (`{side.get('commit', '')}`)",
+             f"image `{side.get('image') or 'not built'}`", f"host from `{side.get('host_module') or '?'}`"]
+    if side.get("error"):
+        facts.append(f"**did not start: {side['error']}**")
+    return "- " + ", ".join(facts)
+
+
+def render_compare(data: Mapping[str, Any]) -> str:
+    """compare.md: two revisions measured side by side in one run, figure by figure."""
+    m = data["machine"]
+    facts = [m["date"], m["cpu_model"], f"{m['cores']} cores", f"{m['memory_gib']} GiB",
+             f"kernel {m['kernel']}", f"Docker {m['docker_server']}", m["runsc"] or "no runsc",
+             f"mode **{data['mode']}**",
+             f"load average at start {m['load_at_start']}, at end {m.get('load_at_end')}"]
+    out = ["# agentnode-sandbox benchmarks: base vs candidate", "", " · ".join(facts), "",
+           _side_line("base", data.get("base") or {}),
+           _side_line("candidate", data.get("candidate") or {}), "",
+           _method(data.get("plan", {})) + " Within each runtime of a repetition, base and candidate ran "
+           "back to back in alternating order, each in its own worker process that imports `host` and "
+           "`sandbox_wrapper` from its revision and runs its revision's image (this checkout's `bench` "
+           "measures both). candidate / base = the median of the per-repetition ratios ±spread (the ratio "
+           "of the medians where a figure is combined across sections)."]
+    if m["load_at_start"][0] > BUSY_LOAD:
+        out += ["", f"**The machine was busy when the run began (1-minute load above {BUSY_LOAD}): absolute "
+                    "numbers are noisy.**"]
+    errors: Mapping[str, Sequence[str]] = data.get("errors") or {}
+    for side in SIDES:
+        if errors.get(side):
+            out += ["", f"**{side}: measurements that failed:**", "", *(f"- {e}" for e in errors[side])]
+    by_key: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    for side in SIDES:
+        for t in (data.get("targets") or {}).get(side, []):
+            by_key.setdefault((t["target"], t["runtime"]), {})[side] = t
+    rows = []
+    for (target, rt), sides in by_key.items():
+        b, c = sides.get("base") or {}, sides.get("candidate") or {}
+        r = ratio(c.get("value"), b.get("value"))
+        rows.append((target, rt, str((b or c).get("goal", "")), str(b.get("measured", "n/a")),
+                     f"**{b.get('status', 'not measured')}**", str(c.get("measured", "n/a")),
+                     f"**{c.get('status', 'not measured')}**", "n/a" if r is None else f"{_fmt(r)}x"))
+    out += _section("Targets", "Each target per runtime, for both revisions.",
+                    ("target", "runtime", "goal", "base", "base status", "candidate", "candidate status",
+                     "candidate / base"), rows)
+    out += _section("Load", _LOAD, _LOAD_HEADER, _load_rows(data.get("load_by_section", {})))
+    figures: Sequence[Mapping[str, Any]] = data.get("figures") or []
+    for section in SECTION_NAMES:
+        mine = [f for f in figures if f["section"] == section]
+        if not mine:
+            continue
+        out += _section(SECTION_TITLES[section], "median ±spread of each revision (ms unless named "
+                        "otherwise); ⚠: a side or the ratio is unstable.",
+                        ("figure", "runtime", "base", "candidate", "candidate / base"),
+                        [(f"`{f['figure']}`", f["runtime"], _f(f["base"]), _f(f["candidate"]), _ratio_cell(f))
+                         for f in mine])
+    out += ["", f"Reproduce: `{data['command']}`", ""]
     return "\n".join(out)
 
 
-__all__ = ["BUSY_LOAD", "SECTIONS", "machine_facts", "med", "ratio", "render", "summary", "targets"]
+__all__ = [
+    "BUSY_LOAD", "CODE_ROOT", "IMAGE_ROOT", "REPO", "SECTIONS", "aggregate", "compare_figures", "finish",
+    "finish_compare", "machine_facts", "med", "ratio", "render", "render_compare", "summary", "targets",
+    "unstable_list",
+]

@@ -1,0 +1,245 @@
+"""`python -m bench.run --compare REV`: two revisions measured side by side in one run.
+
+REV is checked out as a detached `git worktree` in a temporary directory (removed afterwards). Each side
+gets a worker process (bench/_worker) whose working directory is its import root: for the candidate this
+checkout; for the base an overlay directory whose `host` and `sandbox_wrapper` link into REV's tree while
+`bench` links here, so the same measuring code drives both. Each worker builds its revision's
+pinned image (`build_image(repo_root=<that tree>)`) and its own bench state. The loop (bench._drive) asks
+base and candidate in turn for every section, repetition and runtime, alternating which goes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench._drive import drive, say
+from bench._plan import Plan
+from bench._report import REPO, SIDES, finish_compare, machine_facts
+from host._engine import connect
+
+START_TIMEOUT_S = 3600.0
+"""Building a revision's image may fetch packages and wheels."""
+
+MEASURE_TIMEOUT_S = 3 * 3600.0
+MAX_STARTS = 3
+
+
+def _git(*argv: str) -> str:
+    done = subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True, timeout=300,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(argv)} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip()
+
+
+@dataclass
+class Worker:
+    """One revision's measuring process, started lazily and again if it died (at most MAX_STARTS)."""
+
+    name: str
+    label: str
+    commit: str
+    code_root: Path
+    image_root: Path
+    plan: Plan
+    info: dict[str, Any] = field(default_factory=dict)
+    proc: subprocess.Popen[str] | None = None
+    lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    pump: threading.Thread | None = None
+    starts: int = 0
+    broken: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {"label": self.label, "commit": self.commit, "code_root": str(self.code_root),
+                "image_root": str(self.image_root), "starts": self.starts, "error": self.broken, **self.info}
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self._kill()
+            raise RuntimeError(f"the {self.name} worker did not answer within {timeout:.0f} s") from None
+        if line is None:
+            code = self.proc.wait() if self.proc is not None else None
+            self._kill()
+            raise RuntimeError(f"the {self.name} worker exited (code {code}); its traceback is on stderr")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def start(self) -> None:
+        self.starts += 1
+        env = {**os.environ, "PYTHONPATH": str(self.code_root),
+               "AGENTNODE_BENCH_CODE_ROOT": str(self.code_root),
+               "AGENTNODE_BENCH_IMAGE_ROOT": str(self.image_root)}
+        env.pop("PYTHONSAFEPATH", None)  # the working directory must come first on sys.path
+        self.lines = queue.Queue()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench._worker", json.dumps(self.plan.to_json())], cwd=self.code_root,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.proc = proc
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self.lines.put(line)
+            self.lines.put(None)
+
+        self.pump = threading.Thread(target=pump, daemon=True, name=f"bench-{self.name}-worker")
+        self.pump.start()
+        say(f"{self.name}: starting its worker (building its image if needed)")
+        answer = self._read(START_TIMEOUT_S)
+        if "error" in answer:
+            self._kill()
+            raise RuntimeError(answer["error"])
+        host_module = Path(answer["host_module"]).resolve()
+        if not host_module.is_relative_to(self.image_root.resolve()):
+            self._kill()
+            raise RuntimeError(f"imported host from {host_module}, not from {self.image_root}")
+        self.info = {k: answer[k] for k in ("image", "host_module", "wrapper_module")}
+
+    def measure(self, section: str, runtime: str) -> dict[str, Any]:
+        if self.broken:
+            raise RuntimeError(f"the {self.name} revision could not be set up: {self.broken}")
+        if self.proc is None or self.proc.poll() is not None:
+            if self.starts >= MAX_STARTS:
+                raise RuntimeError(f"the {self.name} worker died {self.starts} times; not started again")
+            try:
+                self.start()
+            except Exception as exc:
+                if self.starts == 1:  # a revision that cannot even start will not start later either
+                    self.broken = f"{type(exc).__name__}: {exc}"
+                raise
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"section": section, "runtime": runtime}) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read(MEASURE_TIMEOUT_S)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        result: dict[str, Any] = answer["ok"]
+        return result
+
+    def close(self) -> int | None:
+        """Ask the worker to clean up and leave; its count of leftover containers, if it said."""
+        proc, leftovers = self.proc, None
+        if proc is None or proc.poll() is not None:
+            self._kill()
+            return None
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            proc.stdin.flush()
+            proc.stdin.close()
+            leftovers = self._read(600).get("leftovers")
+            proc.wait(timeout=600)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired):
+            pass
+        self._kill()
+        return leftovers if isinstance(leftovers, int) else None
+
+    def _kill(self) -> None:
+        """Kill the process if it still runs, let the reader see its end, close the pipes."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if self.pump is not None:
+            self.pump.join(timeout=10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+SITECUSTOMIZE = '''"""Written by bench/_compare into a revision's import roots: this checkout's editable
+install (a finder consulted after sys.path) must not fill in the modules that revision lacks."""
+import sys
+
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+sys.path[:] = [p for p in sys.path if not p.startswith("__editable__")]
+'''
+
+
+def _overlay(root: Path, tree: Path) -> Path:
+    """An import root whose host/ and sandbox_wrapper/ are the revision's and bench/ is this checkout's.
+
+    Both it and the revision's tree (the PYTHONPATH `serve` gives its own children) get a sitecustomize
+    that turns off the editable install's finder in every process started with either on PYTHONPATH: it
+    would otherwise resolve `host.x`, missing in the revision, to this checkout's `host/x.py`."""
+    root.mkdir()
+    for name in ("host", "sandbox_wrapper"):
+        (root / name).symlink_to(tree / name, target_is_directory=True)
+    (root / "bench").symlink_to(REPO / "bench", target_is_directory=True)
+    for where in (root, tree):
+        (where / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return root
+
+
+def run_compare(rev: str, plan: Plan, runtimes: list[str], sections: tuple[str, ...], *, mode: str,
+                command: str) -> dict[str, Any]:
+    """Base = REV, candidate = this working tree; see the module docstring."""
+    commit = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    head = _git("rev-parse", "--short=12", "HEAD")
+    dirty = bool(_git("--no-optional-locks", "status", "--porcelain", "--untracked-files=no"))
+    tmp = Path(tempfile.mkdtemp(prefix="agentnode-bench-compare-"))
+    tree = tmp / "tree"
+    data: dict[str, Any] = {
+        "mode": f"compare {mode}", "command": command, "plan": plan.to_json(), "runtimes": runtimes,
+        "sections": list(sections), "raw": {side: {} for side in SIDES},
+        "errors": {side: [] for side in SIDES},
+        "load_by_section": {}, "measurements": [],
+    }
+    workers: dict[str, Worker] = {}
+    try:
+        say(f"base: git worktree of {rev} ({commit[:12]}) in {tree}")
+        _git("worktree", "add", "--detach", str(tree), commit)
+        workers = {
+            "base": Worker("base", rev, commit[:12], _overlay(tmp / "root", tree), tree, plan),
+            "candidate": Worker("candidate", "the working tree", head + ("+dirty" if dirty else ""), REPO,
+                                REPO, plan),
+        }
+        client = connect()
+        try:
+            data["machine"] = machine_facts(client)
+        finally:
+            client.close()
+        for worker in workers.values():
+            try:
+                worker.start()
+            except Exception as exc:  # noqa: BLE001 (recorded; the other revision is still measured)
+                worker.broken = f"{type(exc).__name__}: {str(exc)[:1500]}"
+                say(f"{worker.name}: could not start: {worker.broken}")
+        stores = {side: {"raw": data["raw"][side], "errors": data["errors"][side]} for side in SIDES}
+        drive(plan, sections, runtimes, sides={side: workers[side].measure for side in SIDES}, stores=stores,
+              log=data)
+    finally:
+        for side, worker in workers.items():
+            leftovers = worker.close()
+            data.setdefault("leftovers", {})[side] = leftovers
+        for side, worker in workers.items():
+            data[side] = worker.describe()
+        data.setdefault("machine", {})["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        try:
+            _git("worktree", "remove", "--force", str(tree))
+        except RuntimeError as exc:
+            say(f"could not remove the worktree: {exc}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], capture_output=True, timeout=60,
+                       check=False)
+    return finish_compare(data)
+
+
+__all__ = ["Worker", "run_compare"]

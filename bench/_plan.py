@@ -1,0 +1,62 @@
+"""What a benchmark run measures and how often: the sections and the per-repetition counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SECTION_NAMES = ("broker_tools", "cold", "calls", "tool_sandbox", "broker", "warm", "concurrency")
+"""Every section, in the order they run (`--sections` takes these names)."""
+
+HOST_ONLY = frozenset({"broker_tools"})
+"""Sections without a sandbox: measured once per repetition under the runtime name "host"."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Repetitions of every section, and the counts of one repetition. Smoke proves the code runs; full
+    gives medians whose spread over the repetitions says how far to trust them."""
+
+    reps: int
+    cold: int
+    calls: int
+    calls_warmup: int
+    broker: int
+    broker_warmup: int
+    levels: tuple[int, ...]
+    warm: int
+    filler: int
+    pool: int
+    settle: float
+    quiet: bool
+    """Wait for a calm machine before each measurement (and between concurrency levels)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(**{**data, "levels": tuple(int(n) for n in data["levels"])})
+
+
+SMOKE = Plan(reps=2, cold=1, calls=10, calls_warmup=3, broker=2, broker_warmup=1, levels=(2,), warm=2,
+             filler=2, pool=2, settle=0.2, quiet=False)
+# Per repetition; x3 gives about the sample counts of the single-pass runs before (cold 20, calls 300,
+# broker 50, warm 30, two batches per concurrency level).
+FULL = Plan(reps=3, cold=7, calls=100, calls_warmup=20, broker=17, broker_warmup=5, levels=(16, 32, 64),
+            warm=10, filler=3, pool=4, settle=0.3, quiet=True)
+
+
+def parse_sections(text: str | None) -> tuple[str, ...]:
+    """`--sections a,b` in run order; every section when not given."""
+    if not text:
+        return SECTION_NAMES
+    wanted = {s.strip() for s in text.split(",") if s.strip()}
+    unknown = sorted(wanted - set(SECTION_NAMES))
+    if unknown:
+        raise ValueError(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTION_NAMES)}")
+    return tuple(s for s in SECTION_NAMES if s in wanted)
+
+
+__all__ = ["FULL", "HOST_ONLY", "SECTION_NAMES", "SMOKE", "Plan", "parse_sections"]
