@@ -12,6 +12,6 @@ if __name__ == "__main__":
         from sandbox_wrapper._tool_server import main as serve_tools
 
         raise SystemExit(serve_tools())
-    from sandbox_wrapper._runner import main
+    from sandbox_wrapper._runner import leave, main
 
-    raise SystemExit(main())
+    leave(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -81,6 +82,17 @@ def main() -> int:
         return EXIT_OK
     finally:
         channel.close()
+
+
+def leave(code: int) -> NoReturn:
+    """End the process at once with `code`, its output flushed. The outcome is reported (or could not be)
+    and the host tears the sandbox down next; the interpreter's own shutdown (gRPC's threads, the agent's
+    atexit hooks and leftover threads) took ~25 ms natively, ~65 ms under runc and ~140 ms under runsc,
+    which every one-shot run waited for and the host's cores paid."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def add_import_root(root: str) -> None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,25 @@ def test_syntax_error_is_an_import_failure(served: Served, tmp_path: Path) -> No
     assert code == Code.AGENT_ERROR_CODE_IMPORT_FAILED
     assert message.startswith("cannot import 'agent': SyntaxError:")
     assert "line 2" in message
+
+
+def test_the_wrapper_leaves_once_it_reported_whatever_the_agent_left_running(
+    served: Served, tmp_path: Path
+) -> None:
+    """The outcome is fixed when it is reported: a thread the agent left behind does not keep the sandbox."""
+    source = """
+        import threading, time
+        def run(context):
+            threading.Thread(target=time.sleep, args=(120,)).start()  # not a daemon
+            print("printed just before returning")
+            return 1
+    """
+    t = time.monotonic()
+    proc = run_agent(served, tmp_path, source)
+    assert time.monotonic() - t < 30
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == 1
+    assert "printed just before returning" in proc.stdout  # flushed before leaving
 
 
 class MarkerHost(FakeHost):
