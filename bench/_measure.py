@@ -427,10 +427,11 @@ def stdio(state: BenchState, runtime: str, n: int, warmup: int) -> list[float]:
 
 
 def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[str, float]]:
-    """The host's share of a tool call, split: the gate as runs use it (lockfile lookup per call), the
-    gate with the pack looked up once, and the worker round trip alone."""
+    """The host's share of a tool call, split: the gate looking the pack up in the lockfile on every call,
+    the gate with the pack looked up once (as every run's gate does: host/_wiring.run_services keeps one
+    lookup per tool pack per run), and the worker round trip alone."""
     host = SandboxHost(env=state.env)
-    def lookup(slug: str) -> InstalledToolpack | None:  # the lookup every run's gate uses
+    def lookup(slug: str) -> InstalledToolpack | None:  # what a run's gate does once per tool pack
         return lookup_toolpack(host.lockfile, slug)
 
     pack = lookup(state.tools)

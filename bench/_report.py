@@ -213,10 +213,14 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                 floor=f"tool call {_m(c, 'tool_ms')} ms; echo {_m(c, 'echo_ms')} + worker "
                       f"{_m(c, 'host_side', 'worker_ms')} ms; free tool (no worker) "
                       f"{_m(c, 'free_tool_ms')} ms")
-        row("the gate's share of a tool call (host-timed, as runs use it)", rt,
-            _get(c, "host_side", "gate_ms"),
+        # A run's gate looks each tool pack up once per run (host/_wiring.run_services): the gate call
+        # with the pack looked up once, minus the worker round trip it includes.
+        row("the gate's own share of a tool call (host-timed gate call - worker round trip)", rt,
+            _get(c, "host_side", "gate_cached_share_ms"),
             goal="<= 0.1 ms", ok=lambda v: v <= 0.1, unit=" ms",
-            floor=f"gate with the toolpack looked up once {_m(c, 'host_side', 'gate_cached_lookup_ms')} ms")
+            floor=f"gate call {_m(c, 'host_side', 'gate_cached_lookup_ms')} ms, worker round trip "
+                  f"{_m(c, 'host_side', 'worker_ms')} ms; looking the pack up on every call "
+                  f"{_m(c, 'host_side', 'gate_share_ms')} ms")
     for rt, b in results.get("broker", {}).items():
         row("broker overhead: sandbox call_llm - direct SDK (median)", rt, b.get("overhead_ms"),
             goal="<= 1 ms", ok=lambda v: v <= 1, unit=" ms",
@@ -225,6 +229,15 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         row("first streamed chunk: sandbox - direct provider (median)", rt, b.get("first_chunk_overhead_ms"),
             goal="<= 1 ms", ok=lambda v: v <= 1, unit=" ms",
             floor=f"direct {_m(b, 'direct_first_chunk_ms')} ms, sandbox {_m(b, 'sandbox_first_chunk_ms')} ms")
+        # Issue 15: the same with 8 installed tool definitions and a 2 KiB JSON-schema response format.
+        row("broker overhead, 8 tools + 2 KiB schema: sandbox call_llm - direct SDK", rt,
+            b.get("tools_overhead_ms"), goal="<= 2 ms", ok=lambda v: v <= 2, unit=" ms",
+            floor=f"direct {_m(b, 'direct_tools_ms')} ms, sandbox {_m(b, 'sandbox_tools_ms')} ms; "
+                  f"sandbox RPC floor (ListTools) {_m(b, 'sandbox_rpc_floor_ms')} ms")
+        row("first streamed chunk, 8 tools + 2 KiB schema: sandbox - direct", rt,
+            b.get("tools_first_chunk_overhead_ms"), goal="<= 5 ms", ok=lambda v: v <= 5, unit=" ms",
+            floor=f"direct {_m(b, 'direct_tools_first_chunk_ms')} ms, sandbox "
+                  f"{_m(b, 'sandbox_tools_first_chunk_ms')} ms")
     return rows
 
 
@@ -246,6 +259,15 @@ def aggregate(raw: Mapping[str, Mapping[str, Sequence[Any]]]) -> dict[str, dict[
         w["cold_to_result_ms"] = to_result
         warm_ms = _get(w, "server_ms", "rep_medians") or []
         w["speedup"] = figure([round(cold_ms / m, 2) for m in warm_ms if m])
+    for c in out.get("calls", {}).values():
+        # The gate's own share: the host-timed gate call (which includes the worker's round trip) minus
+        # the worker's round trip timed alone, per repetition.
+        side = c.get("host_side") or {}
+        workers = _get(side, "worker_ms", "rep_medians") or []
+        for key, share in (("gate_ms", "gate_share_ms"), ("gate_cached_lookup_ms", "gate_cached_share_ms")):
+            gates = _get(side, key, "rep_medians") or []
+            if gates and len(gates) == len(workers):
+                side[share] = figure([round(g - w, 3) for g, w in zip(gates, workers, strict=True)])
     return out
 
 
@@ -466,9 +488,11 @@ def _body(results: Mapping[str, Any]) -> list[str]:
                     [(rt, *(_mp(c.get(k)) for k in _CALL_KEYS), _f(c.get("tool_over_echo"), "x"),
                       _f(c.get("stdio_over_echo"), "x"), _f(c.get("tool_over_floor"), "x"))
                      for rt, c in calls.items()])
-    out += _section("", "The host's share of a tool call (median / p95 ms, timed on the host): the gate as "
-                    "runs use it, the gate with the toolpack looked up once, the worker round trip alone.",
-                    ("runtime", "gate (as runs use it)", "gate, lookup cached", "worker round trip"),
+    out += _section("", "The host's share of a tool call (median / p95 ms, timed on the host): the gate "
+                    "looking the pack up in the lockfile on every call, the gate with the pack looked up "
+                    "once (as a run's gate does), each including the worker round trip, which is also timed "
+                    "alone.",
+                    ("runtime", "gate, lookup per call", "gate, lookup once per run", "worker round trip"),
                     [(rt, *(_mp(_get(c, "host_side", k)) for k in _HOST_TOOL_KEYS))
                      for rt, c in calls.items()])
     out += _section("Tool sandboxes", _TOOL_SANDBOX,
