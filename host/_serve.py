@@ -324,6 +324,10 @@ def build_admin_server(
     return server
 
 
+STOP_POLL_SECONDS = 0.2
+"""How often serve's main thread looks up from waiting, so a SIGTERM or SIGINT is acted on."""
+
+
 def serve(
     socket_path: Path,
     *,
@@ -382,7 +386,11 @@ def serve(
                 signal.signal(sig, lambda *_: stop.set())
         if ready is not None:
             ready(str(socket_path))
-        stop.wait()
+        # Waited for in slices: the kernel may deliver SIGTERM to any of the process's threads (gRPC's
+        # and the engine client's among them), and Python runs the handler only when the main thread
+        # comes back to the interpreter, which an untimed wait never does: serve then ignored SIGTERM.
+        while not stop.wait(STOP_POLL_SECONDS):
+            pass
     finally:
         checks.enter_graceful_shutdown()  # health says NOT_SERVING from here on
         if server is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import platform
 import signal
 import subprocess
 from collections.abc import Callable
@@ -59,6 +62,39 @@ def test_serve_then_run_via_its_socket(
     # the warm member it kept and the sandbox that served the run are all gone
     owned = docker_client.api.containers(all=True, filters={"label": "io.agentnode.sandbox.slug=via-agent"})
     assert owned == [] and [r["reason"] for r in host_state.audit()] == ["agent_completed", "not_installed"]
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send `sig` to one thread of another process (Linux tgkill), as the kernel may deliver a SIGTERM."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_TGKILL, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_serve_stops_on_sigterm_whichever_thread_gets_it(host_state: HostState, which: int) -> None:
+    """A process-directed SIGTERM lands on any thread not blocking it; serve must stop whichever it was."""
+    sock = host_state.root / "admin.sock"
+    serve = subprocess.Popen(
+        [str(BIN), "serve", "--socket", str(sock), "--json", "--drain-seconds", "1"],
+        env=host_state.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert serve.stdout is not None
+        json.loads(serve.stdout.readline())  # ready: its gRPC and engine threads are running
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{serve.pid}/task") if int(t) != serve.pid)
+        assert tids, "serve runs threads besides its main one"
+        _tgkill(serve.pid, tids[which], signal.SIGTERM)  # the oldest or the newest thread but the main one
+        _, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.communicate()
+    assert serve.returncode == 0, err
+    assert not sock.exists()
 
 
 def test_run_via_a_socket_nobody_serves(host_state: HostState) -> None:
