@@ -65,6 +65,10 @@ def test_an_installed_wheel_builds_the_image_and_runs_a_sandboxed_agent(
     where = _run([str(python), "-c", probe], env=env, cwd=work)
     assert all(p.startswith(str(env_dir)) for p in where.split()), where  # the wheel's code, not ours
     assert _run([str(cli), "--version"], env=env, cwd=work).startswith("agentnode-sandbox ")
+    meta = _run([str(python), "-c", "import importlib.metadata as m; "
+                 "print(m.metadata('agentnode-sandbox').as_string())"], env=env, cwd=work)  # fmt: skip
+    assert "Project-URL: Homepage, https://agentnode.net" in meta
+    assert "Classifier: Typing :: Typed" in meta and "Provides-Extra: anthropic" in meta
 
     built = _run([str(cli), "image", "build", "--json"], env=env, cwd=work)
     image = json.loads(built)
