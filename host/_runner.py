@@ -205,7 +205,11 @@ class SandboxHost:
             if run.warm and self.pools is not None:
                 self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
             if run.after_result is not None:
-                run.after_result()
+                try:
+                    run.after_result()  # inline once the host closes: a failure keeps the result
+                except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
+                    self.teardowns.failures += 1
+                    logger.warning("teardown of run %s failed: %s", run.run_id, type(exc).__name__)
             set_run_id("")  # this thread's work for the run is over
         return result
 

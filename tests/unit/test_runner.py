@@ -330,6 +330,33 @@ def test_no_start_record_no_run(lab: Lab) -> None:
     assert "started" not in r.stages and host.audit_failures == 1
 
 
+def test_a_background_teardown_follows_the_audited_result_and_cannot_undo_it(lab: Lab) -> None:
+    lab.install("a", "unverified")
+    config = load_config(lab.env)
+    fake = LocalSandbox("unit", lab.env)
+    host = SandboxHost(config=config, env=lab.env, sandbox_backend=fake, client_factory=_no_engine,
+                       async_teardown=True)  # fmt: skip
+    fake.inner = HostBackend(owner=host.owner, env=lab.env)
+    seen: list[int] = []
+    real_submit = host.teardowns.submit
+
+    def submit(*args: Any, **kwargs: Any) -> None:
+        seen.append(len(lab.records()))  # what the audit held when the teardown was handed over
+        real_submit(*args, **kwargs)
+        raise RuntimeError("the engine went away")
+
+    host.teardowns.submit = submit  # type: ignore[method-assign]
+    try:
+        r = host.run("a", kwargs={"mode": "ok"})
+    finally:
+        host.close()
+    assert r.success, r
+    end = _once(lab, r, started=True)
+    assert end["reason"] == "agent_completed"
+    assert seen == [2]  # start and end records were written before the teardown was submitted
+    assert host.teardowns.failures == 1 and fake.torn == [r.run_id]
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.torn: list[str] = []
