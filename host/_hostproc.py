@@ -14,7 +14,6 @@ from pathlib import Path
 
 from host._admission import Admission
 from host._explain import host_copy_error
-from host._manifest import AgentManifest
 from host._rundir import RunDir
 from host._session import RunSession
 from host._vocab import HOST_TRUST, Trust
@@ -96,10 +95,9 @@ class HostBackend:
         entry = admission.entry
         if entry is None or Trust.parse(entry.trust_level) not in HOST_TRUST or not entry.host_path:
             raise host_copy_error(admission.slug)
-        manifest = admission.manifest
-        entrypoint = manifest.entrypoint if isinstance(manifest, AgentManifest) else ""
+        preload = admission.manifest.entrypoint_module if admission.manifest is not None else ""
         return HostSpec(slug=admission.slug, import_root=str(Path(entry.host_path) / entry.import_subdir),
-                        preload=entrypoint.partition(":")[0])  # fmt: skip
+                        preload=preload)  # fmt: skip
 
     def launch(
         self,

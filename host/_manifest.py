@@ -209,6 +209,11 @@ class AgentManifest:
     summary: str = ""
     permissions: Mapping[str, str] = field(default_factory=_default_permissions)
 
+    @property
+    def entrypoint_module(self) -> str:
+        """The module part of `entrypoint` (what the wrapper imports ahead of its task); "" for none."""
+        return self.entrypoint.partition(":")[0]
+
 
 @dataclass(frozen=True)
 class ToolSpec:

@@ -171,8 +171,9 @@ class WarmPools:
             for run_id, at in list(self._unsettled.items()):  # a run that never settles is forgotten
                 if now - at >= REFILL_DEFER_SECONDS:
                     del self._unsettled[run_id]
-            hold = min(max((at + REFILL_DEFER_SECONDS for at in self._unsettled.values()), default=now),
-                       give_up) - now  # fmt: skip
+            if not self._unsettled:
+                return
+            hold = min(max(self._unsettled.values()) + REFILL_DEFER_SECONDS, give_up) - now
             if hold <= 0:
                 return
             self._cond.wait(timeout=hold)

@@ -259,9 +259,9 @@ class DockerBackend:
         self._facts = (now, facts)
         return facts
 
-    def spec_for(self, entry: LockEntry, runtime: str, *, entrypoint: str = "") -> SandboxSpec:
+    def spec_for(self, entry: LockEntry, runtime: str, *, preload: str = "") -> SandboxSpec:
         """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed.
-        `entrypoint` (an agent's) names the module its wrapper imports ahead of the task."""
+        `preload` (an agent's entrypoint module) is what its wrapper imports ahead of the task."""
         client = self.client()
         require_capable(self.facts(), runtime)
         image = verify_pinned_image(client, self.image_pin)
@@ -275,7 +275,7 @@ class DockerBackend:
             volume=volume,
             import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
             limits=self.limits,
-            preload=entrypoint.partition(":")[0],
+            preload=preload,
         )
 
     def claim(self, admission: Admission) -> Sandbox | None:
@@ -288,9 +288,8 @@ class DockerBackend:
     def prepare(self, admission: Admission) -> SandboxSpec:
         """The verified spec of a cold run; its pool (if pools are on) starts filling for the next run."""
         assert admission.entry is not None and admission.runtime is not None
-        manifest = admission.manifest
-        entrypoint = manifest.entrypoint if isinstance(manifest, AgentManifest) else ""
-        spec = self.spec_for(admission.entry, admission.runtime, entrypoint=entrypoint)
+        preload = admission.manifest.entrypoint_module if admission.manifest is not None else ""
+        spec = self.spec_for(admission.entry, admission.runtime, preload=preload)
         if self.pools is not None:
             self.pools.want(spec)
         return spec
@@ -302,7 +301,7 @@ class DockerBackend:
             return
         manifest = entry.parsed_manifest()
         if isinstance(manifest, AgentManifest) and manifest.orchestration is None:
-            self.pools.want(self.spec_for(entry, runtime, entrypoint=manifest.entrypoint))
+            self.pools.want(self.spec_for(entry, runtime, preload=manifest.entrypoint_module))
 
     def _launch_member(self, spec: SandboxSpec) -> Sandbox:
         self._before_member()  # e.g. the host's descriptor budget: a refill must not eat into its reserve

@@ -113,6 +113,16 @@ class Preloaded:
     def __init__(self, name: str, module: ModuleType | None, failure: _Failure | None) -> None:
         self.name, self.module, self.failure = name, module, failure
 
+    def module_named(self, module_name: str) -> ModuleType:
+        """`module_name` imported: the preloaded module (or its import's failure, raised) when it is that
+        one, else imported now."""
+        if module_name != self.name:
+            return _import(module_name)
+        if self.failure is not None:
+            raise self.failure
+        assert self.module is not None
+        return self.module
+
 
 NOTHING_PRELOADED = Preloaded("", None, None)
 
@@ -120,7 +130,7 @@ NOTHING_PRELOADED = Preloaded("", None, None)
 def preload(module_name: str) -> Preloaded:
     """Import the module the host named (its agent's entrypoint module) ahead of the task; "" or a name
     that is no module path imports nothing. Whatever the import raises is kept for the task's outcome."""
-    if not module_name or not all(p.isidentifier() for p in module_name.split(".")):
+    if not _is_module_path(module_name):
         return NOTHING_PRELOADED
     try:
         return Preloaded(module_name, _import(module_name), None)
@@ -159,14 +169,12 @@ def _resolve(entrypoint: str, preloaded: Preloaded = NOTHING_PRELOADED) -> Calla
     module was preloaded (then its import's module or failure stands)."""
     module_name, colon, function_name = entrypoint.partition(":")
     function_name = function_name if colon else "run"
-    if not (all(p.isidentifier() for p in module_name.split(".")) and function_name.isidentifier()):
+    if not (_is_module_path(module_name) and function_name.isidentifier()):
         raise _Failure(
             session_pb2.AGENT_ERROR_CODE_BAD_ENTRYPOINT,
             _clip(f"entrypoint {entrypoint!r} is not 'module' or 'module:function'"),
         )
-    if preloaded.name == module_name and preloaded.failure is not None:
-        raise preloaded.failure
-    module = preloaded.module if preloaded.name == module_name and preloaded.module else _import(module_name)
+    module = preloaded.module_named(module_name)
     function: Callable[..., Any] | None = getattr(module, function_name, None)
     if not callable(function):
         missing = "has no" if function is None else "has a non-callable"
@@ -175,6 +183,11 @@ def _resolve(entrypoint: str, preloaded: Preloaded = NOTHING_PRELOADED) -> Calla
             _clip(f"module {module_name!r} {missing} {function_name!r}"),
         )
     return function
+
+
+def _is_module_path(name: str) -> bool:
+    """`a` or `a.b.c`: dotted identifiers ("" is none)."""
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def _import(module_name: str) -> ModuleType:

@@ -75,12 +75,19 @@ def test_nothing_answering_is_an_engine_error_with_the_fix(tmp_path: Path) -> No
     assert "nothing answers" in str(info.value) and "agentnode-sandbox serve" in info.value.hint
 
 
-def test_cancelling_the_task_cancels_the_run(served: tuple[FakeHost, Path]) -> None:
+@pytest.mark.parametrize(
+    "slug",
+    [
+        "slow",  # the run has its id and goes on until the caller leaves
+        "late",  # the run is still starting: no run id has been announced yet
+    ],
+)
+def test_cancelling_the_task_cancels_the_run(served: tuple[FakeHost, Path], slug: str) -> None:
     host, socket = served
 
     async def main() -> None:
         async with AsyncRunnerClient(socket) as client:
-            task = asyncio.create_task(client.submit("slow"))
+            task = asyncio.create_task(client.submit(slug))
             while not host.runs:
                 await asyncio.sleep(0.01)
             task.cancel()
@@ -88,7 +95,7 @@ def test_cancelling_the_task_cancels_the_run(served: tuple[FakeHost, Path]) -> N
                 await task
 
     asyncio.run(main())
-    assert host.cancelled.wait(10)  # the host was told to cancel the run when its caller went away
+    assert host.cancelled.wait(10)  # the host was told to cancel it (a late run once it had its id)
 
 
 def test_a_client_built_outside_the_loop_opens_its_channel_in_the_loop_that_uses_it(
@@ -105,21 +112,3 @@ def test_a_client_built_outside_the_loop_opens_its_channel_in_the_loop_that_uses
 
     assert asyncio.run(use()) is True
     assert asyncio.run(use()) is True  # closed, then opened again in another loop
-
-
-def test_a_caller_that_leaves_before_the_run_has_an_id_still_cancels_it(
-    served: tuple[FakeHost, Path],
-) -> None:
-    host, socket = served
-
-    async def main() -> None:
-        async with AsyncRunnerClient(socket) as client:
-            task = asyncio.create_task(client.submit("late"))
-            while not host.runs:
-                await asyncio.sleep(0.01)
-            task.cancel()  # the run is still starting: no run id has been announced yet
-            with pytest.raises(asyncio.CancelledError):
-                await task
-
-    asyncio.run(main())
-    assert host.cancelled.wait(10)  # cancelled as soon as it got its id
