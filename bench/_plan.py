@@ -43,8 +43,9 @@ class Plan:
 SMOKE = Plan(reps=2, cold=1, calls=10, calls_warmup=3, broker=2, broker_warmup=1, levels=(2,), warm=2,
              filler=2, pool=2, settle=0.2, quiet=False)
 # Per repetition; x3 gives about the sample counts of the single-pass runs before (cold 20, calls 300,
-# broker 50, warm 30, two batches per concurrency level).
-FULL = Plan(reps=3, cold=7, calls=100, calls_warmup=20, broker=17, broker_warmup=5, levels=(16, 32, 64),
+# broker 50 (now 120: its overheads are differences of two medians), warm 30, two batches per
+# concurrency level).
+FULL = Plan(reps=3, cold=7, calls=100, calls_warmup=20, broker=40, broker_warmup=5, levels=(16, 32, 64),
             warm=10, filler=3, pool=4, settle=0.3, quiet=True)
 
 

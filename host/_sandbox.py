@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -25,11 +25,12 @@ from host._engine import (
     create_container,
     engine_errors,
     engine_facts,
+    follow_logs,
     remove_and_verify,
     require_capable,
 )
-from host._errors import AuditReason, EngineError, EngineNotFound, EngineRejected
-from host._image import verify_pinned_image
+from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
+from host._image import BUILD_HINT, verify_pinned_image
 from host._manifest import AgentManifest
 from host._packs import LockEntry, Lockfile, verify_volume
 from host._pool import PoolSettings, WarmPools
@@ -40,6 +41,9 @@ from host._workload import SocketServer, Workload
 logger = logging.getLogger("agentnode.sandbox.sandbox")
 
 _ENGINE_FACTS_TTL = 30.0
+_IMAGE_TTL = 30.0
+"""How long a verified image pin is trusted without asking the engine again. The image is content-addressed
+by its id, so only its presence can change: a create that finds it gone refuses with IMAGE_MISSING too."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,15 @@ class Sandbox(Workload):
                     box.mark("created")
                     client.api.start(box.container_id)
                     box.mark("started")
+            except EngineImageNotFound:
+                # The backend verifies the pin once in a while, not per run: an image removed since then
+                # is found missing here, and is the same refusal as at verification.
+                raise EngineError(
+                    f"the pinned sandbox image {spec.pin or spec.image_id} is not present in the engine",
+                    reason=AuditReason.IMAGE_MISSING,
+                    hint=BUILD_HINT,
+                    check="image",
+                ) from None
             except EngineRejected as exc:
                 raise EngineError(
                     f"the sandbox container could not be started ({exc.status})",
@@ -167,7 +180,7 @@ class Sandbox(Workload):
         self.exited_with(-1)
 
     def _log_stream(self) -> Any:
-        return self.client.api.logs(self.container_id, stream=True, follow=True, stdout=True, stderr=True)
+        return follow_logs(self.client, self.container_id or self.name)
 
     def poll(self) -> None:
         """Read the host-side cgroup counters (pids and memory): small file reads, every 50 ms of a run."""
@@ -229,6 +242,7 @@ class DockerBackend:
         self._client_factory = client_factory
         self._client: docker.DockerClient | None = None
         self._facts: tuple[float, EngineFacts] | None = None
+        self._image: tuple[str | None, float, str] | None = None  # (pin, verified at, image id)
         self._lock = threading.Lock()
         self.owner = owner
         self.env = env
@@ -264,19 +278,29 @@ class DockerBackend:
         `preload` (an agent's entrypoint module) is what its wrapper imports ahead of the task."""
         client = self.client()
         require_capable(self.facts(), runtime)
-        image = verify_pinned_image(client, self.image_pin)
+        image_id = self._verified_image(client)
         volume = verify_volume(client, entry)
         return SandboxSpec(
             slug=entry.slug,
             artifact_hash=entry.volume_digest,  # the artifact plus its wheels: what the volume holds
             runtime=runtime,
             pin=self.image_pin or "",
-            image_id=image.id,
+            image_id=image_id,
             volume=volume,
             import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
             limits=self.limits,
             preload=preload,
         )
+
+    def _verified_image(self, client: docker.DockerClient) -> str:
+        """The pinned image's id, verified (present, ours, our protocol) at most _IMAGE_TTL ago."""
+        now, pin = time.monotonic(), self.image_pin
+        cached = self._image
+        if cached is not None and cached[0] == pin and now - cached[1] < _IMAGE_TTL:
+            return cached[2]
+        image_id = str(verify_pinned_image(client, pin).id)
+        self._image = (pin, now, image_id)
+        return image_id
 
     def claim(self, admission: Admission) -> Sandbox | None:
         """A warm member of this run's pool (same pack version, runtime and image pin), if there is one."""
@@ -315,28 +339,40 @@ class DockerBackend:
         session: RunSession | None = None,
         run_info: Mapping[str, object] | None = None,
     ) -> Sandbox:
-        return Sandbox.launch(
-            self.client(),
-            spec,
-            run_id=run_id,
-            owner=self.owner,
-            env=self.env,
-            session=session,
-            run_info=run_info,
-        )
+        with self._image_gone_forgotten():
+            return Sandbox.launch(
+                self.client(),
+                spec,
+                run_id=run_id,
+                owner=self.owner,
+                env=self.env,
+                session=session,
+                run_info=run_info,
+            )
+
+    @contextlib.contextmanager
+    def _image_gone_forgotten(self) -> Iterator[None]:
+        """A launch that found the pinned image gone drops the cached verification: the next is afresh."""
+        try:
+            yield
+        except EngineError as exc:
+            if exc.reason is AuditReason.IMAGE_MISSING:
+                self._image = None
+            raise
 
     def launch_tool_sandbox(self, entry: LockEntry, runtime: str, *, tool_for: str) -> ToolSandbox:
         """Start a tool sandbox for run `tool_for`: the tool pack's own volume, verified as an agent's is,
         the run's runtime and image pin, its own socket served by a ToolLink (connect it next)."""
-        return ToolSandbox.launch(
-            self.client(),
-            self.spec_for(entry, runtime),
-            run_id=uuid.uuid4().hex,
-            owner=self.owner,
-            env=self.env,
-            serve=ToolLink,
-            tool_for=tool_for,
-        )
+        with self._image_gone_forgotten():
+            return ToolSandbox.launch(
+                self.client(),
+                self.spec_for(entry, runtime),
+                run_id=uuid.uuid4().hex,
+                owner=self.owner,
+                env=self.env,
+                serve=ToolLink,
+                tool_for=tool_for,
+            )
 
     def teardown(self, workload: Workload) -> None:
         """Destroy a used sandbox, then offer its pack volume for removal (see `retire_volume`)."""

@@ -7,6 +7,7 @@ file to a host path when imported or run on the host, never did.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -242,6 +243,36 @@ def test_protocol_mismatch(case: Callable[..., Case], protocol_999_image: str) -
     result = c.run(c.state.host())
     c.assert_fail_closed(result, "protocol_mismatch", "agentnode-sandbox image build")
     assert "999" in result.error
+
+
+def test_image_removed_while_the_host_lives(
+    case: Callable[..., Case], docker_client: docker.DockerClient, pinned_image: str
+) -> None:
+    """The host trusts a verified pin for a while without asking the engine again; an image removed in
+    that while is still refused as missing (the create finds it gone), not as a failed start."""
+    c = case("fc-image-removed")
+    c.install()
+    image, _ = docker_client.images.build(
+        fileobj=io.BytesIO(f"FROM {pinned_image}\nLABEL io.agentnode.test.copy=1\n".encode()),
+        rm=True, forcerm=True, pull=False, network_mode="none",
+    )  # fmt: skip
+    try:
+        c.state.write_config({"image": image.id})
+        host = c.state.host()
+        first = host.run(c.slug)
+        assert first.success, (first.error_code, first.error, first.logs)
+        docker_client.images.remove(image.id, force=True, noprune=True)
+        result = c.run(host)
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.images.remove(image.id, force=True, noprune=True)
+    assert not result.success and result.error_code == "image_missing", (result.error_code, result.error)
+    assert "agentnode-sandbox image build" in result.hint and image.id in result.error
+    records = c.state.audit()
+    assert [r["reason"] for r in records] == ["agent_completed", "image_missing"], records
+    assert records[-1]["run_id"] == result.run_id and records[-1]["action"] == "deny"
+    assert c.containers() == []
+    assert not (run_root(c.state.env) / f"run-{result.run_id}").exists()
 
 
 # --- the pack volume -------------------------------------------------------------------------------------

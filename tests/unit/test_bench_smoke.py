@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bench import _compare, _drive
+from bench._measure import BROKER_ROUNDS
 from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
 from bench._report import (
     REPO,
@@ -104,7 +105,9 @@ def test_plans_repeat_every_section_and_keep_full_counts() -> None:
     assert FULL.reps >= 3 and SMOKE.reps >= 1
     # about the single-pass sample counts of before, spread over the repetitions
     assert 18 <= FULL.reps * FULL.cold <= 24 and FULL.reps * FULL.calls == 300
-    assert 45 <= FULL.reps * FULL.broker <= 60 and FULL.reps * FULL.warm == 30
+    assert FULL.reps * FULL.warm == 30
+    # the broker's overheads are differences of two medians: more samples, taken in rounds
+    assert FULL.reps * FULL.broker >= 120 and FULL.broker % BROKER_ROUNDS == 0
     assert Plan.from_json(json.loads(json.dumps(FULL.to_json()))) == FULL
     assert parse_sections(None) == SECTION_NAMES
     assert parse_sections("warm, calls") == ("calls", "warm")  # run order, not the order given
