@@ -19,6 +19,7 @@ import docker.constants
 import docker.errors
 import urllib3.exceptions
 from docker.models.containers import _create_container_args
+from docker.transport.unixconn import UnixHTTPAdapter
 from docker.types import CancellableStream, LogConfig, Mount, Ulimit
 
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
@@ -44,6 +45,10 @@ LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
 """On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
 
 ENGINE_POOL_SIZE = 128
+ENGINE_SHARED_POOL_SIZE = 1024
+"""Idle connections the one shared Unix-socket pool keeps (`_OneUnixPool`): every run holds two streams
+(its logs and its exit) and makes short calls besides; a pool too small would discard connections with
+a warning on each return."""
 ENGINE_FAILURES: tuple[type[Exception], ...] = (
     docker.errors.DockerException,
     OSError,  # requests' exceptions are OSErrors too
@@ -81,6 +86,34 @@ class EngineFacts:
     swap_limit: bool
 
 
+class _OneUnixPool(UnixHTTPAdapter):  # type: ignore[misc]
+    """docker-py's Unix socket adapter with one connection pool for the socket. The SDK keys its pools by
+    the whole request URL and keeps 10: every container's requests opened fresh connections through a
+    fresh pool (filling a queue of `max_pool_size` slots each time), ~6 per run and more under concurrency,
+    where the pools also evicted each other. All URLs reach the same socket, so one pool serves them all."""
+
+    _KEY = "http+docker://localhost"
+
+    def get_connection(self, url: str, proxies: Any = None) -> Any:
+        return super().get_connection(self._KEY, proxies)
+
+
+def _share_one_pool(client: docker.DockerClient, timeout: int) -> None:
+    """Swap a Unix-socket client's adapter for `_OneUnixPool`, and stop the HTTP session from reading proxy
+    settings from the environment on every request (a Unix socket goes through no proxy)."""
+    api = client.api
+    current: Any = getattr(api, "_custom_adapter", None)
+    if type(current) is not UnixHTTPAdapter:  # a TCP, SSH or named-pipe engine keeps the SDK's own
+        return
+    shared = _OneUnixPool(
+        "http+unix://" + current.socket_path, timeout=timeout, max_pool_size=ENGINE_SHARED_POOL_SIZE
+    )
+    api.mount("http+docker://", shared)
+    api._custom_adapter = shared
+    api.trust_env = False
+    current.close()
+
+
 def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
     """Connect to the engine named by DOCKER_HOST (or the default socket) and prove it answers."""
     environment = dict(os.environ if env is None else env)
@@ -100,6 +133,7 @@ def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docke
         _reach_unix_socket(environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock", timeout)
         server = client_for(docker.constants.MINIMUM_DOCKER_API_VERSION).api.version(api_version=False)
         client = client_for(str(server["ApiVersion"]))
+        _share_one_pool(client, timeout)
         client.ping()
     except Exception as exc:  # noqa: BLE001 (the SDK raises many types; all are classified)
         for opened in clients:

@@ -24,6 +24,7 @@ class FakeEngine:
         self.info = info or {}
         self.paths: list[str] = []  # without the /v1.NN prefix
         self.raw_paths: list[str] = []
+        self.connections = 0  # accepted client connections (each may carry many requests)
         self._dir = tempfile.mkdtemp(dir="/tmp", prefix="fe-")  # a Unix socket path must fit 108 bytes
         self.socket_path = f"{self._dir}/engine.sock"
         self._server = _UnixHttpServer(self.socket_path, _engine_handler(self))
@@ -55,6 +56,10 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet (and a Unix peer has no address to format)."""
+
+        def setup(self) -> None:
+            engine.connections += 1  # one handler per accepted connection
+            super().setup()
 
         def do_GET(self) -> None:
             engine.raw_paths.append(self.path)

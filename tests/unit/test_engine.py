@@ -618,3 +618,21 @@ def test_pids_probe_finds_a_pids_events_file_for_a_live_process() -> None:
         pytest.skip("this host exposes no pids controller for the test process")
     assert probe.path.name == "pids.events" and probe.path.is_file()
     assert probe.poll() >= 0
+
+
+def test_one_connection_serves_requests_for_every_container() -> None:
+    """docker-py keys its Unix-socket pools by the whole URL: each container's requests opened a fresh
+    connection (and pool). Ours share one pool, so consecutive calls about different containers reuse the
+    connection the ping opened; and no request reads proxy settings from the environment."""
+    with FakeEngine() as engine:
+        client = connect({"DOCKER_HOST": engine.docker_host})
+        try:
+            opened = engine.connections
+            for n in range(6):
+                with pytest.raises(docker.errors.NotFound):
+                    client.api.inspect_container(f"{n:064x}")
+            assert engine.paths[-6:] == [f"/containers/{n:064x}/json" for n in range(6)]
+            assert engine.connections == opened
+            assert client.api.trust_env is False
+        finally:
+            client.close()
