@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +27,7 @@ import docker
 from bench._report import CODE_ROOT
 from bench._state import BENCH_LABEL
 from bench._stats import ratio, summary
-from host._engine import LABEL_OWNER
+from host._engine import LABEL_OWNER, container_spec, owner_token
 from host._runner import RunResult, SandboxHost
 
 _MB = 1024 * 1024
@@ -68,6 +73,38 @@ def _shim_rss(ids: set[str]) -> int:
     return total
 
 
+_ENGINE_DAEMONS = frozenset({"dockerd", "containerd"})
+_ENGINE_SIDE_EVERY = 1.0
+"""Seconds between the sampler's engine-side looks (a container list, a /proc scan): it runs during the
+measured batch, on the same two cores, so it must stay cheap."""
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far: the whole machine (busy, from /proc/stat), this process (all its threads),
+    and the engine's daemons (dockerd, containerd). Containers, shims and runc come and go: they are what
+    the machine used beyond the two others."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    hz = os.sysconf("SC_CLK_TCK")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    engine = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc / "comm").read_text().strip() in _ENGINE_DAEMONS:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                engine += int(stat[11]) + int(stat[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return {"machine": (sum(fields) - fields[3] - fields[4]) / hz, "process": usage.ru_utime + usage.ru_stime,
+            "engine": engine / hz}
+
+
+def _cpu_per_run(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    """CPU ms per run between two `_cpu_seconds`: machine, this process, engine daemons, and the rest."""
+    used = {k: (after[k] - before[k]) * 1000 / n for k in before}
+    used["rest"] = used["machine"] - used["process"] - used["engine"]
+    return {k: round(v, 1) for k, v in used.items()}
+
+
 class _Sampler:
     """Samples the host's RSS and active-run count; at each new peak of active runs, the engine side too."""
 
@@ -78,6 +115,8 @@ class _Sampler:
         self.containers_seen = 0
         self.container_mb: float | None = None
         self.shim_mb: float | None = None
+        self.cpu_ms = 0.0  # the sampler thread's own CPU: part of this process's in the batch's figures
+        self._engine_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-sampler")
 
@@ -95,7 +134,11 @@ class _Sampler:
             active = len(self.host.active_runs())
             if active and active >= self.peak_active:
                 self.peak_active = active
-                self._engine_side()
+                now = time.monotonic()
+                if now - self._engine_at >= _ENGINE_SIDE_EVERY:
+                    self._engine_at = now
+                    self._engine_side()
+        self.cpu_ms = round(time.thread_time() * 1000, 1)
 
     def _engine_side(self) -> None:
         listed = self.host.client().api.containers(filters={"label": f"{LABEL_OWNER}={self.host.owner}"})
@@ -116,9 +159,11 @@ def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> 
     Host memory per run is the peak RSS over `base_rss` (taken once, after a warm-up run) per active run.
     """
     with _Sampler(host) as sampler, ThreadPoolExecutor(max_workers=n) as pool:
+        cpu = _cpu_seconds()
         t = time.perf_counter()
         results: list[RunResult] = list(pool.map(lambda _i: host.run(slug, runtime=runtime), range(n)))
         wall = time.perf_counter() - t
+        cpu_ms = _cpu_per_run(cpu, _cpu_seconds(), n)
     leftovers = host.client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={host.owner}"})
     failed = [r for r in results if not r.success]
     return {
@@ -134,11 +179,29 @@ def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> 
         "container_mb_per_run": sampler.container_mb,
         "shim_mb_per_run": sampler.shim_mb,
         "run_ms": summary([r.duration_ms for r in results]),
+        "cpu_ms_per_run": cpu_ms,
+        "sampler_cpu_ms": sampler.cpu_ms,
     }
 
 
-def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str) -> dict[str, Any]:
+FLOOR_COMMAND = ["/usr/bin/python3", "-c", "import grpc"]
+
+
+def _hardened_spec(image: str, runtime: str, tag: str, volume: str, socket_dir: str) -> dict[str, Any]:
+    """A run's container spec exactly (host/_engine.container_spec: read-only root, no capabilities,
+    init, limits, tmpfs mounts, the pack volume and a socket directory), running the floor's command."""
+    run_id = uuid.uuid4().hex
+    spec = container_spec(image=image, run_id=run_id, name=f"bench-floor-{run_id[:20]}", owner=owner_token(),
+                          slug=f"bench-floor-{tag}", runtime=runtime, pack_volume=volume, import_root="/pack",
+                          socket_dir=socket_dir)  # fmt: skip
+    return {**spec, "command": FLOOR_COMMAND, "labels": {**spec["labels"], BENCH_LABEL: tag}}
+
+
+def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str, *,
+                hardened_volume: str | None = None) -> dict[str, Any]:
     """`n` bare `docker run --rm python3 -c 'import grpc'` at once through the SDK: docker's throughput.
+    With `hardened_volume` (a pack volume), each container is created from a run's own spec instead (see
+    `_hardened_spec`): what the engine's work for our hardening costs, without any of our code.
 
     Its own client, with a connection pool as large as the batch: with the SDK's default (10 per URL),
     n concurrent creates on one URL overflow the pool, and the SDK then races with its own pool eviction
@@ -146,13 +209,19 @@ def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str)
     """
     client = docker.DockerClient.from_env(environment=env, max_pool_size=2 * n, timeout=600)
     errors: list[str] = []
+    socket_dir = tempfile.mkdtemp(prefix="bench-floor-")
 
     def one(_i: int) -> bool:
         try:
-            container = client.containers.create(
-                image, ["/usr/bin/python3", "-c", "import grpc"], entrypoint=[], network_mode="none",
-                runtime=runtime, labels={BENCH_LABEL: tag},
-            )
+            if hardened_volume is None:
+                container = client.containers.create(
+                    image, FLOOR_COMMAND, entrypoint=[], network_mode="none", runtime=runtime,
+                    labels={BENCH_LABEL: tag},
+                )  # fmt: skip
+            else:
+                container = client.containers.create(
+                    **_hardened_spec(image, runtime, tag, hardened_volume, socket_dir)
+                )
             try:
                 container.start()
                 return int(container.wait(timeout=600).get("StatusCode", -1)) == 0
@@ -164,13 +233,16 @@ def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str)
 
     try:
         with ThreadPoolExecutor(max_workers=n) as pool:
+            cpu = _cpu_seconds()
             t = time.perf_counter()
             ok = list(pool.map(one, range(n)))
             wall = time.perf_counter() - t
+            cpu_ms = _cpu_per_run(cpu, _cpu_seconds(), n)
     finally:
         client.close()
+        shutil.rmtree(socket_dir, ignore_errors=True)
     return {"wall_s": round(wall, 3), "throughput": round(n / wall, 2), "failures": ok.count(False),
-            "errors": sorted(set(errors))}
+            "errors": sorted(set(errors)), "cpu_ms_per_run": cpu_ms}
 
 
 def concurrency(job: dict[str, Any]) -> dict[str, Any]:
@@ -186,8 +258,10 @@ def concurrency(job: dict[str, Any]) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"concurrency child failed: {proc.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**out["batch"], "floor": out["floor"],
-            "throughput_over_floor": ratio(out["batch"]["throughput"], out["floor"]["throughput"])}
+    hardened = out.get("hardened_floor") or {}
+    return {**out["batch"], "floor": out["floor"], "hardened_floor": hardened,
+            "throughput_over_floor": ratio(out["batch"]["throughput"], out["floor"]["throughput"]),
+            "throughput_over_hardened_floor": ratio(out["batch"]["throughput"], hardened.get("throughput"))}
 
 
 def main() -> None:
@@ -199,9 +273,11 @@ def main() -> None:
         base = _rss()
         ours = batch(host, job["slug"], job["runtime"], job["n"], base)
         floor = floor_batch(job["env"], job["image"], job["runtime"], job["n"], job["tag"])
+        hardened = floor_batch(job["env"], job["image"], job["runtime"], job["n"], job["tag"],
+                               hardened_volume=job["volume"]) if job.get("volume") else None  # fmt: skip
     finally:
         host.close()
-    sys.stdout.write(json.dumps({"batch": ours, "floor": floor}) + "\n")
+    sys.stdout.write(json.dumps({"batch": ours, "floor": floor, "hardened_floor": hardened}) + "\n")
 
 
 if __name__ == "__main__":

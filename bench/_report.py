@@ -151,6 +151,10 @@ def _m(tree: Any, *keys: str) -> str:
 # -- targets ---------------------------------------------------------------------------------------
 
 
+CPU_PARTS = ("machine", "process", "engine", "rest")
+"""The concurrency section's CPU split per run (bench/_concurrency._cpu_per_run)."""
+
+
 def _warm_floor(w: Mapping[str, Any]) -> str:
     return (f"stages (median ms): claim {_m(w, 'stages_ms', 'claim')} · task fetched "
             f"{_m(w, 'stages_ms', 'handover')} · agent done {_m(w, 'stages_ms', 'agent')} · result "
@@ -198,7 +202,11 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             row(f"{n} concurrent: throughput / docker's at {n}", rt, c.get("throughput_over_floor"),
                 goal=">= 0.95x", ok=lambda v: v >= 0.95, unit="x",
                 floor=f"ours {_m(c, 'throughput')} runs/s, docker alone "
-                      f"{_m(c, 'floor', 'throughput')} runs/s")
+                      f"{_m(c, 'floor', 'throughput')} runs/s, docker with a run's hardened spec "
+                      f"{_m(c, 'hardened_floor', 'throughput')} runs/s (ours / that "
+                      f"{_m(c, 'throughput_over_hardened_floor')}x); CPU per run (ms) ours / docker's: "
+                      + ", ".join(f"{part} {_m(c, 'cpu_ms_per_run', part)} / "
+                                  f"{_m(c, 'floor', 'cpu_ms_per_run', part)}" for part in CPU_PARTS))
         top: Mapping[str, Any] = levels.get("64") or {}
         row("64 concurrent: failures", rt, top.get("failures"), goal="0", ok=lambda v: v == 0)
         row("64 concurrent: leftovers", rt, top.get("leftovers"), goal="0", ok=lambda v: v == 0)
@@ -363,7 +371,14 @@ _CONCURRENCY = (
     "(docker's own throughput at that moment); ratio = ours / docker's, per repetition. Memory per active "
     "run at the peak: host process RSS growth over its baseline; the containers' memory as `docker stats` "
     "counts it (cgroup); the containerd shims' RSS. Failures and leftovers add up over the repetitions, "
-    "peak active is the lowest; failures, if any, are listed below the table."
+    "peak active is the lowest; failures, if any, are listed below the table. CPU per run (ms, the batch's "
+    "whole duration over N): the machine's busy time (/proc/stat), of it the process submitting the runs "
+    "(all its threads: for ours the host, for docker's the SDK client), the engine's daemons (dockerd, "
+    "containerd), and the rest (the containers themselves, their shims and runtime, the kernel). On two "
+    "cores throughput follows the machine's CPU per run, so the CPU split says where a throughput gap is "
+    "spent. Hardened floor: the same N containers created from a run's own spec (read-only root, no "
+    "capabilities, init, limits, tmpfs mounts, the pack volume, a socket directory) running the same "
+    "command, through the same SDK calls: the engine's own cost of our hardening, none of our code."
 )
 _WARM = (
     "`serve` (its own process) with a warm pool, one persistent `RunnerClient` over the admin socket, runs "
@@ -536,18 +551,29 @@ def _body(results: Mapping[str, Any]) -> list[str]:
                     if bt else [])
     levels_by_rt: Mapping[str, Any] = results.get("concurrency", {})
     out += _section("Concurrency", _CONCURRENCY,
-                    ("runtime", "N", "runs/s", "docker floor runs/s", "ours / docker", "wall s", "failures",
-                     "leftovers", "peak active", "host MB/run", "container MB/run", "shim MB/run"),
+                    ("runtime", "N", "runs/s", "docker floor runs/s", "ours / docker",
+                     "hardened floor runs/s", "ours / hardened", "wall s", "failures", "leftovers",
+                     "peak active", "host MB/run", "container MB/run", "shim MB/run"),
                     [(rt, n, _f(c.get("throughput")), _f(_get(c, "floor", "throughput")),
-                      _f(c.get("throughput_over_floor"), "x"), _f(c.get("wall_s")), _f(c.get("failures")),
+                      _f(c.get("throughput_over_floor"), "x"), _f(_get(c, "hardened_floor", "throughput")),
+                      _f(c.get("throughput_over_hardened_floor"), "x"), _f(c.get("wall_s")),
+                      _f(c.get("failures")),
                       _f(c.get("leftovers")), _f(c.get("peak_active")), _f(c.get("host_mb_per_run")),
                       _f(c.get("container_mb_per_run")), _f(c.get("shim_mb_per_run")))
                      for rt, levels in levels_by_rt.items() for n, c in levels.items()
                      if isinstance(c, Mapping)])
+    out += _section("", "CPU per run (median ms): ours / docker's alone / docker's with the hardened spec, "
+                    "split as above.",
+                    ("runtime", "N", *(f"{part}: ours / docker / hardened" for part in CPU_PARTS)),
+                    [(rt, n, *(f"{_m(c, 'cpu_ms_per_run', part)} / {_m(c, 'floor', 'cpu_ms_per_run', part)}"
+                               f" / {_m(c, 'hardened_floor', 'cpu_ms_per_run', part)}" for part in CPU_PARTS))
+                     for rt, levels in levels_by_rt.items() for n, c in levels.items()
+                     if isinstance(c, Mapping) and "cpu_ms_per_run" in c])
     reasons = [f"- {rt} x{n}: {reason}" for rt, levels in levels_by_rt.items() for n, c in levels.items()
                if isinstance(c, Mapping)
                for reason in [*(c.get("failure_reasons") or []),
-                              *(f"docker floor: {e}" for e in _get(c, "floor", "errors") or [])]]
+                              *(f"docker floor: {e}" for e in _get(c, "floor", "errors") or []),
+                              *(f"hardened floor: {e}" for e in _get(c, "hardened_floor", "errors") or [])]]
     out += ["", "Failures:", "", *reasons] if reasons else []
     warm: Mapping[str, Any] = results.get("warm", {})
     out += _section("Warm", _WARM,

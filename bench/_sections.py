@@ -35,7 +35,7 @@ def measure_one(state: BenchState, plan: Plan, section: str, runtime: str) -> di
             if i:
                 quiesce(plan.quiet)  # the previous level's teardowns must not be charged to this one
             job = {"env": state.env, "slug": state.trivial, "runtime": runtime, "n": n, "image": state.image,
-                   "tag": state.tag}
+                   "tag": state.tag, "volume": state.volume}
             try:
                 out[str(n)] = concurrency(job)
             except Exception as exc:  # noqa: BLE001 (one failed level must not discard the others)
