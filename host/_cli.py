@@ -44,6 +44,15 @@ def _version() -> str:
         return "unknown"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, with the version looked up only when asked: reading the installed distribution's
+    metadata cost every command ~25 ms."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"{PROG} {_version()}")
+        parser.exit()
+
+
 class _UsageError(Exception):
     """Bad command-line input (exit 2)."""
 
@@ -679,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The contract (options, exit codes, --json schemas): docs/cli.md",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    p.add_argument("--version", action=_VersionAction, nargs=0, help="show program's version number and exit")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="the host's own log lines on stderr: escaped text, or one JSON object per line")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from host._broker import LlmBroker
 from host._config import HostConfig, load_config, sandbox_enabled
 from host._errors import AuditReason, PackError, RefusedError
 from host._manifest import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
@@ -154,6 +153,8 @@ def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explan
     entry = installed_agent(Lockfile(cfg.paths.lockfile), slug)
     decision = decide_route(entry, cfg, environ)
     manifest, policy = effective_policy(entry, cfg, decision.route)
+    from host._broker import LlmBroker  # noqa: PLC0415  only the explanation needs it, not every run's admission
+
     provider = LlmBroker(cfg.agent_sandbox.llm, environ).describe(slug)
     return Explanation(entry, decision, manifest, policy, cfg, provider)
 

@@ -2,24 +2,54 @@
 
 from __future__ import annotations
 
-from sandbox_wrapper._context import (
-    AgentContext,
-    AsyncLlmStream,
-    LLMResult,
-    LlmResult,
-    LlmStream,
-    RetryConfig,
-    RunToolResult,
-    ToolContext,
-    ToolResult,
-)
-from sandbox_wrapper._errors import (
-    AgentLimitExceeded,
-    AgentTerminated,
-    HostUnavailableError,
-    LlmAccessError,
-    ToolAccessError,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandbox_wrapper._context import (
+        AgentContext,
+        AsyncLlmStream,
+        LLMResult,
+        LlmResult,
+        LlmStream,
+        RetryConfig,
+        RunToolResult,
+        ToolContext,
+        ToolResult,
+    )
+    from sandbox_wrapper._errors import (
+        AgentLimitExceeded,
+        AgentTerminated,
+        HostUnavailableError,
+        LlmAccessError,
+        ToolAccessError,
+    )
+
+_FROM = {
+    **dict.fromkeys(
+        ("AgentContext", "AsyncLlmStream", "LLMResult", "LlmResult", "LlmStream", "RetryConfig",
+         "RunToolResult", "ToolContext", "ToolResult"),
+        "sandbox_wrapper._context",
+    ),
+    **dict.fromkeys(
+        ("AgentLimitExceeded", "AgentTerminated", "HostUnavailableError", "LlmAccessError",
+         "ToolAccessError"),
+        "sandbox_wrapper._errors",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use: the host imports this package for PROTOCOL_VERSION and
+    the tool runner (`_tool_exec`), which need neither gRPC stubs nor the AgentContext."""
+    module = _FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 PROTOCOL_VERSION = 1
 """The sandbox protocol version; the host refuses a wrapper (and an image) that carries another one."""
