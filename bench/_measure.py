@@ -281,6 +281,60 @@ def cold(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
     }
 
 
+# -- process to process ----------------------------------------------------------------------------
+
+
+def _cli_run(state: BenchState, runtime: str) -> tuple[float, float]:
+    """`agentnode-sandbox run SLUG --json` as a script runs it, a new process of this revision's host (its
+    interpreter start and imports, the run, the synchronous teardown, exit): (process ms, the run's own
+    duration_ms from its JSON)."""
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "host", "run", state.trivial, "--json", "--runtime", runtime],
+        env=state.env, cwd=CODE_ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    wall = _since(t)
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        out = {}
+    if proc.returncode != 0 or not out.get("success"):
+        raise RuntimeError(f"run --json failed ({proc.returncode}): {out.get('error_code')} "
+                           f"{proc.stderr[-500:]}")
+    return wall, float(out["duration_ms"])
+
+
+def _cli_imports() -> float:
+    """A new interpreter importing what `run` imports (host._cli, then host._runner), and exiting."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import host._cli, host._runner"], cwd=CODE_ROOT, check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    return _since(t)
+
+
+def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
+    """Process to process, as a user meets it: `agentnode-sandbox run --json` of the trivial agent against
+    `docker run --rm ... python3 -c 'import grpc'` (the docker CLI floor), interleaved; then, a quarter as
+    often, a new interpreter doing only the command's imports."""
+    ours: list[float] = []
+    runs: list[float] = []
+    floor: list[float] = []
+    _cli_run(state, runtime)  # the engine's image and volume caches, the page cache of our modules
+    for _ in range(reps):
+        floor.append(_floor_cli(state, runtime))
+        wall, duration = _cli_run(state, runtime)
+        ours.append(wall)
+        runs.append(duration)
+    imports = [_cli_imports() for _ in range(max(1, math.ceil(reps / 4)))]
+    return {
+        "process_ms": summary(ours),
+        "docker_cli_ms": summary(floor),
+        "ratio": ratio(med(summary(ours)), med(summary(floor))),
+        "run_duration_ms": summary(runs),
+        "imports_ms": summary(imports),
+    }
+
+
 # -- per-call transports ---------------------------------------------------------------------------
 
 

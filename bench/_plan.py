@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SECTION_NAMES = ("broker_tools", "cold", "calls", "tool_sandbox", "broker", "warm", "concurrency")
+SECTION_NAMES = ("broker_tools", "cold", "cli", "calls", "tool_sandbox", "broker", "warm", "concurrency")
 """Every section, in the order they run (`--sections` takes these names)."""
 
 HOST_ONLY = frozenset({"broker_tools"})

@@ -46,6 +46,8 @@ BUSY_LOAD = 1.5
 """A 1-minute load average above this means other work competed with the benchmark."""
 
 WARM_P50_MS = {"runc": 6.0, "runsc": 15.0}
+CLI_RATIO = 1.15
+"""Issue 19: a process-to-process cold `run` within this factor of the bare `docker run`."""
 """The warm run's server-side p50 goal per runtime (another runtime gets runsc's)."""
 
 THROUGHPUT_LEVELS = ("16", "32", "64")
@@ -196,6 +198,11 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             ok=_at_most(goal), unit=" ms", floor=_warm_floor(w))
         row("warm run p95 / p50 (server side)", rt, w.get("p95_over_p50"), goal="<= 2x", ok=lambda v: v <= 2,
             unit="x", floor=f"p50 {_m(w, 'server_ms')} ms, p95 {_fmt(_get(w, 'server_ms', 'p95'))} ms")
+    for rt, c in results.get("cli", {}).items():
+        row("process to process: run --json / docker run", rt, c.get("ratio"), goal=f"<= {CLI_RATIO:g}x",
+            ok=_at_most(CLI_RATIO), unit="x",
+            floor=f"docker run {_m(c, 'docker_cli_ms')} ms, ours {_m(c, 'process_ms')} ms: the run "
+                  f"{_m(c, 'run_duration_ms')} ms, imports alone {_m(c, 'imports_ms')} ms")
     for rt, levels in results.get("concurrency", {}).items():
         for n in THROUGHPUT_LEVELS:
             c = levels.get(n) or {}
@@ -365,6 +372,14 @@ _BROKER_SANDBOX_TOOLS = (
     "smallest call on the same socket and run server (ListTools, answered from the run's cached catalog), "
     "the share of the overhead that is the sandbox-to-host hop itself rather than the broker."
 )
+_CLI = (
+    "A one-shot run as a script meets it: `agentnode-sandbox run SLUG --json` of the trivial agent (a new "
+    "process: interpreter start, imports, the run with its synchronous teardown, exit; invoked as "
+    "`python -m host`), against `docker run --rm --network none --runtime R --entrypoint python3 <pinned "
+    "image> -c 'import grpc'`, interleaved. median / p95 in ms; ratio = ours / docker's, per repetition. "
+    "The run's own duration_ms (from its JSON) and a new interpreter doing only the command's imports say "
+    "where the process's time goes."
+)
 _CONCURRENCY = (
     "N trivial runs submitted at once to one host (a fresh process per level and repetition), then N "
     "bare `docker run --rm ... python3 -c 'import grpc'` at once through the SDK in the same process "
@@ -500,6 +515,12 @@ def _body(results: Mapping[str, Any]) -> list[str]:
                      "total"),
                     [(rt, mode, *(_f(v.get(k)) for k in _STEP_KEYS))
                      for rt, c in cold.items() for mode, v in (c.get("teardown_steps_ms") or {}).items()])
+    out += _section("Process to process", _CLI,
+                    ("runtime", "docker run (CLI)", "agentnode-sandbox run --json", "ratio",
+                     "of it: the run (duration_ms)", "imports alone (new interpreter)"),
+                    [(rt, _mp(c.get("docker_cli_ms")), _mp(c.get("process_ms")), _f(c.get("ratio"), "x"),
+                      _mp(c.get("run_duration_ms")), _mp(c.get("imports_ms")))
+                     for rt, c in results.get("cli", {}).items()])
     calls: Mapping[str, Any] = results.get("calls", {})
     out += _section("Per-call overhead", _CALLS,
                     ("runtime", "tool call", "same, bare stub", "same, lookup cached", "same, free tool",
@@ -605,6 +626,7 @@ SIDES = ("base", "candidate")
 
 SECTION_TITLES = {
     "broker_tools": "Broker, 8 tools + 2 KiB schema (host side)", "cold": "Cold start",
+    "cli": "Process to process",
     "calls": "Per-call overhead", "tool_sandbox": "Tool sandboxes", "broker": "Broker", "warm": "Warm",
     "concurrency": "Concurrency",
 }

@@ -19,6 +19,8 @@ def measure_one(state: BenchState, plan: Plan, section: str, runtime: str) -> di
         return _measure.broker_tools(state, plan.calls, plan.calls_warmup)
     if section == "cold":
         return _measure.cold(state, runtime, plan.cold)
+    if section == "cli":
+        return _measure.cli(state, runtime, plan.cold)
     if section == "calls":
         return _measure.calls(state, runtime, plan.calls, plan.calls_warmup)
     if section == "tool_sandbox":

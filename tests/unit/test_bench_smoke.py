@@ -154,6 +154,9 @@ def _s(ms: float) -> dict[str, float]:
     return summary([ms * 0.9, ms, ms * 1.3])  # median ms, p95 1.3 ms
 
 
+_CPU = {"machine": 350.0, "process": 8.0, "engine": 45.0, "rest": 297.0}
+
+
 def _rep(k: float, *, tool_ratio: float = 1.2, throughput: float = 4.0) -> dict[str, dict[str, Any]]:
     """One repetition of every section; `k` scales the times so repetitions differ."""
     stages = {s: _s(v * k) for s, v in (("route", 1), ("boot", 200), ("teardown", 80), ("total", 450),
@@ -171,6 +174,8 @@ def _rep(k: float, *, tool_ratio: float = 1.2, throughput: float = 4.0) -> dict[
                           "teardown_steps_ms": {"at once": {"exit_wait": _s(0), "server_stop": _s(1.5),
                                                             "remove_verify": _s(70), "rundir": _s(0.5),
                                                             "total": _s(73)}}}},
+        "cli": {"runc": {"process_ms": _s(900 * k), "docker_cli_ms": _s(380), "ratio": round(2.4 * k, 2),
+                         "run_duration_ms": _s(450), "imports_ms": _s(330)}},
         "calls": {"runc": {"tool_ms": _s(1.0), "tool_stub_ms": _s(0.9), "cached_lookup_tool_ms": _s(0.9),
                            "free_tool_ms": _s(0.7), "echo_ms": _s(0.3), "stdio_ms": _s(0.14),
                            "tool_over_echo": 3.3, "stdio_over_echo": 0.47, "tool_over_floor": tool_ratio,
@@ -198,8 +203,13 @@ def _rep(k: float, *, tool_ratio: float = 1.2, throughput: float = 4.0) -> dict[
                                         "host_mb_per_run": 0.26, "host_rss_mb": [80.0, 97.0],
                                         "container_mb_per_run": 17.0, "shim_mb_per_run": 16.0,
                                         "run_ms": _s(9000), "floor": {"wall_s": 15.0, "throughput": 4.2,
-                                                                      "failures": 0, "errors": []},
-                                        "throughput_over_floor": round(throughput / 4.2, 2)}}},
+                                                                      "failures": 0, "errors": [],
+                                                                      "cpu_ms_per_run": _CPU},
+                                        "hardened_floor": {"wall_s": 15.5, "throughput": 4.1, "failures": 0,
+                                                           "errors": [], "cpu_ms_per_run": _CPU},
+                                        "cpu_ms_per_run": {**_CPU, "process": 25.0},
+                                        "throughput_over_floor": round(throughput / 4.2, 2),
+                                        "throughput_over_hardened_floor": round(throughput / 4.1, 2)}}},
     }
 
 
@@ -286,6 +296,16 @@ def test_report_renders_every_section_with_spreads_and_the_unstable_list() -> No
     assert "| first streamed chunk: sandbox - direct provider (median) | runc | 0.50 ms ±0% " \
         "| 0.50 / 0.50 / 0.50 | <= 1 ms | **met** |  |" in text
     assert "| cold | 0.40 | 1 | 1.60 | 3 | 60.0 | 9.00 |" in text  # load before / after the section
+    # issue 19's process-to-process target, with where the process's time goes beside it
+    assert "| process to process: run --json / docker run | runc | 2.40x ±30% ⚠ | 2.40 / 3.12 / 2.40 " \
+        "| <= 1.15x | **unstable** | docker run 380 ms, ours 900 ms: the run 450 ms, imports alone " \
+        "330 ms |" in text
+    # a throughput miss names the CPU per run beside docker's, and the hardened-spec floor
+    missed = render(_results(*[_rep(1.0, throughput=3.0)] * 3))
+    assert "| 64 concurrent: throughput / docker's at 64 | runc | 0.71x ±0% | 0.71 / 0.71 / 0.71 " \
+        "| >= 0.95x | **missed** | ours 3.00 runs/s, docker alone 4.20 runs/s, docker with a run's " \
+        "hardened spec 4.10 runs/s (ours / that 0.73x); CPU per run (ms) ours / docker's: machine " \
+        "350 / 350, process 25.0 / 8.00, engine 45.0 / 45.0, rest 297 / 297 |" in missed
     assert text == render(json.loads(json.dumps(results)))  # a pure function of the JSON
 
     one = _results(_rep(1.0))  # a single repetition: figures without a spread
