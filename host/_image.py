@@ -79,6 +79,10 @@ without it every sandbox compiled asyncio, json, email, ... from source again (~
 
 # Wheel architecture (as the daemon reports it) -> Debian architecture.
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+ENGINE_ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+"""The engine's architecture in the kernel's (and wheels') terms: dockerd reports `uname -m` (x86_64),
+Podman reports Go's names (amd64); everything downstream (the rootfs recipe, wheel platform tags) reads
+the normalized name."""
 WHEEL_PYTHON = "3.11"
 BYTECODE_VERSION = (3, 11)
 
@@ -303,7 +307,8 @@ def _labels(image: Image) -> dict[str, str]:
 def daemon_arch(client: docker.DockerClient) -> str:
     """The daemon's CPU architecture in wheel terms; refuses ones the image has no wheels for."""
     with engine_errors():
-        arch = str(client.info().get("Architecture", ""))
+        reported = str(client.info().get("Architecture", ""))
+    arch = ENGINE_ARCH_NAMES.get(reported.lower(), reported)
     if arch not in DEBIAN_ARCH:
         raise _build_failed(
             f"no sandbox image recipe for engine architecture {arch!r}",

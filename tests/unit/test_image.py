@@ -26,6 +26,7 @@ import requests.exceptions
 from docker.models.images import Image
 
 from host import _image
+from host._engine import connect
 from host._errors import AuditReason, EngineError
 from host._image import (
     PULL_HINT,
@@ -34,6 +35,7 @@ from host._image import (
     PullResult,
     cached_wheels,
     copy_wrapper,
+    daemon_arch,
     image_inputs_hash,
     image_labels,
     image_status,
@@ -45,6 +47,7 @@ from host._image import (
     verify_pinned_image,
 )
 from sandbox_wrapper import PROTOCOL_VERSION
+from tests.support.fake_engine import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER_FILES = {
@@ -548,3 +551,29 @@ def test_a_build_without_docker_inputs_says_where_images_come_from(tmp_path: Pat
     with pytest.raises(EngineError) as err:
         _image.build_image(None, repo_root=tmp_path, progress=lambda _: None)
     assert err.value.reason is AuditReason.IMAGE_MISSING and "image pull" in err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("reported", "normalized"),
+    [("x86_64", "x86_64"), ("amd64", "x86_64"), ("aarch64", "aarch64"), ("arm64", "aarch64"),
+     ("AMD64", "x86_64")],
+)
+def test_engine_architecture_is_normalized(reported: str, normalized: str) -> None:
+    """dockerd reports `uname -m` names, Podman Go's: both mean the same rootfs recipe and wheel tags."""
+    with FakeEngine(info={"Architecture": reported}) as engine:
+        client = connect({"DOCKER_HOST": engine.docker_host})
+        try:
+            assert daemon_arch(client) == normalized
+        finally:
+            client.close()
+
+
+def test_an_engine_architecture_without_a_recipe_is_refused() -> None:
+    with FakeEngine(info={"Architecture": "riscv64"}) as engine:
+        client = connect({"DOCKER_HOST": engine.docker_host})
+        try:
+            with pytest.raises(EngineError, match="riscv64") as caught:
+                daemon_arch(client)
+        finally:
+            client.close()
+    assert caught.value.reason is AuditReason.IMAGE_MISSING and "x86_64 or aarch64" in caught.value.hint
