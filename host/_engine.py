@@ -6,6 +6,7 @@ import contextlib
 import errno
 import logging
 import os
+import queue
 import re
 import socket
 import time
@@ -19,7 +20,7 @@ import docker.constants
 import docker.errors
 import urllib3.exceptions
 from docker.models.containers import _create_container_args
-from docker.transport.unixconn import UnixHTTPAdapter
+from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
 from docker.types import CancellableStream, LogConfig, Mount, Ulimit
 
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
@@ -45,10 +46,10 @@ LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
 """On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
 
 ENGINE_POOL_SIZE = 128
-ENGINE_SHARED_POOL_SIZE = 1024
-"""Idle connections the one shared Unix-socket pool keeps (`_OneUnixPool`): every run holds two streams
-(its logs and its exit) and makes short calls besides; a pool too small would discard connections with
-a warning on each return."""
+ENGINE_SHARED_POOL_SIZE = 16
+"""Idle connections the one Unix-socket pool keeps (`_OneUnixPool`). Every live run holds two streams (its
+logs and its exit) besides its short calls; connections past this many are opened while needed and closed
+when returned, so a burst of runs leaves no crowd of idle connections (each also holds one in dockerd)."""
 ENGINE_FAILURES: tuple[type[Exception], ...] = (
     docker.errors.DockerException,
     OSError,  # requests' exceptions are OSErrors too
@@ -86,16 +87,32 @@ class EngineFacts:
     swap_limit: bool
 
 
+class _IdleBoundedPool(UnixHTTPConnectionPool):  # type: ignore[misc]
+    """docker-py's Unix socket pool keeping at most `maxsize` idle connections: more are opened while runs
+    need them, and one returned to a full pool is closed quietly (urllib3 logs a warning for each)."""
+
+    def _put_conn(self, conn: Any) -> None:
+        try:
+            self.pool.put(conn, block=False)  # AttributeError: the pool was closed (self.pool is None)
+        except (AttributeError, queue.Full):
+            if conn is not None:
+                conn.close()
+
+
 class _OneUnixPool(UnixHTTPAdapter):  # type: ignore[misc]
     """docker-py's Unix socket adapter with one connection pool for the socket. The SDK keys its pools by
     the whole request URL and keeps 10: every container's requests opened fresh connections through a
     fresh pool (filling a queue of `max_pool_size` slots each time), ~6 per run and more under concurrency,
     where the pools also evicted each other. All URLs reach the same socket, so one pool serves them all."""
 
-    _KEY = "http+docker://localhost"
-
     def get_connection(self, url: str, proxies: Any = None) -> Any:
-        return super().get_connection(self._KEY, proxies)
+        key = "http+docker://localhost"
+        with self.pools.lock:
+            pool = self.pools.get(key)
+            if pool is None:
+                pool = _IdleBoundedPool(key, self.socket_path, self.timeout, maxsize=self.max_pool_size)
+                self.pools[key] = pool
+        return pool
 
 
 def _share_one_pool(client: docker.DockerClient, timeout: int) -> None:

@@ -51,9 +51,10 @@ CONCURRENT_MAX_S = 180.0
 
 
 ENGINE_CONNECTIONS_MAX = 32
-"""Connections to the engine's socket the engine clients' keep-alive pools may hold (docker-py keeps up to
-10 per client, and they churn: a connection closes and another opens). They are counted apart from the
-host's own descriptors and held to this bound: a leak of them would pass it within a few dozen runs."""
+"""Connections to the engine's socket the engine clients' keep-alive pools may hold (the host's one pool
+keeps up to host._engine.ENGINE_SHARED_POOL_SIZE idle, the test's own client a few more). They are counted
+apart from the host's own descriptors and held to this bound: a leak of them would pass it within a few
+dozen runs."""
 
 
 def _engine_sockets() -> set[str]:

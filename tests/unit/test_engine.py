@@ -24,6 +24,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from host._engine import (
+    ENGINE_SHARED_POOL_SIZE,
     HOME_IN_CONTAINER,
     LABEL_OWNER,
     LABEL_RUN,
@@ -636,3 +637,32 @@ def test_one_connection_serves_requests_for_every_container() -> None:
             assert client.api.trust_env is False
         finally:
             client.close()
+
+
+def test_the_engine_pool_keeps_a_bounded_number_of_idle_connections(caplog: pytest.LogCaptureFixture) -> None:
+    """A burst of runs needs more connections than are worth keeping: the pool keeps
+    ENGINE_SHARED_POOL_SIZE idle and closes the rest as they come back, without a warning for each."""
+
+    class Conn:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    with FakeEngine() as engine:
+        client = connect({"DOCKER_HOST": engine.docker_host})
+        try:
+            pool = client.api.get_adapter("http+docker://localhost").get_connection("http+docker://x/y")
+            # every slot taken, as by as many concurrent requests (the ping's connection among them)
+            taken = [pool._get_conn() for _ in range(ENGINE_SHARED_POOL_SIZE)]
+            returned = [Conn() for _ in range(ENGINE_SHARED_POOL_SIZE + 5)]
+            with caplog.at_level("DEBUG"):
+                for conn in returned:
+                    pool._put_conn(conn)
+        finally:
+            for conn in taken:
+                conn.close()
+            client.close()
+    assert sum(c.closed for c in returned) >= 5
+    assert pool.pool is None or pool.pool.qsize() <= ENGINE_SHARED_POOL_SIZE
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
