@@ -187,11 +187,12 @@ def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> 
 FLOOR_COMMAND = ["/usr/bin/python3", "-c", "import grpc"]
 
 
-def _hardened_spec(image: str, runtime: str, tag: str, volume: str, socket_dir: str) -> dict[str, Any]:
+def _hardened_spec(image: str, runtime: str, tag: str, volume: str, *, socket_dir: str,
+                   owner: str) -> dict[str, Any]:
     """A run's container spec exactly (host/_engine.container_spec: read-only root, no capabilities,
     init, limits, tmpfs mounts, the pack volume and a socket directory), running the floor's command."""
     run_id = uuid.uuid4().hex
-    spec = container_spec(image=image, run_id=run_id, name=f"bench-floor-{run_id[:20]}", owner=owner_token(),
+    spec = container_spec(image=image, run_id=run_id, name=f"bench-floor-{run_id[:20]}", owner=owner,
                           slug=f"bench-floor-{tag}", runtime=runtime, pack_volume=volume, import_root="/pack",
                           socket_dir=socket_dir)  # fmt: skip
     return {**spec, "command": FLOOR_COMMAND, "labels": {**spec["labels"], BENCH_LABEL: tag}}
@@ -210,6 +211,7 @@ def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str,
     client = docker.DockerClient.from_env(environment=env, max_pool_size=2 * n, timeout=600)
     errors: list[str] = []
     socket_dir = tempfile.mkdtemp(prefix="bench-floor-")
+    owner = owner_token()  # once, outside the timed batch
 
     def one(_i: int) -> bool:
         try:
@@ -220,7 +222,7 @@ def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str,
                 )  # fmt: skip
             else:
                 container = client.containers.create(
-                    **_hardened_spec(image, runtime, tag, hardened_volume, socket_dir)
+                    **_hardened_spec(image, runtime, tag, hardened_volume, socket_dir=socket_dir, owner=owner)
                 )
             try:
                 container.start()

@@ -628,7 +628,7 @@ def _tools_call(state: BenchState) -> _ToolsCall:
 
 BROKER_ROUNDS = 4
 """A repetition's broker samples come in this many rounds, each the direct paths (interleaved) and then one
-sandbox run of each kind: direct and sandbox figures are taken minutes apart no more."""
+sandbox run of each kind, so direct and sandbox samples are never taken minutes apart."""
 
 
 def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any]:
@@ -664,23 +664,21 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
         "direct_tools_ms": lambda: _timed(lambda: sdk.chat.completions.create(model=model, **tools.sent)),
         "direct_tools_first_chunk_ms": lambda: _first_chunk(lambda: direct_stream(**tools.sent)),
     }
+    # what the agent's run reports -> the figure it feeds, for the plain call and the broker_tools call
     inside = {"call_ms": "sandbox_ms", "first_chunk_ms": "sandbox_first_chunk_ms",
               "rpc_floor_ms": "sandbox_rpc_floor_ms"}
-    samples: dict[str, list[float]] = {key: [] for key in [*paths, *inside.values(), "sandbox_tools_ms",
-                                                           "sandbox_tools_first_chunk_ms"]}
+    inside_tools = {"call_ms": "sandbox_tools_ms", "first_chunk_ms": "sandbox_tools_first_chunk_ms"}
+    samples: dict[str, list[float]] = {key: [] for key in [*paths, *inside.values(), *inside_tools.values()]}
     host = SandboxHost(env=state.env)
     try:
         for _ in range(rounds):
             for key, values in _interleaved(paths, n=per_round, warmup=warmup).items():
                 samples[key] += values
             kwargs = {"n": per_round, "warmup": warmup}
-            plain_run = _ok(host.run(state.llm_caller, runtime=runtime, kwargs=kwargs)).result
-            tools_run = _ok(host.run(state.llm_caller, runtime=runtime,
-                                     kwargs={**kwargs, "schema": tools.schema})).result
-            for key, name in inside.items():
-                samples[name] += plain_run[key]
-            samples["sandbox_tools_ms"] += tools_run["call_ms"]
-            samples["sandbox_tools_first_chunk_ms"] += tools_run["first_chunk_ms"]
+            for run_kwargs, figures in ((kwargs, inside), ({**kwargs, "schema": tools.schema}, inside_tools)):
+                reported = _ok(host.run(state.llm_caller, runtime=runtime, kwargs=run_kwargs)).result
+                for key, name in figures.items():
+                    samples[name] += reported[key]
     finally:
         sdk.close()
         host.close()

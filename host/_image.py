@@ -613,6 +613,14 @@ def image_status(
     )
 
 
+def pinned_image_missing(pin: str) -> EngineError:
+    """The refusal for a pinned image the engine does not have, found at verification or at create."""
+    return EngineError(
+        f"the pinned sandbox image {pin} is not present in the engine",
+        reason=AuditReason.IMAGE_MISSING, hint=BUILD_HINT, check="image",
+    )  # fmt: skip
+
+
 def verify_pinned_image(client: docker.DockerClient, pin: str | None) -> Image:
     """The pinned image, or an EngineError saying why a sandboxed run cannot use it; never pulls."""
     if not pin:
@@ -627,10 +635,7 @@ def verify_pinned_image(client: docker.DockerClient, pin: str | None) -> Image:
         )  # fmt: skip
     image = _get_image(client, pin)
     if image is None:
-        raise EngineError(
-            f"the pinned sandbox image {pin} is not present in the engine",
-            reason=AuditReason.IMAGE_MISSING, hint=BUILD_HINT, check="image",
-        )  # fmt: skip
+        raise pinned_image_missing(pin)
     labels = _labels(image)
     if not _matches_pin(image, pin) or LABEL_INPUTS_HASH not in labels:
         raise EngineError(
@@ -688,6 +693,7 @@ __all__ = [
     "build_image",
     "image_inputs_hash",
     "image_status",
+    "pinned_image_missing",
     "pull_image",
     "sha256_file",
     "verify_pinned_image",

@@ -30,7 +30,7 @@ from host._engine import (
     require_capable,
 )
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
-from host._image import BUILD_HINT, verify_pinned_image
+from host._image import pinned_image_missing, verify_pinned_image
 from host._manifest import AgentManifest
 from host._packs import LockEntry, Lockfile, verify_volume
 from host._pool import PoolSettings, WarmPools
@@ -146,12 +146,7 @@ class Sandbox(Workload):
             except EngineImageNotFound:
                 # The backend verifies the pin once in a while, not per run: an image removed since then
                 # is found missing here, and is the same refusal as at verification.
-                raise EngineError(
-                    f"the pinned sandbox image {spec.pin or spec.image_id} is not present in the engine",
-                    reason=AuditReason.IMAGE_MISSING,
-                    hint=BUILD_HINT,
-                    check="image",
-                ) from None
+                raise pinned_image_missing(spec.pin or spec.image_id) from None
             except EngineRejected as exc:
                 raise EngineError(
                     f"the sandbox container could not be started ({exc.status})",
