@@ -20,6 +20,7 @@ from host._engine import (
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_WARM,
+    EngineFacts,
     connect,
     engine_errors,
     engine_facts,
@@ -77,6 +78,13 @@ class DoctorReport:
         }
 
 
+def describe_engine(facts: EngineFacts) -> str:
+    """`docker 20.10.24, cgroup v1` / `podman 4.3.1 rootless, cgroup v2`: what the rows were judged on."""
+    mode = " rootless" if facts.rootless else ""
+    cgroup = f", cgroup v{facts.cgroup_version}" if facts.cgroup_version else ""
+    return f"{facts.kind} {facts.server_version}{mode}{cgroup}"
+
+
 def capability_checks(client: docker.DockerClient, runtime: str) -> list[Check]:
     """The memory-ceiling and runtime rows, each judged by the runner's own `require_capable`.
 
@@ -90,8 +98,8 @@ def capability_checks(client: docker.DockerClient, runtime: str) -> list[Check]:
     rows: list[Check] = []
     probes = (
         ("memory_limit", dataclasses.replace(facts, runtimes=facts.runtimes | {runtime}),
-         f"the engine (version {facts.server_version}) enforces memory and swap limits"),
-        ("runtime", dataclasses.replace(facts, memory_limit=True, swap_limit=True),
+         f"the engine ({describe_engine(facts)}) enforces memory, swap and pids limits"),
+        ("runtime", dataclasses.replace(facts, memory_limit=True, swap_limit=True, pids_limit=True),
          f"runtime {runtime} is registered with the engine"),
     )  # fmt: skip
     for check, probe, detail in probes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import logging
 import os
@@ -45,6 +46,10 @@ LABEL_WARM = "io.agentnode.sandbox.warm"
 LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
 """On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
 
+NPROC_LIMIT = 32768
+"""RLIMIT_NPROC of a sandbox (see `container_spec`): Podman's own service limit on hosts where it cannot
+raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
+
 ENGINE_POOL_SIZE = 128
 ENGINE_SHARED_POOL_SIZE = 16
 """Idle connections the one Unix-socket pool keeps (`_OneUnixPool`). Every live run holds two streams (its
@@ -77,14 +82,70 @@ class ContainerLimits:
     log_max_bytes: int = 1024 * 1024
 
 
+class EngineKind(enum.StrEnum):
+    """Which engine answers the Docker-compatible API: the few places they differ read this."""
+
+    DOCKER = "docker"
+    PODMAN = "podman"
+
+
+ENGINE_ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+"""The engine's architecture in the kernel's (and wheels') terms: dockerd reports `uname -m` (x86_64),
+Podman reports Go's names (amd64)."""
+
+
 @dataclass(frozen=True)
 class EngineFacts:
-    """What the engine can do, read from `docker info`."""
+    """What the engine is and can do, normalized once from either engine's answers (`facts_from`): the
+    image recipe, the wheel platform tags, the container spec and doctor read these, never raw answers."""
 
     server_version: str
     runtimes: frozenset[str]
+    """The runtimes a container can actually get. Podman's compatible API runs every container under its
+    default runtime whatever the request names (containers/podman#28429), so there it is that one alone."""
     memory_limit: bool
     swap_limit: bool
+    kind: EngineKind = EngineKind.DOCKER
+    architecture: str = ""
+    """`uname -m` terms (x86_64, aarch64), whatever the engine reported; unknown names pass unchanged."""
+    os: str = ""
+    cgroup_version: str = ""
+    """"1" or "2" ("" when the engine does not say)."""
+    default_runtime: str = ""
+    pids_limit: bool = True
+    rootless: bool = False
+    security_options: frozenset[str] = frozenset()
+    """The names of the engine's security options: seccomp, apparmor, selinux, rootless, userns, cgroupns."""
+
+
+def facts_from(info: Mapping[str, Any], version: Mapping[str, Any]) -> EngineFacts:
+    """Normalize `GET /info` and `GET /version` answers of dockerd or Podman into EngineFacts (pure)."""
+    components = version.get("Components") or []
+    names = {str(c.get("Name", "")) for c in components if isinstance(c, Mapping)}
+    kind = EngineKind.PODMAN if any(name.startswith("Podman") for name in names) else EngineKind.DOCKER
+    reported = str(info.get("Architecture", ""))
+    options = frozenset(
+        part.removeprefix("name=")
+        for option in info.get("SecurityOptions") or []
+        for part in str(option).split(",")[:1]
+    )
+    default_runtime = str(info.get("DefaultRuntime", ""))
+    listed = frozenset((info.get("Runtimes") or {}).keys())
+    runtimes = frozenset({default_runtime} & listed) if kind is EngineKind.PODMAN else listed
+    return EngineFacts(
+        server_version=str(info.get("ServerVersion", "")),
+        runtimes=runtimes,
+        memory_limit=bool(info.get("MemoryLimit", False)),
+        swap_limit=bool(info.get("SwapLimit", False)),
+        kind=kind,
+        architecture=ENGINE_ARCH_NAMES.get(reported.lower(), reported),
+        os=str(info.get("OSType", "")),
+        cgroup_version=str(info.get("CgroupVersion", "")),
+        default_runtime=default_runtime,
+        pids_limit=bool(info.get("PidsLimit", True)),
+        rootless="rootless" in options,
+        security_options=options,
+    )
 
 
 class _IdleBoundedPool(UnixHTTPConnectionPool):  # type: ignore[misc]
@@ -229,19 +290,39 @@ def engine_errors() -> Iterator[None]:
 
 
 def engine_facts(client: docker.DockerClient) -> EngineFacts:
-    """Read what the engine supports; an unreachable engine is classified, never raised raw."""
+    """Read what the engine is and supports; an unreachable engine is classified, never raised raw."""
     with engine_errors():
         info: dict[str, Any] = client.info()
-    return EngineFacts(
-        server_version=str(info.get("ServerVersion", "")),
-        runtimes=frozenset((info.get("Runtimes") or {}).keys()),
-        memory_limit=bool(info.get("MemoryLimit", False)),
-        swap_limit=bool(info.get("SwapLimit", False)),
-    )
+        version: dict[str, Any] = client.version()
+    return facts_from(info, version)
+
+
+def _runtime_hint(facts: EngineFacts, runtime: str) -> str:
+    """How to make `runtime` available on this engine (the refusal's way out)."""
+    if facts.kind is EngineKind.PODMAN:
+        default = facts.default_runtime or "its default"
+        if runtime == Runtime.RUNSC:
+            return (
+                "gVisor (runsc) needs Docker here: its run socket needs the runtime argument "
+                "--host-uds=open, which Podman cannot pass; use Docker for runsc, or set "
+                f"agent_sandbox.runtime to {default}"
+            )
+        return (
+            f"Podman runs every container under its default runtime ({default}): set "
+            f"agent_sandbox.runtime to {default}, or set [engine] runtime = \"{runtime}\" in "
+            "containers.conf and restart the Podman service"
+        )
+    if runtime == Runtime.RUNSC:
+        return (
+            "install gVisor (apt-get install runsc) and register it in /etc/docker/daemon.json with "
+            'runtimeArgs ["--network=none", "--host-uds=open"] (scripts/provision-engine does both), '
+            "or set agent_sandbox.runtime to runc; check with: docker info --format '{{.Runtimes}}'"
+        )
+    return f"use a Docker-compatible engine with the {runtime} runtime registered; check with: docker info"
 
 
 def require_capable(facts: EngineFacts, runtime: str) -> None:
-    """Fail closed unless the engine can run `runtime` and enforce the memory+swap ceiling."""
+    """Fail closed unless the engine can run `runtime` and enforce the memory+swap and pids ceilings."""
     if runtime not in tuple(Runtime):
         raise EngineError(
             f"unknown runtime {runtime!r}",
@@ -250,26 +331,28 @@ def require_capable(facts: EngineFacts, runtime: str) -> None:
             check="runtime",
         )
     if runtime not in facts.runtimes:
+        where = "" if facts.kind is EngineKind.DOCKER else f" ({facts.kind} {facts.server_version})"
         raise EngineError(
-            f"the engine has no {runtime!r} runtime registered",
+            f"the engine{where} has no {runtime!r} runtime registered",
             reason=AuditReason.RUNTIME_NOT_REGISTERED,
-            hint=(
-                "install gVisor (apt-get install runsc) and register it in /etc/docker/daemon.json with "
-                'runtimeArgs ["--network=none", "--host-uds=open"] (scripts/provision-engine does both), '
-                "or set agent_sandbox.runtime to runc; check with: docker info --format '{{.Runtimes}}'"
-            )
-            if runtime == Runtime.RUNSC
-            else f"use a Docker-compatible engine with the {Runtime.RUNC} runtime; check with: docker info",
+            hint=_runtime_hint(facts, runtime),
             check="runtime",
         )
-    if not (facts.memory_limit and facts.swap_limit):
+    if not (facts.memory_limit and facts.swap_limit and facts.pids_limit):
+        rootless = (
+            "rootless Podman needs the memory and pids cgroup controllers delegated to the user (cgroup v2 "
+            "with systemd: Delegate=memory pids cpu in user@.service); "
+            if facts.rootless
+            else ""
+        )
         raise EngineError(
-            "the engine cannot enforce the memory ceiling (memory or swap accounting is off)",
+            "the engine cannot enforce the memory or process ceiling "
+            "(memory, swap or pids accounting is off)",
             reason=AuditReason.MEMORY_LIMIT_UNSUPPORTED,
             hint=(
-                "enable the memory cgroup controller and swap accounting (cgroup v2, or the kernel "
-                "arguments cgroup_enable=memory swapaccount=1) and restart the engine; check with: "
-                "docker info --format '{{.MemoryLimit}} {{.SwapLimit}}'"
+                f"{rootless}enable the memory and pids cgroup controllers and swap accounting (cgroup v2, or "
+                "the kernel arguments cgroup_enable=memory swapaccount=1) and restart the engine; check "
+                "with: docker info --format '{{.MemoryLimit}} {{.SwapLimit}} {{.PidsLimit}}'"
             ),
             check="memory_limit",
         )
@@ -290,6 +373,7 @@ def container_spec(
     warm: bool = False,
     tool_for: str = "",
     preload: str = "",
+    engine: EngineKind = EngineKind.DOCKER,
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run: every hardening decision, as plain data.
 
@@ -297,8 +381,11 @@ def container_spec(
     the only difference between a warm and a cold spec. `tool_for` (a run id) makes it a tool sandbox of
     that run: the wrapper's tool-server mode and LABEL_TOOL_FOR are the only differences from a run's.
     `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
+    `engine` changes one spelling: Podman refuses tmpfs `uid=`/`gid=` options and gives a tmpfs to the
+    container's user with `U` instead (the same ownership, checked in the live hardening tests).
     """
     tmpfs_opts = "rw,noexec,nosuid,nodev"
+    home_owner = "U" if engine is EngineKind.PODMAN else f"uid={SANDBOX_UID},gid={SANDBOX_GID}"
     labels = {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]}
     if warm:
         labels[LABEL_WARM] = "1"
@@ -324,7 +411,7 @@ def container_spec(
         "tmpfs": {
             "/tmp": f"{tmpfs_opts},size={limits.tmp_bytes},mode=1777",
             HOME_IN_CONTAINER: (
-                f"{tmpfs_opts},size={limits.home_bytes},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0700"
+                f"{tmpfs_opts},size={limits.home_bytes},{home_owner},mode=0700"
             ),
             "/dev/shm": "ro,noexec,nosuid,nodev,size=4096",
             "/dev/mqueue": "ro,noexec,nosuid,nodev,size=4096",
@@ -333,6 +420,10 @@ def container_spec(
             Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
             Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes),
             Ulimit(name="core", soft=0, hard=0),
+            # Named so that no engine picks its own: Podman otherwise asks for 1048576, which a host
+            # without CAP_SYS_RESOURCE refuses. RLIMIT_NPROC counts the uid's processes machine-wide, so
+            # it stays far above the pids ceiling, which is what bounds a run.
+            Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT),
         ],
         "environment": wrapper_env(
             home=HOME_IN_CONTAINER,
@@ -509,6 +600,30 @@ def create_container(client: docker.DockerClient, spec: Mapping[str, Any]) -> st
     return str(client.api.create_container(**args)["Id"])
 
 
+def verify_runtime(client: docker.DockerClient, container_id: str, runtime: str, kind: EngineKind) -> None:
+    """Refuse a created container whose runtime is not the one asked for, before it starts.
+
+    dockerd runs what the request names, or refuses it. Podman's compatible API ignores the name and uses
+    its default runtime (containers/podman#28429); `EngineFacts.runtimes` admits only that one there, and
+    this check (one libpod inspect) closes the window where the default changes while the host lives.
+    """
+    if kind is not EngineKind.PODMAN:
+        return
+    api = client.api
+    with engine_errors():
+        answer = api._result(api._get(f"{api.base_url}/v4.0.0/libpod/containers/{container_id}/json"), True)
+    used = str(answer.get("OCIRuntime", ""))[:64]
+    if used != runtime:
+        raise EngineError(
+            f"the engine created the sandbox under the {used!r} runtime, not the {runtime!r} asked for",
+            reason=AuditReason.RUNTIME_NOT_REGISTERED,
+            hint=f'Podman\'s default runtime changed: set [engine] runtime = "{runtime}" in '
+            "containers.conf and restart the Podman service, or set agent_sandbox.runtime; "
+            "check with: agentnode-sandbox doctor",
+            check="runtime",
+        )
+
+
 def follow_logs(client: docker.DockerClient, container_id: str) -> CancellableStream:
     """The container's stdout and stderr from the start, followed until it exits, as the SDK's `logs(...,
     stream=True, follow=True)` gives them, without the SDK's container inspect per call (it asks whether the
@@ -579,6 +694,7 @@ __all__ = [
     "ENGINE_FAILURES",
     "ContainerLimits",
     "EngineFacts",
+    "EngineKind",
     "MemoryProbe",
     "PidsProbe",
     "classify_engine_exception",
@@ -588,10 +704,12 @@ __all__ = [
     "create_container",
     "engine_errors",
     "engine_facts",
+    "facts_from",
     "follow_logs",
     "owner_alive",
     "owner_token",
     "remove_and_verify",
     "require_capable",
     "sweep_containers",
+    "verify_runtime",
 ]

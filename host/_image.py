@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.metadata
+import json
 import os
 import py_compile
 import re
@@ -25,7 +26,7 @@ from typing import Any
 import docker
 from docker.models.images import Image
 
-from host._engine import LABEL_PROTOCOL, engine_errors
+from host._engine import LABEL_PROTOCOL, engine_errors, engine_facts
 from host._errors import AuditReason, EngineError, EngineRejected
 from sandbox_wrapper import PROTOCOL_VERSION
 
@@ -77,12 +78,8 @@ newgrp, ...: nothing in a run may gain privileges), nothing else a run does not 
 library's bytecode: Debian compiles only part of it at install, and the root is read-only at run time, so
 without it every sandbox compiled asyncio, json, email, ... from source again (~0.1 s of each cold run)."""
 
-# Wheel architecture (as the daemon reports it) -> Debian architecture.
+# Wheel architecture (`EngineFacts.architecture`) -> Debian architecture.
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-ENGINE_ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
-"""The engine's architecture in the kernel's (and wheels') terms: dockerd reports `uname -m` (x86_64),
-Podman reports Go's names (amd64); everything downstream (the rootfs recipe, wheel platform tags) reads
-the normalized name."""
 WHEEL_PYTHON = "3.11"
 BYTECODE_VERSION = (3, 11)
 
@@ -305,10 +302,9 @@ def _labels(image: Image) -> dict[str, str]:
 
 
 def daemon_arch(client: docker.DockerClient) -> str:
-    """The daemon's CPU architecture in wheel terms; refuses ones the image has no wheels for."""
-    with engine_errors():
-        reported = str(client.info().get("Architecture", ""))
-    arch = ENGINE_ARCH_NAMES.get(reported.lower(), reported)
+    """The engine's CPU architecture in wheel terms (`EngineFacts.architecture`, normalized from either
+    engine's answer); refuses ones the image has no wheels for."""
+    arch = engine_facts(client).architecture
     if arch not in DEBIAN_ARCH:
         raise _build_failed(
             f"no sandbox image recipe for engine architecture {arch!r}",
@@ -354,13 +350,29 @@ def _ensure_base(
             raise _build_failed(f"mmdebstrap failed with exit code {code} (see the rootfs: lines)")
         progress(f"import: {tar.stat().st_size // 2**20} MiB rootfs as {tag}")
         with engine_errors():
-            client.api.import_image_from_file(
+            answer = client.api.import_image_from_file(
                 str(tar),
                 repository=BASE_REPOSITORY,
                 tag=fs_hash[:12],
                 changes=[f"LABEL {LABEL_ROOTFS_HASH}={fs_hash}"],
             )
+            # Podman's compatible API ignores `tag` on import (it names the image `…:latest`): tag the
+            # imported id ourselves, which dockerd has already done and takes again as a no-op.
+            client.images.get(imported_image_id(answer)).tag(BASE_REPOSITORY, fs_hash[:12])
     return tag
+
+
+def imported_image_id(answer: object) -> str:
+    """The image id an engine's import answer names (its last JSON line's `status`, on dockerd and Podman)."""
+    text = answer.decode("utf-8", "replace") if isinstance(answer, bytes) else str(answer)
+    for line in reversed(text.splitlines()):
+        try:
+            status = json.loads(line).get("status", "") if line.strip() else ""
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(status, str) and _ID_PIN.fullmatch(status):
+            return status
+    raise _build_failed("the engine's answer to the rootfs import names no image id")
 
 
 def wheel_cache_dir() -> Path:

@@ -19,6 +19,7 @@ from host._engine import (
     SANDBOX_UID,
     ContainerLimits,
     EngineFacts,
+    EngineKind,
     MemoryProbe,
     PidsProbe,
     container_spec,
@@ -28,6 +29,7 @@ from host._engine import (
     follow_logs,
     remove_and_verify,
     require_capable,
+    verify_runtime,
 )
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host._image import pinned_image_missing, verify_pinned_image
@@ -60,6 +62,8 @@ class SandboxSpec:
     limits: ContainerLimits
     preload: str = ""
     """The agent's entrypoint module, which the wrapper imports before its task ("" for none)."""
+    engine: EngineKind = EngineKind.DOCKER
+    """Which engine runs it (`EngineFacts.kind`): a spelling in the spec and a runtime check differ."""
 
     @property
     def pool_key(self) -> tuple[str, str, str, str]:
@@ -136,11 +140,13 @@ class Sandbox(Workload):
                 warm=warm,
                 tool_for=tool_for,
                 preload=spec.preload,
+                engine=spec.engine,
             )
             try:
                 with engine_errors():
                     box.container_id = create_container(client, kwargs)
                     box.mark("created")
+                    verify_runtime(client, box.container_id, spec.runtime, spec.engine)
                     client.api.start(box.container_id)
                     box.mark("started")
             except EngineImageNotFound:
@@ -272,7 +278,8 @@ class DockerBackend:
         """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed.
         `preload` (an agent's entrypoint module) is what its wrapper imports ahead of the task."""
         client = self.client()
-        require_capable(self.facts(), runtime)
+        facts = self.facts()
+        require_capable(facts, runtime)
         image_id = self._verified_image(client)
         volume = verify_volume(client, entry)
         return SandboxSpec(
@@ -285,6 +292,7 @@ class DockerBackend:
             import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
             limits=self.limits,
             preload=preload,
+            engine=facts.kind,
         )
 
     def _verified_image(self, client: docker.DockerClient) -> str:

@@ -32,6 +32,8 @@ class Runtime(enum.StrEnum):
 
     RUNC = "runc"
     RUNSC = "runsc"
+    CRUN = "crun"
+    """Podman's default runtime on most hosts (a kernel-sharing runtime like runc, not a second kernel)."""
 
 
 class Route(enum.Enum):

@@ -11,17 +11,25 @@ from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
+LIBPOD_INSPECT = "/v4.0.0/libpod/containers/"
+
 
 class FakeEngine:
     """A Docker-compatible engine stand-in: a real HTTP server on a Unix socket with scripted answers.
 
     `status` answers every request with that error status; otherwise /version, /_ping and /info answer
-    like an engine (`info` is the /info body).
+    like an engine (`info` is the /info body, `version` adds to the /version body: Podman's names itself
+    in `Components`), and Podman's libpod container inspect answers with `oci_runtime` as its runtime.
     """
 
-    def __init__(self, *, status: int | None = None, info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, *, status: int | None = None, info: dict[str, Any] | None = None,
+        version: dict[str, Any] | None = None, oci_runtime: str = "",
+    ) -> None:  # fmt: skip
         self.status = status
         self.info = info or {}
+        self.version = version or {}
+        self.oci_runtime = oci_runtime
         self.paths: list[str] = []  # without the /v1.NN prefix
         self.raw_paths: list[str] = []
         self.connections = 0  # accepted client connections (each may carry many requests)
@@ -70,11 +78,15 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             if engine.status is not None:
                 self._send(engine.status, {"message": "authorization denied by plugin"})
             elif path == "/version":
-                self._send(200, {"ApiVersion": "1.45", "Version": "fake", "MinAPIVersion": "1.24"})
+                self._send(
+                    200, {"ApiVersion": "1.45", "Version": "fake", "MinAPIVersion": "1.24", **engine.version}
+                )
             elif path == "/_ping":
                 self._send(200, "OK")
             elif path == "/info":
                 self._send(200, engine.info)
+            elif engine.oci_runtime and path.startswith(LIBPOD_INSPECT) and path.endswith("/json"):
+                self._send(200, {"OCIRuntime": engine.oci_runtime, "HostConfig": {"Runtime": "oci"}})
             else:
                 self._send(404, {"message": "no such route"})
 

@@ -436,7 +436,8 @@ def test_doctor_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
 
 
 class InfoOnly:
-    """An engine client stand-in that only answers `info()` (the client is injected by design)."""
+    """An engine client stand-in that answers `info()` and a dockerd `version()` (the client is injected by
+    design)."""
 
     def __init__(self, **info: Any) -> None:
         self._info = {"ServerVersion": "27.0", "Runtimes": {"runc": {}, "runsc": {}},
@@ -444,6 +445,9 @@ class InfoOnly:
 
     def info(self) -> dict[str, Any]:
         return self._info
+
+    def version(self) -> dict[str, Any]:
+        return {"Components": [{"Name": "Engine"}]}
 
 
 def _capability_error(runtime: str, **facts: Any) -> EngineError:

@@ -133,7 +133,7 @@ def test_null_means_unset_for_optional_keys(tmp_path: Path) -> None:
         ({"llm": {"max_calls": 2.0}}, "agent_sandbox.llm.max_calls: expected a positive integer, got 2.0"),
         ({"enabled": "true"}, 'agent_sandbox.enabled: expected true or false, got "true"'),
         ({"llm": {"enabled": 1}}, "agent_sandbox.llm.enabled: expected true or false, got 1"),
-        ({"runtime": "kata"}, 'agent_sandbox.runtime: expected one of runc, runsc, got "kata"'),
+        ({"runtime": "kata"}, 'agent_sandbox.runtime: expected one of runc, runsc, crun, got "kata"'),
         ({"host_trust_policy": "strict"}, "agent_sandbox.host_trust_policy: expected one of default,"),
         ({"llm": {"provider": "gemini"}}, "agent_sandbox.llm.provider: expected one of openai, anthropic,"),
         ({"image": ""}, 'agent_sandbox.image: expected a non-empty string, got ""'),

@@ -3,6 +3,7 @@ owner tokens and the pids probe; the SDK talks to a real (tiny) HTTP server on a
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import json
@@ -30,8 +31,10 @@ from host._engine import (
     LABEL_RUN,
     LABEL_SLUG,
     LABEL_WARM,
+    NPROC_LIMIT,
     ContainerLimits,
     EngineFacts,
+    EngineKind,
     PidsProbe,
     classify_engine_exception,
     connect,
@@ -39,9 +42,11 @@ from host._engine import (
     container_spec,
     engine_errors,
     engine_facts,
+    facts_from,
     owner_alive,
     owner_token,
     require_capable,
+    verify_runtime,
 )
 from host._errors import (
     AuditReason,
@@ -109,7 +114,8 @@ def test_spec_resource_limits_are_the_documented_ones() -> None:
     assert s["mem_limit"] == 512 * MiB and s["memswap_limit"] == s["mem_limit"]  # no swap on top
     assert s["nano_cpus"] == 1_000_000_000
     ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in s["ulimits"]}
-    assert ulimits == {"nofile": (256, 256), "fsize": (64 * MiB, 64 * MiB), "core": (0, 0)}
+    assert ulimits == {"nofile": (256, 256), "fsize": (64 * MiB, 64 * MiB), "core": (0, 0),
+                       "nproc": (NPROC_LIMIT, NPROC_LIMIT)}  # fmt: skip
 
 
 def test_spec_limits_follow_container_limits() -> None:
@@ -117,7 +123,9 @@ def test_spec_limits_follow_container_limits() -> None:
     s = spec(limits=limits)
     assert (s["mem_limit"], s["memswap_limit"], s["pids_limit"]) == (64 * MiB, 64 * MiB, 32)
     assert s["nano_cpus"] == 500_000_000
-    assert {u["Name"]: u["Hard"] for u in s["ulimits"]} == {"nofile": 64, "fsize": MiB, "core": 0}
+    assert {u["Name"]: u["Hard"] for u in s["ulimits"]} == {
+        "nofile": 64, "fsize": MiB, "core": 0, "nproc": NPROC_LIMIT
+    }  # fmt: skip
 
 
 def test_spec_tmpfs_are_small_and_not_executable() -> None:
@@ -132,6 +140,21 @@ def test_spec_tmpfs_are_small_and_not_executable() -> None:
         assert "exec" not in opts and "suid" not in opts and "dev" not in opts
     home = tmpfs[HOME_IN_CONTAINER].split(",")
     assert {"uid=65532", "gid=65532", "mode=0700"} <= set(home)
+
+
+def test_podman_spec_gives_home_to_the_sandbox_user_its_own_way() -> None:
+    """Podman refuses tmpfs uid=/gid= ("unknown mount option") and spells the same ownership `U`; nothing
+    else in the spec differs between the engines."""
+    docker_spec, podman_spec = spec(), spec(engine=EngineKind.PODMAN)
+    home = podman_spec["tmpfs"][HOME_IN_CONTAINER].split(",")
+    assert "U" in home and not any(opt.startswith(("uid=", "gid=")) for opt in home)
+    docker_home = set(docker_spec["tmpfs"][HOME_IN_CONTAINER].split(","))
+    assert set(home) - {"U"} == docker_home - {"uid=65532", "gid=65532"}
+    others = {k: v for k, v in podman_spec.items() if k != "tmpfs"}
+    assert others == {k: v for k, v in docker_spec.items() if k != "tmpfs"}
+    assert {k: v for k, v in podman_spec["tmpfs"].items() if k != HOME_IN_CONTAINER} == {
+        k: v for k, v in docker_spec["tmpfs"].items() if k != HOME_IN_CONTAINER
+    }
 
 
 def test_spec_environment_is_only_the_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -666,3 +689,102 @@ def test_the_engine_pool_keeps_a_bounded_number_of_idle_connections(caplog: pyte
     assert sum(c.closed for c in returned) >= 5
     assert pool.pool is None or pool.pool.qsize() <= ENGINE_SHARED_POOL_SIZE
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+# --- engine facts, normalized from either engine's answers -------------------------------------------------
+
+# Recorded answers (trimmed to the fields read) of the two engines on one Debian 12 machine.
+DOCKERD_INFO = {
+    "Architecture": "x86_64", "OSType": "linux", "CgroupVersion": "1", "CgroupDriver": "cgroupfs",
+    "SecurityOptions": ["name=seccomp,profile=default"], "MemoryLimit": True, "SwapLimit": True,
+    "PidsLimit": True, "ServerVersion": "20.10.24+dfsg1", "DefaultRuntime": "runc",
+    "Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "runc": {"path": "runc"},
+                 "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}},
+}  # fmt: skip
+DOCKERD_VERSION = {"Components": [{"Name": "Engine"}, {"Name": "containerd"}, {"Name": "runc"}]}
+PODMAN_INFO = {
+    "Architecture": "amd64", "OSType": "linux", "CgroupVersion": "1", "CgroupDriver": "cgroupfs",
+    "SecurityOptions": ["name=seccomp,profile=default"], "MemoryLimit": True, "SwapLimit": True,
+    "PidsLimit": True, "ServerVersion": "4.3.1", "DefaultRuntime": "crun",
+    "Runtimes": {"crun": {"path": "/usr/bin/crun"}, "kata": {"path": "/usr/bin/kata-runtime"},
+                 "runc": {"path": "/usr/bin/runc"}, "runsc": {"path": "/usr/bin/runsc"}},
+}  # fmt: skip
+PODMAN_VERSION = {
+    "Components": [{"Name": "Podman Engine"}, {"Name": "Conmon"}, {"Name": "OCI Runtime (crun)"}]
+}
+
+
+def test_both_engines_answers_normalize_to_the_same_terms() -> None:
+    docker_facts = facts_from(DOCKERD_INFO, DOCKERD_VERSION)
+    podman_facts = facts_from(PODMAN_INFO, PODMAN_VERSION)
+    assert (docker_facts.kind, podman_facts.kind) == (EngineKind.DOCKER, EngineKind.PODMAN)
+    for facts in (docker_facts, podman_facts):
+        assert (facts.architecture, facts.os, facts.cgroup_version) == ("x86_64", "linux", "1")
+        assert facts.security_options == frozenset({"seccomp"}) and not facts.rootless
+        assert facts.memory_limit and facts.swap_limit and facts.pids_limit
+    assert docker_facts.runtimes == frozenset({"io.containerd.runc.v2", "runc", "runsc"})
+    # Podman lists every runtime its configuration knows (installed or not) but runs each container under
+    # its default one: only that one can be had.
+    assert podman_facts.runtimes == frozenset({"crun"}) and podman_facts.default_runtime == "crun"
+
+
+def test_rootless_and_security_options_are_read_by_name() -> None:
+    options = ["name=seccomp,profile=default", "name=rootless", "name=userns"]
+    info = {**PODMAN_INFO, "SecurityOptions": options}
+    facts = facts_from(info, PODMAN_VERSION)
+    assert facts.rootless and facts.security_options == frozenset({"seccomp", "rootless", "userns"})
+
+
+def test_podman_offers_only_its_default_runtime() -> None:
+    facts = facts_from({**PODMAN_INFO, "DefaultRuntime": "runc"}, PODMAN_VERSION)
+    require_capable(facts, "runc")
+    for runtime, says in (("runsc", "--host-uds=open"), ("crun", 'runtime = "crun"')):
+        err = refusal(facts, runtime)
+        assert err.reason is AuditReason.RUNTIME_NOT_REGISTERED and "podman 4.3.1" in err.message
+        assert says in err.hint and "agent_sandbox.runtime to runc" in err.hint
+
+
+def test_an_engine_without_pids_accounting_is_refused() -> None:
+    facts = dataclasses.replace(facts_from(PODMAN_INFO, PODMAN_VERSION), pids_limit=False, rootless=True)
+    err = refusal(facts, "crun")
+    assert err.reason is AuditReason.MEMORY_LIMIT_UNSUPPORTED and "pids" in err.message
+    assert "rootless Podman" in err.hint and "Delegate=" in err.hint
+
+
+def test_engine_facts_reads_which_engine_answers() -> None:
+    with FakeEngine(info=PODMAN_INFO, version=PODMAN_VERSION) as fake:
+        client = connect({"DOCKER_HOST": fake.docker_host})
+        try:
+            facts = engine_facts(client)
+        finally:
+            client.close()
+    assert facts == facts_from(PODMAN_INFO, PODMAN_VERSION) and facts.kind is EngineKind.PODMAN
+
+
+@pytest.mark.parametrize("used", ["runc", "crun"])
+def test_a_container_under_another_runtime_than_asked_is_refused(used: str) -> None:
+    """Podman's compatible API ignores the requested runtime: the created container's own is checked."""
+    with FakeEngine(info=PODMAN_INFO, version=PODMAN_VERSION, oci_runtime=used) as fake:
+        client = connect({"DOCKER_HOST": fake.docker_host})
+        try:
+            if used == "runc":
+                verify_runtime(client, "c" * 64, "runc", EngineKind.PODMAN)
+            else:
+                with pytest.raises(EngineError) as caught:
+                    verify_runtime(client, "c" * 64, "runc", EngineKind.PODMAN)
+                assert caught.value.reason is AuditReason.RUNTIME_NOT_REGISTERED
+                assert "'crun'" in caught.value.message and "containers.conf" in caught.value.hint
+        finally:
+            client.close()
+        assert f"/v4.0.0/libpod/containers/{'c' * 64}/json" in fake.paths
+
+
+def test_dockerd_runs_what_it_is_asked_so_nothing_is_inspected() -> None:
+    with FakeEngine(info=DOCKERD_INFO) as fake:
+        client = connect({"DOCKER_HOST": fake.docker_host})
+        try:
+            before = list(fake.paths)
+            verify_runtime(client, "c" * 64, "runsc", EngineKind.DOCKER)
+        finally:
+            client.close()
+        assert fake.paths == before
