@@ -195,7 +195,7 @@ def _hardened_spec(image: str, runtime: str, tag: str, volume: str, *, socket_di
     spec = container_spec(image=image, run_id=run_id, name=f"bench-floor-{run_id[:20]}", owner=owner,
                           slug=f"bench-floor-{tag}", runtime=runtime, pack_volume=volume, import_root="/pack",
                           socket_dir=socket_dir)  # fmt: skip
-    return {**spec, "command": FLOOR_COMMAND, "labels": {**spec["labels"], BENCH_LABEL: tag}}
+    return {**spec, "command": FLOOR_COMMAND[1:], "labels": {**spec["labels"], BENCH_LABEL: tag}}
 
 
 def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str, *,
@@ -217,8 +217,8 @@ def floor_batch(env: dict[str, str], image: str, runtime: str, n: int, tag: str,
         try:
             if hardened_volume is None:
                 container = client.containers.create(
-                    image, FLOOR_COMMAND, entrypoint=[], network_mode="none", runtime=runtime,
-                    labels={BENCH_LABEL: tag},
+                    image, FLOOR_COMMAND[1:], entrypoint=FLOOR_COMMAND[:1], network_mode="none",
+                    runtime=runtime, labels={BENCH_LABEL: tag},
                 )  # fmt: skip
             else:
                 container = client.containers.create(

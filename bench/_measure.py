@@ -112,7 +112,7 @@ def _floor_sdk(state: BenchState, runtime: str) -> dict[str, float]:
     """`containers.run(..., remove=True)` step by step (create, start, wait, remove; no log fetch)."""
     t = time.perf_counter()
     container = state.client.containers.create(
-        state.image, ["/usr/bin/python3", "-c", "import grpc"], entrypoint=[], network_mode="none",
+        state.image, ["-c", "import grpc"], entrypoint=["/usr/bin/python3"], network_mode="none",
         runtime=runtime, labels={BENCH_LABEL: state.tag},
     )
     created = _since(t)

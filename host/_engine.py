@@ -374,6 +374,7 @@ def container_spec(
     tool_for: str = "",
     preload: str = "",
     engine: EngineKind = EngineKind.DOCKER,
+    seccomp_profile: str = "",
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run: every hardening decision, as plain data.
 
@@ -381,11 +382,19 @@ def container_spec(
     the only difference between a warm and a cold spec. `tool_for` (a run id) makes it a tool sandbox of
     that run: the wrapper's tool-server mode and LABEL_TOOL_FOR are the only differences from a run's.
     `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
-    `engine` changes one spelling: Podman refuses tmpfs `uid=`/`gid=` options and gives a tmpfs to the
-    container's user with `U` instead (the same ownership, checked in the live hardening tests).
+    `engine` is Docker's or Podman's; on Podman three things differ, each proven from inside by the live
+    hardening tests: the home tmpfs' ownership is spelled `U` (Podman refuses `uid=`/`gid=`), /run and
+    /var/tmp are overmounted read-only (with a read-only root Podman mounts writable, executable tmpfs
+    there), and the run names `seccomp_profile` (host._seccomp: Podman's default lets a process create
+    user namespaces; dockerd's does not).
     """
+    podman = engine is EngineKind.PODMAN
+    if podman and not seccomp_profile:
+        raise ValueError("a run on Podman needs its seccomp profile (host._seccomp.podman_profile)")
     tmpfs_opts = "rw,noexec,nosuid,nodev"
-    home_owner = "U" if engine is EngineKind.PODMAN else f"uid={SANDBOX_UID},gid={SANDBOX_GID}"
+    home_owner = "U" if podman else f"uid={SANDBOX_UID},gid={SANDBOX_GID}"
+    sealed = "ro,noexec,nosuid,nodev,size=4096"
+    podman_sealed = {"/run": sealed, "/var/tmp": sealed} if podman else {}
     labels = {LABEL_RUN: run_id, LABEL_OWNER: owner, LABEL_SLUG: slug[:63]}
     if warm:
         labels[LABEL_WARM] = "1"
@@ -393,15 +402,16 @@ def container_spec(
         labels[LABEL_TOOL_FOR] = tool_for
     return {
         "image": image,
-        "command": ["/usr/bin/python3", *(TOOL_SERVER_ARGS if tool_for else WRAPPER_ARGS)],
-        "entrypoint": [],
+        # The whole command as entrypoint + arguments: Podman reads an empty entrypoint as "the image's".
+        "entrypoint": ["/usr/bin/python3"],
+        "command": list(TOOL_SERVER_ARGS if tool_for else WRAPPER_ARGS),
         "name": name,
         "labels": labels,
         "runtime": runtime,
         "network_mode": "none",
         "read_only": True,
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": ["no-new-privileges", *([f"seccomp={seccomp_profile}"] if podman else [])],
         "user": f"{SANDBOX_UID}:{SANDBOX_GID}",
         "init": True,
         "pids_limit": limits.pids,
@@ -413,8 +423,9 @@ def container_spec(
             HOME_IN_CONTAINER: (
                 f"{tmpfs_opts},size={limits.home_bytes},{home_owner},mode=0700"
             ),
-            "/dev/shm": "ro,noexec,nosuid,nodev,size=4096",
-            "/dev/mqueue": "ro,noexec,nosuid,nodev,size=4096",
+            "/dev/shm": sealed,
+            "/dev/mqueue": sealed,
+            **podman_sealed,
         },
         "ulimits": [
             Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
@@ -600,19 +611,29 @@ def create_container(client: docker.DockerClient, spec: Mapping[str, Any]) -> st
     return str(client.api.create_container(**args)["Id"])
 
 
+def container_runtime(client: docker.DockerClient, container_id: str, kind: EngineKind) -> str:
+    """The runtime a created container will run under, as its engine records it. Podman's compatible
+    inspect says only "oci" there, so Podman is asked through its own (libpod) inspect."""
+    api = client.api
+    with engine_errors():
+        if kind is EngineKind.PODMAN:
+            libpod = f"{api.base_url}/v4.0.0/libpod/containers/{container_id}/json"
+            answer = api._result(api._get(libpod), True)
+            return str(answer.get("OCIRuntime", ""))[:64]
+        return str((api.inspect_container(container_id).get("HostConfig") or {}).get("Runtime", ""))[:64]
+
+
 def verify_runtime(client: docker.DockerClient, container_id: str, runtime: str, kind: EngineKind) -> None:
     """Refuse a created container whose runtime is not the one asked for, before it starts.
 
-    dockerd runs what the request names, or refuses it. Podman's compatible API ignores the name and uses
-    its default runtime (containers/podman#28429); `EngineFacts.runtimes` admits only that one there, and
-    this check (one libpod inspect) closes the window where the default changes while the host lives.
+    dockerd runs what the request names, or refuses it, so nothing is asked there. Podman's compatible API
+    ignores the name and uses its default runtime (containers/podman#28429); `EngineFacts.runtimes` admits
+    only that one there, and this check (one inspect) closes the window where the default changes while
+    the host lives.
     """
     if kind is not EngineKind.PODMAN:
         return
-    api = client.api
-    with engine_errors():
-        answer = api._result(api._get(f"{api.base_url}/v4.0.0/libpod/containers/{container_id}/json"), True)
-    used = str(answer.get("OCIRuntime", ""))[:64]
+    used = container_runtime(client, container_id, kind)
     if used != runtime:
         raise EngineError(
             f"the engine created the sandbox under the {used!r} runtime, not the {runtime!r} asked for",
@@ -700,6 +721,7 @@ __all__ = [
     "classify_engine_exception",
     "connect",
     "container_cgroup_dir",
+    "container_runtime",
     "container_spec",
     "create_container",
     "engine_errors",

@@ -674,8 +674,7 @@ def populate_volume(
             try:
                 holder = client.api.create_container(
                     image,
-                    command=["/bin/true"],
-                    entrypoint=[],
+                    entrypoint=["/bin/true"],  # Podman reads an empty entrypoint as "the image's"
                     network_disabled=True,
                     labels={LABEL_PACK: slug},
                     host_config=client.api.create_host_config(

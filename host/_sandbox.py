@@ -14,6 +14,7 @@ from typing import Any, Self
 import docker
 
 from host._admission import Admission
+from host._config import config_paths
 from host._engine import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -36,6 +37,7 @@ from host._image import pinned_image_missing, verify_pinned_image
 from host._manifest import AgentManifest
 from host._packs import LockEntry, Lockfile, verify_volume
 from host._pool import PoolSettings, WarmPools
+from host._seccomp import podman_profile
 from host._session import RunSession
 from host._toollink import ToolLink
 from host._workload import SocketServer, Workload
@@ -63,7 +65,9 @@ class SandboxSpec:
     preload: str = ""
     """The agent's entrypoint module, which the wrapper imports before its task ("" for none)."""
     engine: EngineKind = EngineKind.DOCKER
-    """Which engine runs it (`EngineFacts.kind`): a spelling in the spec and a runtime check differ."""
+    """Which engine runs it (`EngineFacts.kind`): see `container_spec` for what differs on Podman."""
+    seccomp_profile: str = ""
+    """On Podman, the path of the run's seccomp profile (host._seccomp); "" on Docker (its default)."""
 
     @property
     def pool_key(self) -> tuple[str, str, str, str]:
@@ -141,6 +145,7 @@ class Sandbox(Workload):
                 tool_for=tool_for,
                 preload=spec.preload,
                 engine=spec.engine,
+                seccomp_profile=spec.seccomp_profile,
             )
             try:
                 with engine_errors():
@@ -243,6 +248,7 @@ class DockerBackend:
         self._client_factory = client_factory
         self._client: docker.DockerClient | None = None
         self._facts: tuple[float, EngineFacts] | None = None
+        self._profile: str | None = None
         self._image: tuple[str | None, float, str] | None = None  # (pin, verified at, image id)
         self._lock = threading.Lock()
         self.owner = owner
@@ -293,7 +299,17 @@ class DockerBackend:
             limits=self.limits,
             preload=preload,
             engine=facts.kind,
+            seccomp_profile=self._seccomp_profile() if facts.kind is EngineKind.PODMAN else "",
         )
+
+    def _seccomp_profile(self) -> str:
+        """The Podman runs' seccomp profile, derived and written once per backend (host._seccomp) into the
+        host's own directory (beside its config: not a run's, so no run sweep ever takes it)."""
+        if self._profile is None:
+            directory = config_paths(self.env).dir / "seccomp"
+            directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+            self._profile = str(podman_profile(directory))
+        return self._profile
 
     def _verified_image(self, client: docker.DockerClient) -> str:
         """The pinned image's id, verified (present, ours, our protocol) at most _IMAGE_TTL ago."""

@@ -44,8 +44,10 @@ from tests.conftest import REQUIRE_DOCKER
 from tests.support import fake_llm
 from tests.support.engine import (
     RUNSC_MISSING,
+    TEST_RUNTIMES,
     containers_with,
     docker_client,
+    engine_kind,
     leftover_containers,
     pinned_image,
     runsc_available,
@@ -56,7 +58,7 @@ from tests.support.host_state import HostState
 from tests.support.packs import write_agent
 from tests.support.paths import REPO
 
-__all__ = ["docker_client", "pinned_image", "runtime"]  # fixtures from tests.support.engine
+__all__ = ["docker_client", "engine_kind", "pinned_image", "runtime"]  # fixtures from tests.support.engine
 
 CANARY = "sk-canary-hostile-4c1f9e07d2b8a6"
 """The host's API key in every hostile test: any sighting outside the provider request is a leak."""
@@ -536,7 +538,10 @@ def lab(make_lab: Callable[[str], Lab], runtime: str) -> Lab:
 
 @pytest.fixture
 def runtime_pair(docker_client: docker.DockerClient) -> tuple[str, ...]:
-    """Both runtimes where runsc is registered (it must be where Docker tests are required)."""
+    """Both runtimes where runsc is registered (it must be where Docker tests are required); on an engine
+    whose pass names its runtimes (AGENTNODE_TEST_RUNTIMES, Podman's), those."""
+    if "runsc" not in TEST_RUNTIMES:
+        return TEST_RUNTIMES
     if runsc_available(docker_client):
         return ("runc", "runsc")
     if REQUIRE_DOCKER:

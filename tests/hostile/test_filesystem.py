@@ -168,7 +168,9 @@ def run(context, marker, host_paths, host_pid, **kwargs):
 """
 
 # Mount points an agent may see outside /proc, /sys and /dev: the image, its tmpfs, the pack volume, the
-# run's socket directory, the engine's init binary and the engine's per-container name files (read-only).
+# run's socket directory, the engine's init binary (Docker's, Podman's) and the engine's per-container name
+# files (read-only); on Podman also the empty read-only tmpfs that seal /run and /var/tmp (the write walk
+# proves them unwritable).
 ALLOWED_MOUNTS = {
     "/",
     "/tmp",
@@ -176,10 +178,15 @@ ALLOWED_MOUNTS = {
     "/pack",
     "/run/agentnode",
     "/usr/sbin/docker-init",
+    "/run/podman-init",
+    "/run",
+    "/var/tmp",
     "/etc/hosts",
     "/etc/hostname",
     "/etc/resolv.conf",
 }
+INITS = {"docker-init": "/sbin/docker-init", "podman-init": "/run/podman-init"}
+"""The engines' init processes (pid 1 of every run: `init: True`), by name and by how pid 1 shows it."""
 ALLOWED_WRITABLE = ("/tmp", "/home/sandbox")
 DENIED = {"EROFS", "EACCES", "EPERM"}
 """What a refused write is: the filesystem or the kernel said no. Anything else (ENOENT: the target is not
@@ -318,13 +325,13 @@ def test_host_files_are_not_visible(lab: Lab, ledger: Ledger, tmp_path: Path) ->
     foreign = {
         pid: cmd
         for pid, cmd in pids.items()
-        if "docker-init" not in cmd and "sandbox_wrapper" not in cmd and cmd != "?"
+        if not any(init in cmd for init in INITS) and "sandbox_wrapper" not in cmd and cmd != "?"
     }
     ledger.attack(
         "read.host_proc",
         expected="/proc shows only the sandbox: pid 1 is its init, host pids are absent",
         observed=brief({"pids": pids, "host_pid_visible": out["host_pid_visible"]}),
-        ok=pids.get("1", "").startswith("/sbin/docker-init")
+        ok=pids.get("1", "").startswith(tuple(INITS.values()))
         and not foreign
         and not out["host_pid_visible"]
         and len(pids) <= 8,

@@ -30,7 +30,7 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import LABEL_TOOL_FOR
+from host._engine import LABEL_TOOL_FOR, EngineKind
 from host._runner import RunResult, SandboxHost
 from host._toolsandbox import MAX_STARTS_PER_PACK
 from host._wrapper_env import wrapper_env
@@ -45,6 +45,7 @@ from tests.hostile.conftest import (
     rss_bytes,
 )
 from tests.hostile.test_soak import SLACK, _gauges, _settled
+from tests.support.engine import ENGINE_ENV
 from tests.support.packs import write_agent
 
 pytestmark = pytest.mark.docker
@@ -765,8 +766,9 @@ def test_a_tool_speaking_the_framing_itself(
 
 
 def test_hostile_tool_code_stays_in_its_sandbox(
-    lab: Lab, ledger: Ledger, short_tool_timeout: float, docker_client: docker.DockerClient
-) -> None:
+    lab: Lab, ledger: Ledger, short_tool_timeout: float, docker_client: docker.DockerClient,
+    engine_kind: EngineKind,
+) -> None:  # fmt: skip
     install_hostile_packs(lab, imports=True)
     host = lab.host()
     listener = HostListener()
@@ -822,14 +824,17 @@ def test_hostile_tool_code_stays_in_its_sandbox(
         and listener.accepted == 0,
     )
     env = seen.get("env", {})
+    engine_own = ENGINE_ENV[engine_kind]
     allowed = set(wrapper_env(home="", path="", pythonpath="", socket="", import_root="")) | {"HOSTNAME"}
     ledger.attack(
         "secrets.tool_sandbox.env",
-        expected="the tool's environment holds only the wrapper's own variables and HOSTNAME: no key, no "
-        "host variable (the canary is in the host's environment)",
+        expected="the tool's environment holds only the wrapper's own variables, HOSTNAME and the engine's "
+        "fixed markers (Podman: container, TERM): no key, no host variable (the canary is in the host's "
+        "environment)",
         observed=brief({"keys": sorted(env), "canary": CANARY in json.dumps(env)}),
         ok=bool(env)
-        and set(env) <= allowed
+        and set(env) <= allowed | set(engine_own)
+        and all(env.get(name, value) == value for name, value in engine_own.items())
         and CANARY not in json.dumps(env)
         and "OPENAI_API_KEY" not in env,
     )

@@ -9,11 +9,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.support.engine import docker_client, leftover_containers, pinned_image, runtime
+from tests.support.engine import docker_client, engine_kind, leftover_containers, pinned_image, runtime
 from tests.support.host_state import HostState
 from tests.support.packs import write_agent
 
-__all__ = ["docker_client", "pinned_image", "runtime"]  # fixtures from tests.support.engine
+__all__ = ["docker_client", "engine_kind", "pinned_image", "runtime"]  # fixtures from tests.support.engine
 
 
 @pytest.fixture(autouse=True)

@@ -77,8 +77,8 @@ def test_timeout_kills_and_removes_container(
     host_state.install(agent)
     bystander = docker_client.containers.run(
         host_state.image,
-        ["/usr/bin/python3", "-c", "import time; time.sleep(60)"],
-        entrypoint=[],
+        ["-c", "import time; time.sleep(60)"],
+        entrypoint=["/usr/bin/python3"],
         detach=True,
         network_mode="none",
         labels={"test": "bystander"},

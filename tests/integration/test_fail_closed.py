@@ -22,7 +22,7 @@ import pytest
 
 from host._broker import LlmBroker, LlmSession
 from host._config import load_config
-from host._engine import LABEL_SLUG, ContainerLimits
+from host._engine import LABEL_SLUG, ContainerLimits, EngineKind
 from host._image import LABEL_INPUTS_HASH
 from host._packs import LABEL_ARTIFACT, Lockfile
 from host._policy import LlmPolicy
@@ -183,12 +183,13 @@ def _host(c: Case, client: Any) -> SandboxHost:
     return SandboxHost(env=c.state.env, client_factory=lambda: client)
 
 
-def test_runtime_not_registered(case: Callable[..., Case]) -> None:
+def test_runtime_not_registered(case: Callable[..., Case], engine_kind: EngineKind) -> None:
     c = case("fc-no-runsc")
     c.install()
     client = InfoOverride(c.client, lambda info: (info.get("Runtimes") or {}).pop("runsc", None))
     result = c.run(_host(c, client), runtime="runsc")
-    record = c.assert_fail_closed(result, "runtime_not_registered", "docker info")
+    hint = "docker info" if engine_kind is EngineKind.DOCKER else "gVisor (runsc) needs Docker"
+    record = c.assert_fail_closed(result, "runtime_not_registered", hint)
     assert record["runtime"] == "runsc"
 
 
@@ -323,14 +324,16 @@ def test_lockfile_naming_another_volume_is_stale(case: Callable[..., Case], volu
 # --- start and run ---------------------------------------------------------------------------------------
 
 
-def test_start_failure(case: Callable[..., Case]) -> None:
+def test_start_failure(case: Callable[..., Case], engine_kind: EngineKind) -> None:
     c = case("fc-start-failed")
     c.install()
-    # Below every engine's minimum memory limit: the engine refuses to create the container.
+    # Below every engine's minimum memory limit: dockerd refuses to create the container (400); Podman
+    # creates it and refuses to start it (500), and the created container is removed all the same.
     host = c.state.host(limits=ContainerLimits(memory_bytes=1024 * 1024))
     result = c.run(host)
-    c.assert_fail_closed(result, "start_failed", "agentnode-sandbox doctor")
-    assert "(400)" in result.error
+    podman = engine_kind is EngineKind.PODMAN
+    c.assert_fail_closed(result, "start_failed", "agentnode-sandbox doctor", container_started=podman)
+    assert ("(500)" if podman else "(400)") in result.error
 
 
 def test_container_exiting_before_reporting(case: Callable[..., Case], runtime: str) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 import docker
 import pytest
 
+from host._engine import EngineKind, container_runtime
+from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
@@ -106,8 +108,9 @@ def _probe(host_state: HostState, make_agent: Callable[..., Path], runtime: str)
 
 
 def test_boundary_seen_from_inside(
-    host_state: HostState, make_agent: Callable[..., Path], runtime: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    host_state: HostState, make_agent: Callable[..., Path], runtime: str, monkeypatch: pytest.MonkeyPatch,
+    engine_kind: EngineKind,
+) -> None:  # fmt: skip
     canary = "sk-canary-0123456789abcdef"
     monkeypatch.setenv("OPENAI_API_KEY", canary)
     host_state.env["OPENAI_API_KEY"] = canary
@@ -147,12 +150,15 @@ def test_boundary_seen_from_inside(
         "AGENTNODE_FETCH_TIMEOUT",
         "AGENTNODE_PRELOAD",
         "HOSTNAME",
+        *ENGINE_ENV[engine_kind],
     }
+    assert {name: env[name] for name in ENGINE_ENV[engine_kind]} == ENGINE_ENV[engine_kind]
 
 
 def test_host_side_cgroup_limits(
-    host_state: HostState, make_agent: Callable[..., Path], runtime: str, docker_client: docker.DockerClient
-) -> None:
+    host_state: HostState, make_agent: Callable[..., Path], runtime: str, docker_client: docker.DockerClient,
+    engine_kind: EngineKind,
+) -> None:  # fmt: skip
     """Under gVisor the cgroup files are hidden inside; the engine's view of the container proves them."""
     sleeper = make_agent(
         "sleeper",
@@ -176,6 +182,7 @@ def test_host_side_cgroup_limits(
             running = docker_client.containers.list(filters={"label": "io.agentnode.sandbox.slug=sleeper"})
             if running:
                 seen.update(running[0].attrs["HostConfig"])
+                seen["runtime"] = container_runtime(docker_client, running[0].id, engine_kind)
                 return
             time.sleep(0.1)
 
@@ -189,7 +196,7 @@ def test_host_side_cgroup_limits(
     assert result.timed_out and result.error_code == "timeout"
     assert seen["Memory"] == 512 * 1024 * 1024 and seen["MemorySwap"] == 512 * 1024 * 1024
     assert seen["PidsLimit"] == 256 and seen["NanoCpus"] == 1_000_000_000
-    assert seen["Runtime"] == runtime and seen["NetworkMode"] == "none" and seen["ReadonlyRootfs"] is True
+    assert seen["runtime"] == runtime and seen["NetworkMode"] == "none" and seen["ReadonlyRootfs"] is True
 
 
 def test_memory_ceiling_kills_768_mib_but_allows_64(

@@ -61,8 +61,8 @@ def volume_contents(client: docker.DockerClient, image: str, volume: str) -> dic
     """The files of a volume, read by a throwaway container that mounts it read-only (then removed)."""
     container = client.containers.create(
         image,
-        ["/usr/bin/python3", "-c", LIST_PACK],
-        entrypoint=[],
+        ["-c", LIST_PACK],
+        entrypoint=["/usr/bin/python3"],
         user="65532:65532",
         network_mode="none",
         read_only=True,
@@ -174,8 +174,7 @@ def test_reinstalling_identical_content_reuses_the_volume(
     # Leave a sentinel in the volume: a recreated volume would not have it.
     holder = client.api.create_container(
         host_state.image,
-        command=["/bin/true"],
-        entrypoint=[],
+        entrypoint=["/bin/true"],
         labels={LABEL_OWNER: owner_token()},
         host_config=client.api.create_host_config(
             mounts=[Mount(target="/pack", source=first.sandbox_volume, type="volume")], network_mode="none"

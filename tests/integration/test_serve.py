@@ -210,8 +210,8 @@ def test_killed_serve_is_swept_on_next_start(
     assert _ours(docker_client, "warmable") == orphans  # the crash left them behind
     bystander = docker_client.containers.run(
         host_state.image,
-        ["/usr/bin/python3", "-c", "import time; time.sleep(60)"],
-        entrypoint=[],
+        ["-c", "import time; time.sleep(60)"],
+        entrypoint=["/usr/bin/python3"],
         detach=True,
         network_mode="none",
         labels={LABEL_OWNER: "1:1"},

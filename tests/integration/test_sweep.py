@@ -44,8 +44,8 @@ def made(docker_client: docker.DockerClient) -> Iterator[list[str]]:
 def start(client: docker.DockerClient, image: str, labels: dict[str, str], ids: list[str]) -> str:
     container = client.containers.run(
         image,
-        ["/usr/bin/python3", "-c", "import time; time.sleep(120)"],
-        entrypoint=[],
+        ["-c", "import time; time.sleep(120)"],
+        entrypoint=["/usr/bin/python3"],
         name=f"sweep-test-{uuid.uuid4().hex[:12]}",
         detach=True,
         network_mode="none",
@@ -74,7 +74,7 @@ def test_startup_sweep_removes_only_what_a_dead_host_left(
 
     crashed = start(docker_client, host_state.image, ours(dead), made)
     stopped = docker_client.containers.create(
-        host_state.image, ["/bin/true"], entrypoint=[], network_mode="none", labels=ours(dead)
+        host_state.image, [], entrypoint=["/bin/true"], network_mode="none", labels=ours(dead)
     )  # created, never started: also left over
     made.append(stopped.id)
     live = start(docker_client, host_state.image, ours(owner_token()), made)

@@ -21,10 +21,11 @@ import pytest
 
 import host._wiring
 from host._audit import verify_audit
-from host._engine import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR
+from host._engine import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR, EngineKind
 from host._runner import RunResult
 from host._tools import ToolGate
 from host._wrapper_env import wrapper_env
+from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 
@@ -287,7 +288,7 @@ def test_results_are_those_of_the_host_worker(setup: HostState) -> None:
 
 
 def test_the_tool_sandbox_is_isolated_as_seen_from_inside(
-    setup: HostState, tmp_path: Path, runtime: str
+    setup: HostState, tmp_path: Path, runtime: str, engine_kind: EngineKind
 ) -> None:
     host_paths = [str(setup.dir), str(tmp_path), "/var/run/docker.sock", "/run/agentnode-sandbox"]
     calls = [["ctools", "probe", {"host_paths": host_paths}]]
@@ -316,7 +317,10 @@ def test_the_tool_sandbox_is_isolated_as_seen_from_inside(
     assert seen["agent_run_id_seen"] is False
     assert seen["host_paths_seen"] == []
     wrapper = wrapper_env(home="", path="", pythonpath="", socket="", import_root="")
-    assert set(seen["env"]) == {*wrapper, "HOSTNAME"}  # the wrapper's own, and the engine's hostname
+    engine_own = ENGINE_ENV[engine_kind]
+    # the wrapper's own, the engine's hostname and the engine's own markers (with their fixed values)
+    assert set(seen["env"]) == {*wrapper, "HOSTNAME", *engine_own}
+    assert {name: seen["env"][name] for name in engine_own} == engine_own
     assert CANARY not in json.dumps(result.result) and CANARY not in result.logs
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -10,13 +11,18 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import LABEL_OWNER, connect, owner_token
+from host._engine import LABEL_OWNER, EngineKind, connect, engine_facts, owner_token
 from host._errors import SandboxError
 from host._image import build_image
 from tests.conftest import REQUIRE_DOCKER
 from tests.support.paths import REPO
 
 RUNSC_MISSING = "runsc is not registered with the engine (scripts/provision-engine registers it)"
+TEST_RUNTIMES = tuple(
+    name for name in os.environ.get("AGENTNODE_TEST_RUNTIMES", "runc,runsc").split(",") if name.strip()
+)
+"""The runtimes engine tests run under: both on Docker; Podman's pass names the one its default runtime is
+(its compatible API cannot pick another: see `host._engine.EngineFacts.runtimes`)."""
 
 
 def runsc_available(client: docker.DockerClient) -> bool:
@@ -46,12 +52,23 @@ def pinned_image(docker_client: docker.DockerClient) -> str:
     return build_image(docker_client, repo_root=REPO, progress=lambda _line: None).image_id
 
 
-@pytest.fixture(params=["runc", "runsc"])
+@pytest.fixture(params=TEST_RUNTIMES)
 def runtime(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> str:
     name = str(request.param)
     if name == "runsc" and not runsc_available(docker_client):
         skip_or_fail(RUNSC_MISSING)
     return name
+
+
+@pytest.fixture(scope="session")
+def engine_kind(docker_client: docker.DockerClient) -> EngineKind:
+    """Which engine the suite runs against (Docker, or Podman's pass)."""
+    return engine_facts(docker_client).kind
+
+
+ENGINE_ENV = {EngineKind.DOCKER: {}, EngineKind.PODMAN: {"container": "podman", "TERM": "xterm"}}
+"""What each engine itself adds to every container's environment (Podman: libpod's marker and its default
+TERM), with its fixed values: nothing of the host's."""
 
 
 def containers_with(client: docker.DockerClient, labels: list[str]) -> list[Any]:

@@ -29,6 +29,8 @@ class HostState:
             "AGENTNODE_CONFIG": str(self.dir),
             "AGENTNODE_AGENT_SANDBOX": "1",
         }
+        if os.environ.get("DOCKER_HOST"):  # the engine under test (Podman's pass names its socket)
+            self.env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
         self.write_config({})
 
     def write_config(self, agent_sandbox: dict[str, Any]) -> None:

@@ -142,19 +142,28 @@ def test_spec_tmpfs_are_small_and_not_executable() -> None:
     assert {"uid=65532", "gid=65532", "mode=0700"} <= set(home)
 
 
-def test_podman_spec_gives_home_to_the_sandbox_user_its_own_way() -> None:
-    """Podman refuses tmpfs uid=/gid= ("unknown mount option") and spells the same ownership `U`; nothing
-    else in the spec differs between the engines."""
-    docker_spec, podman_spec = spec(), spec(engine=EngineKind.PODMAN)
+def test_podman_spec_differs_only_where_podman_needs_it() -> None:
+    """Podman refuses tmpfs uid=/gid= ("unknown mount option") and spells the same ownership `U`; it mounts
+    writable tmpfs at /run and /var/tmp under a read-only root, which the spec seals; and its default seccomp
+    profile allows user namespaces, so the run names its own. Nothing else differs between the engines."""
+    docker_spec = spec()
+    podman_spec = spec(engine=EngineKind.PODMAN, seccomp_profile="/cfg/seccomp/seccomp-1.json")
+    assert podman_spec["security_opt"] == ["no-new-privileges", "seccomp=/cfg/seccomp/seccomp-1.json"]
+    assert docker_spec["security_opt"] == ["no-new-privileges"]
+    for sealed in ("/run", "/var/tmp"):
+        assert podman_spec["tmpfs"][sealed] == podman_spec["tmpfs"]["/dev/shm"]
+        assert "ro" in podman_spec["tmpfs"][sealed].split(",") and sealed not in docker_spec["tmpfs"]
+    with pytest.raises(ValueError, match="seccomp"):
+        spec(engine=EngineKind.PODMAN)
     home = podman_spec["tmpfs"][HOME_IN_CONTAINER].split(",")
     assert "U" in home and not any(opt.startswith(("uid=", "gid=")) for opt in home)
     docker_home = set(docker_spec["tmpfs"][HOME_IN_CONTAINER].split(","))
     assert set(home) - {"U"} == docker_home - {"uid=65532", "gid=65532"}
-    others = {k: v for k, v in podman_spec.items() if k != "tmpfs"}
-    assert others == {k: v for k, v in docker_spec.items() if k != "tmpfs"}
-    assert {k: v for k, v in podman_spec["tmpfs"].items() if k != HOME_IN_CONTAINER} == {
-        k: v for k, v in docker_spec["tmpfs"].items() if k != HOME_IN_CONTAINER
-    }
+    others = {k: v for k, v in podman_spec.items() if k not in ("tmpfs", "security_opt")}
+    assert others == {k: v for k, v in docker_spec.items() if k not in ("tmpfs", "security_opt")}
+    differ = (HOME_IN_CONTAINER, "/run", "/var/tmp")
+    podman_tmpfs = {k: v for k, v in podman_spec["tmpfs"].items() if k not in differ}
+    assert podman_tmpfs == {k: v for k, v in docker_spec["tmpfs"].items() if k != HOME_IN_CONTAINER}
 
 
 def test_spec_environment_is_only_the_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,8 +218,9 @@ def test_spec_labels_and_bounded_logs() -> None:
 
 def test_spec_is_pure() -> None:
     assert spec() == spec()
-    assert spec()["command"] == ["/usr/bin/python3", "-s", "-m", "sandbox_wrapper"]
-    assert spec()["entrypoint"] == []
+    # The whole command, split so that no engine substitutes the image's entrypoint for an empty one.
+    assert spec()["entrypoint"] == ["/usr/bin/python3"]
+    assert spec()["command"] == ["-s", "-m", "sandbox_wrapper"]
 
 
 def test_a_warm_spec_is_the_cold_spec_plus_the_warm_label() -> None:

@@ -23,7 +23,7 @@ def _both(tmp_path: Path) -> tuple[dict[str, str], dict[str, str], list[str], li
     host = host_wrapper_env(
         rundir, HostSpec(slug="s", import_root="/packs/s/sub"), {"PATH": "/x/bin", "SECRET": "k"}
     )
-    return spec["environment"], host, spec["command"], host_command()
+    return spec["environment"], host, [*spec["entrypoint"], *spec["command"]], host_command()
 
 
 def test_both_backends_build_the_same_environment(tmp_path: Path) -> None:
