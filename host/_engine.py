@@ -46,6 +46,10 @@ LABEL_WARM = "io.agentnode.sandbox.warm"
 LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
 """On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
 
+LIBPOD = "/v4.0.0/libpod"
+"""Podman's own API, beside its compatible one on the same socket: it answers what the compatible one does
+not say truly (the runtime a container got, rootless mode, usable cgroup controllers)."""
+
 NPROC_LIMIT = 32768
 """RLIMIT_NPROC of a sandbox (see `container_spec`): Podman's own service limit on hosts where it cannot
 raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
@@ -116,10 +120,20 @@ class EngineFacts:
     rootless: bool = False
     security_options: frozenset[str] = frozenset()
     """The names of the engine's security options: seccomp, apparmor, selinux, rootless, userns, cgroupns."""
+    seccomp_profile_path: str = ""
+    """Podman: the default seccomp profile it applies (host._seccomp derives a run's from it)."""
 
 
-def facts_from(info: Mapping[str, Any], version: Mapping[str, Any]) -> EngineFacts:
-    """Normalize `GET /info` and `GET /version` answers of dockerd or Podman into EngineFacts (pure)."""
+def facts_from(
+    info: Mapping[str, Any], version: Mapping[str, Any], libpod: Mapping[str, Any] | None = None
+) -> EngineFacts:
+    """Normalize `GET /info` and `GET /version` answers of dockerd or Podman into EngineFacts (pure).
+
+    Podman's compatible /info claims memory, swap and pids limits and no rootless mode even where a
+    rootless service can enforce none (cgroup v1: it ignores every limit, with a warning in its own log):
+    for Podman its own /libpod/info (`libpod`) decides rootless mode and which cgroup controllers the
+    service may use, so such a host is refused instead of running agents without ceilings.
+    """
     components = version.get("Components") or []
     names = {str(c.get("Name", "")) for c in components if isinstance(c, Mapping)}
     kind = EngineKind.PODMAN if any(name.startswith("Podman") for name in names) else EngineKind.DOCKER
@@ -132,19 +146,31 @@ def facts_from(info: Mapping[str, Any], version: Mapping[str, Any]) -> EngineFac
     default_runtime = str(info.get("DefaultRuntime", ""))
     listed = frozenset((info.get("Runtimes") or {}).keys())
     runtimes = frozenset({default_runtime} & listed) if kind is EngineKind.PODMAN else listed
+    memory, swap = bool(info.get("MemoryLimit", False)), bool(info.get("SwapLimit", False))
+    pids, rootless, profile = bool(info.get("PidsLimit", True)), "rootless" in options, ""
+    if kind is EngineKind.PODMAN:
+        host = (libpod or {}).get("host") or {}
+        security = host.get("security") or {}
+        rootless = bool(security.get("rootless", rootless))
+        profile = str(security.get("seccompProfilePath") or "")
+        controllers = set(host.get("cgroupControllers") or [])
+        memory, swap = memory and "memory" in controllers, swap and "memory" in controllers
+        pids = pids and "pids" in controllers
+        options |= {"rootless"} if rootless else set()
     return EngineFacts(
         server_version=str(info.get("ServerVersion", "")),
         runtimes=runtimes,
-        memory_limit=bool(info.get("MemoryLimit", False)),
-        swap_limit=bool(info.get("SwapLimit", False)),
+        memory_limit=memory,
+        swap_limit=swap,
         kind=kind,
         architecture=ENGINE_ARCH_NAMES.get(reported.lower(), reported),
         os=str(info.get("OSType", "")),
         cgroup_version=str(info.get("CgroupVersion", "")),
         default_runtime=default_runtime,
-        pids_limit=bool(info.get("PidsLimit", True)),
-        rootless="rootless" in options,
+        pids_limit=pids,
+        rootless=rootless,
         security_options=options,
+        seccomp_profile_path=profile,
     )
 
 
@@ -294,7 +320,11 @@ def engine_facts(client: docker.DockerClient) -> EngineFacts:
     with engine_errors():
         info: dict[str, Any] = client.info()
         version: dict[str, Any] = client.version()
-    return facts_from(info, version)
+        libpod: dict[str, Any] | None = None
+        if facts_from(info, version).kind is EngineKind.PODMAN:
+            api = client.api
+            libpod = api._result(api._get(f"{api.base_url}{LIBPOD}/info"), True)
+    return facts_from(info, version, libpod)
 
 
 def _runtime_hint(facts: EngineFacts, runtime: str) -> str:
@@ -309,7 +339,7 @@ def _runtime_hint(facts: EngineFacts, runtime: str) -> str:
             )
         return (
             f"Podman runs every container under its default runtime ({default}): set "
-            f"agent_sandbox.runtime to {default}, or set [engine] runtime = \"{runtime}\" in "
+            f'agent_sandbox.runtime to {default}, or set [engine] runtime = "{runtime}" in '
             "containers.conf and restart the Podman service"
         )
     if runtime == Runtime.RUNSC:
@@ -340,10 +370,15 @@ def require_capable(facts: EngineFacts, runtime: str) -> None:
         )
     if not (facts.memory_limit and facts.swap_limit and facts.pids_limit):
         rootless = (
-            "rootless Podman needs the memory and pids cgroup controllers delegated to the user (cgroup v2 "
-            "with systemd: Delegate=memory pids cpu in user@.service); "
+            "rootless Podman needs cgroup v2 with the memory and pids controllers delegated to the user "
+            "(with systemd: Delegate=memory pids cpu in user@.service; on cgroup v1 it enforces no limit); "
             if facts.rootless
             else ""
+        )
+        check = (
+            "podman info --format '{{.Host.CgroupsVersion}} {{.Host.CgroupControllers}}'"
+            if facts.kind is EngineKind.PODMAN
+            else "docker info --format '{{.MemoryLimit}} {{.SwapLimit}} {{.PidsLimit}}'"
         )
         raise EngineError(
             "the engine cannot enforce the memory or process ceiling "
@@ -351,8 +386,8 @@ def require_capable(facts: EngineFacts, runtime: str) -> None:
             reason=AuditReason.MEMORY_LIMIT_UNSUPPORTED,
             hint=(
                 f"{rootless}enable the memory and pids cgroup controllers and swap accounting (cgroup v2, or "
-                "the kernel arguments cgroup_enable=memory swapaccount=1) and restart the engine; check "
-                "with: docker info --format '{{.MemoryLimit}} {{.SwapLimit}} {{.PidsLimit}}'"
+                f"the kernel arguments cgroup_enable=memory swapaccount=1) and restart the engine; check "
+                f"with: {check}"
             ),
             check="memory_limit",
         )
@@ -420,9 +455,7 @@ def container_spec(
         "nano_cpus": int(limits.cpus * 1_000_000_000),
         "tmpfs": {
             "/tmp": f"{tmpfs_opts},size={limits.tmp_bytes},mode=1777",
-            HOME_IN_CONTAINER: (
-                f"{tmpfs_opts},size={limits.home_bytes},{home_owner},mode=0700"
-            ),
+            HOME_IN_CONTAINER: (f"{tmpfs_opts},size={limits.home_bytes},{home_owner},mode=0700"),
             "/dev/shm": sealed,
             "/dev/mqueue": sealed,
             **podman_sealed,
@@ -617,8 +650,7 @@ def container_runtime(client: docker.DockerClient, container_id: str, kind: Engi
     api = client.api
     with engine_errors():
         if kind is EngineKind.PODMAN:
-            libpod = f"{api.base_url}/v4.0.0/libpod/containers/{container_id}/json"
-            answer = api._result(api._get(libpod), True)
+            answer = api._result(api._get(f"{api.base_url}{LIBPOD}/containers/{container_id}/json"), True)
             return str(answer.get("OCIRuntime", ""))[:64]
         return str((api.inspect_container(container_id).get("HostConfig") or {}).get("Runtime", ""))[:64]
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 import docker
@@ -37,7 +38,7 @@ from host._image import pinned_image_missing, verify_pinned_image
 from host._manifest import AgentManifest
 from host._packs import LockEntry, Lockfile, verify_volume
 from host._pool import PoolSettings, WarmPools
-from host._seccomp import podman_profile
+from host._seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
 from host._session import RunSession
 from host._toollink import ToolLink
 from host._workload import SocketServer, Workload
@@ -299,16 +300,17 @@ class DockerBackend:
             limits=self.limits,
             preload=preload,
             engine=facts.kind,
-            seccomp_profile=self._seccomp_profile() if facts.kind is EngineKind.PODMAN else "",
+            seccomp_profile=self._seccomp_profile(facts) if facts.kind is EngineKind.PODMAN else "",
         )
 
-    def _seccomp_profile(self) -> str:
+    def _seccomp_profile(self, facts: EngineFacts) -> str:
         """The Podman runs' seccomp profile, derived and written once per backend (host._seccomp) into the
         host's own directory (beside its config: not a run's, so no run sweep ever takes it)."""
         if self._profile is None:
             directory = config_paths(self.env).dir / "seccomp"
             directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-            self._profile = str(podman_profile(directory))
+            base = Path(facts.seccomp_profile_path) if facts.seccomp_profile_path else PODMAN_DEFAULT_PROFILE
+            self._profile = str(podman_profile(directory, base))
         return self._profile
 
     def _verified_image(self, client: docker.DockerClient) -> str:

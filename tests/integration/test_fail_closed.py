@@ -171,12 +171,13 @@ def test_engine_permission_denied(case: Callable[..., Case]) -> None:
 
 
 @pytest.mark.parametrize("key", ["MemoryLimit", "SwapLimit"])
-def test_memory_ceiling_unsupported(case: Callable[..., Case], key: str) -> None:
+def test_memory_ceiling_unsupported(case: Callable[..., Case], key: str, engine_kind: EngineKind) -> None:
     c = case(f"fc-no-{key.lower()}")
     c.install()
     client = InfoOverride(c.client, lambda info: info.update({key: False}))
     result = c.run(_host(c, client))
-    c.assert_fail_closed(result, "memory_limit_unsupported", "docker info --format")
+    check = "docker info --format" if engine_kind is EngineKind.DOCKER else "podman info --format"
+    c.assert_fail_closed(result, "memory_limit_unsupported", check)
 
 
 def _host(c: Case, client: Any) -> SandboxHost:

@@ -19,17 +19,20 @@ class FakeEngine:
 
     `status` answers every request with that error status; otherwise /version, /_ping and /info answer
     like an engine (`info` is the /info body, `version` adds to the /version body: Podman's names itself
-    in `Components`), and Podman's libpod container inspect answers with `oci_runtime` as its runtime.
+    in `Components`); Podman's own /libpod/info answers `libpod_info` and its container inspect answers
+    with `oci_runtime` as the container's runtime.
     """
 
     def __init__(
         self, *, status: int | None = None, info: dict[str, Any] | None = None,
         version: dict[str, Any] | None = None, oci_runtime: str = "",
+        libpod_info: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.status = status
         self.info = info or {}
         self.version = version or {}
         self.oci_runtime = oci_runtime
+        self.libpod_info = libpod_info
         self.paths: list[str] = []  # without the /v1.NN prefix
         self.raw_paths: list[str] = []
         self.connections = 0  # accepted client connections (each may carry many requests)
@@ -85,6 +88,8 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(200, "OK")
             elif path == "/info":
                 self._send(200, engine.info)
+            elif engine.libpod_info is not None and path == "/v4.0.0/libpod/info":
+                self._send(200, engine.libpod_info)
             elif engine.oci_runtime and path.startswith(LIBPOD_INSPECT) and path.endswith("/json"):
                 self._send(200, {"OCIRuntime": engine.oci_runtime, "HostConfig": {"Runtime": "oci"}})
             else:

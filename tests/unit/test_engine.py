@@ -719,6 +719,16 @@ PODMAN_INFO = {
     "Runtimes": {"crun": {"path": "/usr/bin/crun"}, "kata": {"path": "/usr/bin/kata-runtime"},
                  "runc": {"path": "/usr/bin/runc"}, "runsc": {"path": "/usr/bin/runsc"}},
 }  # fmt: skip
+PODMAN_LIBPOD = {"host": {
+    "security": {"rootless": False, "seccompProfilePath": "/usr/share/containers/seccomp.json"},
+    "cgroupVersion": "v1", "cgroupControllers": ["cpuset", "cpu", "cpuacct", "blkio", "memory", "devices",
+                                                 "freezer", "pids"],
+}}  # fmt: skip
+# A rootless service on the same cgroup v1 host: its compatible /info says exactly what the rootful one says
+# (limits, no rootless option), though it can enforce no limit at all; its own /libpod/info tells.
+ROOTLESS_V1_LIBPOD = {
+    "host": {"security": {"rootless": True}, "cgroupVersion": "v1", "cgroupControllers": []}
+}
 PODMAN_VERSION = {
     "Components": [{"Name": "Podman Engine"}, {"Name": "Conmon"}, {"Name": "OCI Runtime (crun)"}]
 }
@@ -726,7 +736,7 @@ PODMAN_VERSION = {
 
 def test_both_engines_answers_normalize_to_the_same_terms() -> None:
     docker_facts = facts_from(DOCKERD_INFO, DOCKERD_VERSION)
-    podman_facts = facts_from(PODMAN_INFO, PODMAN_VERSION)
+    podman_facts = facts_from(PODMAN_INFO, PODMAN_VERSION, PODMAN_LIBPOD)
     assert (docker_facts.kind, podman_facts.kind) == (EngineKind.DOCKER, EngineKind.PODMAN)
     for facts in (docker_facts, podman_facts):
         assert (facts.architecture, facts.os, facts.cgroup_version) == ("x86_64", "linux", "1")
@@ -736,17 +746,31 @@ def test_both_engines_answers_normalize_to_the_same_terms() -> None:
     # Podman lists every runtime its configuration knows (installed or not) but runs each container under
     # its default one: only that one can be had.
     assert podman_facts.runtimes == frozenset({"crun"}) and podman_facts.default_runtime == "crun"
+    assert podman_facts.seccomp_profile_path == "/usr/share/containers/seccomp.json"
+
+
+def test_rootless_podman_without_delegated_controllers_is_refused() -> None:
+    """Its compatible /info claims every limit; the run would have none. Refused, naming delegation."""
+    facts = facts_from(PODMAN_INFO, PODMAN_VERSION, ROOTLESS_V1_LIBPOD)
+    assert facts.rootless and "rootless" in facts.security_options
+    assert not (facts.memory_limit or facts.swap_limit or facts.pids_limit)
+    err = refusal(facts, "crun")
+    assert err.reason is AuditReason.MEMORY_LIMIT_UNSUPPORTED and "Delegate=" in err.hint
+    delegated = {
+        "host": {**ROOTLESS_V1_LIBPOD["host"], "cgroupVersion": "v2", "cgroupControllers": ["memory", "pids"]}
+    }
+    require_capable(facts_from({**PODMAN_INFO, "CgroupVersion": "2"}, PODMAN_VERSION, delegated), "crun")
 
 
 def test_rootless_and_security_options_are_read_by_name() -> None:
-    options = ["name=seccomp,profile=default", "name=rootless", "name=userns"]
-    info = {**PODMAN_INFO, "SecurityOptions": options}
-    facts = facts_from(info, PODMAN_VERSION)
-    assert facts.rootless and facts.security_options == frozenset({"seccomp", "rootless", "userns"})
+    """Rootless dockerd says so among its security options (Podman's own /libpod/info decides there)."""
+    options = ["name=seccomp,profile=default", "name=rootless", "name=cgroupns"]
+    facts = facts_from({**DOCKERD_INFO, "SecurityOptions": options}, DOCKERD_VERSION)
+    assert facts.rootless and facts.security_options == frozenset({"seccomp", "rootless", "cgroupns"})
 
 
 def test_podman_offers_only_its_default_runtime() -> None:
-    facts = facts_from({**PODMAN_INFO, "DefaultRuntime": "runc"}, PODMAN_VERSION)
+    facts = facts_from({**PODMAN_INFO, "DefaultRuntime": "runc"}, PODMAN_VERSION, PODMAN_LIBPOD)
     require_capable(facts, "runc")
     for runtime, says in (("runsc", "--host-uds=open"), ("crun", 'runtime = "crun"')):
         err = refusal(facts, runtime)
@@ -755,20 +779,23 @@ def test_podman_offers_only_its_default_runtime() -> None:
 
 
 def test_an_engine_without_pids_accounting_is_refused() -> None:
-    facts = dataclasses.replace(facts_from(PODMAN_INFO, PODMAN_VERSION), pids_limit=False, rootless=True)
+    facts = dataclasses.replace(
+        facts_from(PODMAN_INFO, PODMAN_VERSION, PODMAN_LIBPOD), pids_limit=False, rootless=True
+    )
     err = refusal(facts, "crun")
     assert err.reason is AuditReason.MEMORY_LIMIT_UNSUPPORTED and "pids" in err.message
     assert "rootless Podman" in err.hint and "Delegate=" in err.hint
 
 
 def test_engine_facts_reads_which_engine_answers() -> None:
-    with FakeEngine(info=PODMAN_INFO, version=PODMAN_VERSION) as fake:
+    with FakeEngine(info=PODMAN_INFO, version=PODMAN_VERSION, libpod_info=ROOTLESS_V1_LIBPOD) as fake:
         client = connect({"DOCKER_HOST": fake.docker_host})
         try:
             facts = engine_facts(client)
         finally:
             client.close()
-    assert facts == facts_from(PODMAN_INFO, PODMAN_VERSION) and facts.kind is EngineKind.PODMAN
+        assert "/v4.0.0/libpod/info" in fake.paths  # Podman's own answer is asked for
+    assert facts == facts_from(PODMAN_INFO, PODMAN_VERSION, ROOTLESS_V1_LIBPOD) and facts.rootless
 
 
 @pytest.mark.parametrize("used", ["runc", "crun"])
