@@ -308,7 +308,6 @@ class DockerBackend:
         host's own directory (beside its config: not a run's, so no run sweep ever takes it)."""
         if self._profile is None:
             directory = config_paths(self.env).dir / "seccomp"
-            directory.mkdir(mode=0o755, parents=True, exist_ok=True)
             base = Path(facts.seccomp_profile_path) if facts.seccomp_profile_path else PODMAN_DEFAULT_PROFILE
             self._profile = str(podman_profile(directory, base))
         return self._profile

@@ -70,11 +70,20 @@ def podman_profile(directory: Path, base_path: Path = PODMAN_DEFAULT_PROFILE) ->
         ) from None
     text = json.dumps(without_namespaces(base), sort_keys=True)
     path = directory / f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
-    if not path.is_file():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+    try:
+        if not path.is_file():
+            directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise EngineError(
+            f"cannot write the runs' seccomp profile into {directory} ({type(exc).__name__})",
+            reason=AuditReason.START_FAILED,
+            hint="make the host's config directory writable (AGENTNODE_CONFIG), then rerun",
+            check="start",
+        ) from None
     return path
 
 

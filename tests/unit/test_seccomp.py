@@ -69,3 +69,12 @@ def test_an_unreadable_default_profile_fails_closed(tmp_path: Path, content: str
         podman_profile(tmp_path, base)
     assert caught.value.reason is AuditReason.START_FAILED and "containers-common" in caught.value.hint
     assert not list(tmp_path.glob("seccomp-*"))
+
+
+def test_an_unwritable_directory_fails_closed(tmp_path: Path) -> None:
+    base = tmp_path / "seccomp.json"
+    base.write_text(json.dumps(BASE))
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(EngineError) as caught:
+        podman_profile(tmp_path / "file" / "seccomp", base)
+    assert caught.value.reason is AuditReason.START_FAILED and "AGENTNODE_CONFIG" in caught.value.hint
