@@ -340,7 +340,8 @@ def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
 
 def _bench_container(state: BenchState, runtime: str, socket_dir: Path, command: list[str],
                      **overrides: Any) -> Any:
-    """A container hardened exactly like a run's (same spec function), running `command` instead."""
+    """A container hardened exactly like a run's (same spec function), running `command` (a whole argv,
+    split into entrypoint and arguments as the spec splits a run's) instead."""
     run_id = uuid.uuid4().hex
     kwargs = container_spec(
         image=state.image, run_id=run_id, name=f"agentnode-bench-{run_id[:16]}", owner=state.owner,
@@ -348,7 +349,7 @@ def _bench_container(state: BenchState, runtime: str, socket_dir: Path, command:
         socket_dir=str(socket_dir),
     )
     kwargs["labels"][BENCH_LABEL] = state.tag
-    kwargs.update(command=command, **overrides)
+    kwargs.update(entrypoint=command[:1], command=command[1:], **overrides)
     return state.client.containers.create(**kwargs)
 
 
