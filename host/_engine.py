@@ -124,6 +124,13 @@ class EngineFacts:
     """Podman: the default seccomp profile it applies (host._seccomp derives a run's from it)."""
 
 
+def engine_kind(version: Mapping[str, Any]) -> EngineKind:
+    """Which engine gave this `GET /version` answer: Podman names itself among its `Components` (pure)."""
+    components = version.get("Components") or []
+    names = {str(c.get("Name", "")) for c in components if isinstance(c, Mapping)}
+    return EngineKind.PODMAN if any(name.startswith("Podman") for name in names) else EngineKind.DOCKER
+
+
 def facts_from(
     info: Mapping[str, Any], version: Mapping[str, Any], libpod: Mapping[str, Any] | None = None
 ) -> EngineFacts:
@@ -134,9 +141,7 @@ def facts_from(
     for Podman its own /libpod/info (`libpod`) decides rootless mode and which cgroup controllers the
     service may use, so such a host is refused instead of running agents without ceilings.
     """
-    components = version.get("Components") or []
-    names = {str(c.get("Name", "")) for c in components if isinstance(c, Mapping)}
-    kind = EngineKind.PODMAN if any(name.startswith("Podman") for name in names) else EngineKind.DOCKER
+    kind = engine_kind(version)
     reported = str(info.get("Architecture", ""))
     options = frozenset(
         part.removeprefix("name=")
@@ -320,11 +325,15 @@ def engine_facts(client: docker.DockerClient) -> EngineFacts:
     with engine_errors():
         info: dict[str, Any] = client.info()
         version: dict[str, Any] = client.version()
-        libpod: dict[str, Any] | None = None
-        if facts_from(info, version).kind is EngineKind.PODMAN:
-            api = client.api
-            libpod = api._result(api._get(f"{api.base_url}{LIBPOD}/info"), True)
+        libpod = _libpod_get(client, "/info") if engine_kind(version) is EngineKind.PODMAN else None
     return facts_from(info, version, libpod)
+
+
+def _libpod_get(client: docker.DockerClient, path: str) -> dict[str, Any]:
+    """GET `path` from Podman's own API (LIBPOD) on the client's socket; call inside `engine_errors()`."""
+    api = client.api
+    answer: dict[str, Any] = api._result(api._get(f"{api.base_url}{LIBPOD}{path}"), True)
+    return answer
 
 
 def _runtime_hint(facts: EngineFacts, runtime: str) -> str:
@@ -647,12 +656,11 @@ def create_container(client: docker.DockerClient, spec: Mapping[str, Any]) -> st
 def container_runtime(client: docker.DockerClient, container_id: str, kind: EngineKind) -> str:
     """The runtime a created container will run under, as its engine records it. Podman's compatible
     inspect says only "oci" there, so Podman is asked through its own (libpod) inspect."""
-    api = client.api
     with engine_errors():
         if kind is EngineKind.PODMAN:
-            answer = api._result(api._get(f"{api.base_url}{LIBPOD}/containers/{container_id}/json"), True)
-            return str(answer.get("OCIRuntime", ""))[:64]
-        return str((api.inspect_container(container_id).get("HostConfig") or {}).get("Runtime", ""))[:64]
+            return str(_libpod_get(client, f"/containers/{container_id}/json").get("OCIRuntime", ""))[:64]
+        inspected = client.api.inspect_container(container_id)
+        return str((inspected.get("HostConfig") or {}).get("Runtime", ""))[:64]
 
 
 def verify_runtime(client: docker.DockerClient, container_id: str, runtime: str, kind: EngineKind) -> None:
@@ -758,6 +766,7 @@ __all__ = [
     "create_container",
     "engine_errors",
     "engine_facts",
+    "engine_kind",
     "facts_from",
     "follow_logs",
     "owner_alive",

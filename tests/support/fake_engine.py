@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
-LIBPOD_INSPECT = "/v4.0.0/libpod/containers/"
+from host._engine import LIBPOD
 
 
 class FakeEngine:
@@ -88,9 +88,9 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(200, "OK")
             elif path == "/info":
                 self._send(200, engine.info)
-            elif engine.libpod_info is not None and path == "/v4.0.0/libpod/info":
+            elif engine.libpod_info is not None and path == f"{LIBPOD}/info":
                 self._send(200, engine.libpod_info)
-            elif engine.oci_runtime and path.startswith(LIBPOD_INSPECT) and path.endswith("/json"):
+            elif engine.oci_runtime and path.startswith(f"{LIBPOD}/containers/") and path.endswith("/json"):
                 self._send(200, {"OCIRuntime": engine.oci_runtime, "HostConfig": {"Runtime": "oci"}})
             else:
                 self._send(404, {"message": "no such route"})
