@@ -287,6 +287,15 @@ def _diagnosis(exc: BaseException) -> tuple[str, AuditReason, str]:
     return "no container engine answers", AuditReason.ENGINE_UNAVAILABLE, _FIX_ENGINE
 
 
+def container_vanished(exc: docker.errors.APIError) -> bool:
+    """The engine's answer says the container does not exist: Docker's and Podman's 404, or the 500 Podman
+    gives once for a container removed while it is asked ("... does not exist in database: no such
+    container"), which is the same fact and must not read as a failing engine."""
+    if isinstance(exc, docker.errors.NotFound):
+        return True
+    return exc.status_code == 500 and str(exc.explanation or "").rstrip().endswith("no such container")
+
+
 def classify_engine_exception(exc: BaseException) -> EngineError:
     """The one classification of engine failures: an SDK or connection exception in, its EngineError out.
 
@@ -302,7 +311,7 @@ def classify_engine_exception(exc: BaseException) -> EngineError:
         EngineImageNotFound
         if isinstance(exc, docker.errors.ImageNotFound)
         else EngineNotFound
-        if isinstance(exc, docker.errors.NotFound)
+        if container_vanished(exc)
         else EngineRejected
     )
     explanation = str(exc.explanation or "").strip()
@@ -763,6 +772,7 @@ __all__ = [
     "container_cgroup_dir",
     "container_runtime",
     "container_spec",
+    "container_vanished",
     "create_container",
     "engine_errors",
     "engine_facts",

@@ -43,6 +43,11 @@ from host._workload import Backend, Teardowns, Workload
 logger = logging.getLogger("agentnode.sandbox.runner")
 
 _LOG_SETTLE_SECONDS = 0.5
+"""How long the last lines of a run that neither reported nor exited are awaited (it may still be running)."""
+_LOG_SETTLE_ENDED_SECONDS = 5.0
+"""The same for a run whose wrapper reported or exited: its stream ends once the engine sees the exit, at once
+on Docker, 0.3-0.5 s later on a quiet Podman and seconds later on a loaded one; this bounds an engine that
+never closes it."""
 
 
 class SandboxHost:
@@ -263,7 +268,9 @@ class SandboxHost:
             if ending is not Ending.REPORTED:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
             if not (self.teardowns.background and a.sandboxed) or run.on_log is not None:
-                work.settle_logs(_LOG_SETTLE_SECONDS)  # the last lines (a follower gets them all first)
+                ended = ending in (Ending.REPORTED, Ending.EXITED)
+                # the last lines: a follower gets them all before the result
+                work.settle_logs(_LOG_SETTLE_ENDED_SECONDS if ended else _LOG_SETTLE_SECONDS)
             work.session.listen_logs(None)  # a line later than that is in the logs only
             outcome = conclude(
                 ending,

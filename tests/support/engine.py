@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any, NoReturn
@@ -11,7 +10,7 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import LABEL_OWNER, EngineKind, connect, engine_facts, owner_token
+from host._engine import LABEL_OWNER, EngineKind, connect, container_vanished, engine_facts, owner_token
 from host._errors import SandboxError
 from host._image import build_image
 from tests.conftest import REQUIRE_DOCKER
@@ -75,8 +74,11 @@ def containers_with(client: docker.DockerClient, labels: list[str]) -> list[Any]
     """Containers carrying all `labels`, skipping any removed while being listed (runs end concurrently)."""
     found = []
     for summary in client.api.containers(all=True, filters={"label": labels}):
-        with contextlib.suppress(docker.errors.NotFound):
+        try:
             found.append(client.containers.get(summary["Id"]))
+        except docker.errors.APIError as exc:
+            if not container_vanished(exc):
+                raise
     return found
 
 
@@ -87,8 +89,11 @@ def remove_own_containers(client: docker.DockerClient) -> list[str]:
     """
     leftovers = client.api.containers(all=True, filters={"label": f"{LABEL_OWNER}={owner_token()}"})
     for c in leftovers:
-        with contextlib.suppress(docker.errors.NotFound):
+        try:
             client.api.remove_container(c["Id"], force=True)
+        except docker.errors.APIError as exc:
+            if not container_vanished(exc):
+                raise
     return [name.lstrip("/") for c in leftovers for name in c.get("Names") or [c["Id"][:12]]]
 
 

@@ -384,6 +384,11 @@ REFUSED = ("the container engine refused the request", AuditReason.ENGINE_PERMIS
         (api_error(docker.errors.ImageNotFound, 404, "No such image"), EngineImageNotFound, 404, UNAVAILABLE),
         (api_error(docker.errors.APIError, 409, "removal in progress"), EngineRejected, 409, UNAVAILABLE),
         (api_error(docker.errors.APIError, 500, "boom"), EngineRejected, 500, UNAVAILABLE),
+        # Podman's answer for a container removed while it was asked is "absent", not "failing"
+        (api_error(docker.errors.APIError, 500, "container 5a does not exist in database: no such container"),
+         EngineNotFound, 500, UNAVAILABLE),
+        (api_error(docker.errors.APIError, 500, "no such container?"), EngineRejected, 500, UNAVAILABLE),
+        (api_error(docker.errors.APIError, 409, "no such container"), EngineRejected, 409, UNAVAILABLE),
         (api_error(docker.errors.APIError, 403, "authorization denied"), EngineRejected, 403, REFUSED),
         (api_error(docker.errors.APIError, 401), EngineRejected, 401, REFUSED),
         (api_error(docker.errors.APIError, None), EngineRejected, None, UNAVAILABLE),
