@@ -10,6 +10,7 @@ import os
 import re
 import site
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from types import ModuleType
@@ -33,6 +34,9 @@ host/_requirements.SITE_DIR; the pack itself may not use the name)."""
 FETCH_TIMEOUT_SECONDS = 5.0
 MESSAGE_CHARS = 500
 EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
+SOCKET_WAIT_CEILING_SECONDS = 600.0
+"""The most AGENTNODE_SOCKET_WAIT_SECONDS may ask for: a pod's deadline ends it sooner anyway."""
+SOCKET_POLL_SECONDS = 0.05
 
 # The result must also fit in one message this channel sends, next to the envelope. The host's own cap
 # (max_result_bytes, which it always sends) is lower, so this ceiling only binds a host that sends none.
@@ -55,7 +59,7 @@ class _Failure(Exception):
 def main() -> int:
     """Run the task the host hands out on AGENTNODE_SOCKET and return the process exit code."""
     socket_path = os.environ.get("AGENTNODE_SOCKET", DEFAULT_SOCKET)
-    if not os.path.exists(socket_path):
+    if not await_socket(socket_path, socket_wait_seconds(os.environ.get("AGENTNODE_SOCKET_WAIT_SECONDS"))):
         return _die(EXIT_NO_TASK, f"host socket {socket_path} does not exist")
     # The agent's module is imported while the task is still to come: a warm member has its imports
     # done before a run claims it (the host names the module; a failure is reported once the task is here).
@@ -82,6 +86,27 @@ def main() -> int:
         return EXIT_OK
     finally:
         channel.close()
+
+
+def socket_wait_seconds(raw: str | None) -> float:
+    """How long to wait for the socket to appear: 0 (it must be there) unless the backend says otherwise;
+    on Kubernetes the node agent creates it only after it has seen and verified the pod (docs/kubernetes.md).
+    A malformed value waits not at all: the run then fails visibly instead of hanging."""
+    try:
+        wait = float(raw or 0)
+    except ValueError:
+        return 0.0
+    return min(wait, SOCKET_WAIT_CEILING_SECONDS) if wait > 0 else 0.0
+
+
+def await_socket(path: str, wait: float) -> bool:
+    """Whether `path` exists, polling for up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(SOCKET_POLL_SECONDS)
+    return True
 
 
 def leave(code: int) -> NoReturn:

@@ -38,17 +38,22 @@ def served(host: FakeHost) -> Iterator[Served]:
     running.stop()
 
 
-def run_wrapper(
-    socket_path: str, import_root: Path, preload: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The wrapper as the container runs it: a fresh interpreter with only the documented variables."""
-    env = {
+def wrapper_env(socket_path: str, import_root: Path, preload: str | None = None) -> dict[str, str]:
+    """Only the documented variables."""
+    return {
         "PATH": os.environ.get("PATH", ""),
         "AGENTNODE_SOCKET": socket_path,
         "AGENTNODE_IMPORT_ROOT": str(import_root),
         "PYTHONDONTWRITEBYTECODE": "1",  # the pack is read-only in the container; keep examples/ clean
         **({"AGENTNODE_PRELOAD": preload} if preload is not None else {}),
     }
+
+
+def run_wrapper(
+    socket_path: str, import_root: Path, preload: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The wrapper as the container runs it: a fresh interpreter with only the documented variables."""
+    env = wrapper_env(socket_path, import_root, preload)
     return subprocess.run(
         [sys.executable, "-m", "sandbox_wrapper"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
@@ -355,6 +360,47 @@ def test_missing_socket_exits_3_with_one_stderr_line(tmp_path: Path) -> None:
     assert proc.returncode == 3
     missing = tmp_path / "absent.sock"
     assert proc.stderr.splitlines() == [f"sandbox_wrapper: host socket {missing} does not exist"]
+
+
+def test_a_wrapper_told_to_wait_for_its_socket_runs_once_it_appears(served: Served, tmp_path: Path) -> None:
+    """On Kubernetes the node agent makes the socket only after it has verified the pod: the wrapper waits."""
+    (tmp_path / "agent.py").write_text("def run(context, **kwargs):\n    return {'waited': True}\n")
+    served.host.task = make_task(entrypoint="agent:run")
+    hidden = Path(served.socket_path).with_name("not-yet.sock")
+    os.rename(served.socket_path, hidden)  # the server keeps listening; the path is just not there yet
+    env = {**wrapper_env(served.socket_path, tmp_path), "AGENTNODE_SOCKET_WAIT_SECONDS": "30"}
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox_wrapper"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)  # still waiting, not failed
+        os.rename(hidden, served.socket_path)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert value_of(served.host) == {"waited": True}
+
+
+@pytest.mark.parametrize("raw", ["0.2", "abc", "-5", "nan", ""])
+def test_a_socket_that_never_appears_still_fails_with_one_line(tmp_path: Path, raw: str) -> None:
+    env = {**wrapper_env(str(tmp_path / "absent.sock"), tmp_path), "AGENTNODE_SOCKET_WAIT_SECONDS": raw}
+    proc = subprocess.run([sys.executable, "-m", "sandbox_wrapper"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 3
+    missing = tmp_path / "absent.sock"
+    assert proc.stderr.splitlines() == [f"sandbox_wrapper: host socket {missing} does not exist"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [(None, 0.0), ("", 0.0), ("x", 0.0), ("-1", 0.0), ("nan", 0.0), ("2.5", 2.5), ("inf", 600.0),
+     ("1e9", 600.0)],
+)  # fmt: skip
+def test_the_socket_wait_is_parsed_and_bounded(raw: str | None, seconds: float) -> None:
+    from sandbox_wrapper._runner import socket_wait_seconds
+
+    assert socket_wait_seconds(raw) == seconds
 
 
 def test_refused_fetch_exits_3(served: Served, tmp_path: Path) -> None:
