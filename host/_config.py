@@ -26,6 +26,7 @@ ENV_FILE_NAME = ".env"
 AGENT_CONFIG_NAME = "agent-config.json"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SLUG_SHOWN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _ECHO_MAX = 24
 """agent-config.json values longer than this are never echoed in an error: a misplaced API key must not be."""
 WIRE_UINT32_MAX = 2**32 - 1
@@ -122,6 +123,17 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    """`agent_sandbox.kubernetes`: how runs are placed on a cluster (docs/kubernetes.md); the image is
+    `agent_sandbox.image`, which there must be a registry reference pinned by digest."""
+
+    runtime_class: str = "gvisor"
+    """The RuntimeClass a runsc run's pod names (its handler is runsc); a runc run names none."""
+    socket_wait_seconds: int = 120
+    """How long a run pod's wrapper waits for the node agent to make its socket."""
+
+
+@dataclass(frozen=True)
 class AgentSandboxConfig:
     """`agent_sandbox`: everything the operator decides about sandboxed runs."""
 
@@ -134,6 +146,7 @@ class AgentSandboxConfig:
     llm: LlmHostConfig = field(default_factory=LlmHostConfig)
     idle_timeout_seconds: int = 60
     pool: PoolConfig = field(default_factory=PoolConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
 
 @dataclass(frozen=True)
@@ -440,7 +453,7 @@ class _Validator:
     def sandbox(self, value: Any) -> AgentSandboxConfig:
         key = "agent_sandbox"
         allowed = ("enabled", "host_trust_policy", "image", "runtime", "tools", "limits", "llm",
-                   "idle_timeout_seconds", "pool")
+                   "idle_timeout_seconds", "pool", "kubernetes")
         data = self.section(value, key, allowed)
         d = AgentSandboxConfig()
         enabled = self.optional(data, f"{key}.enabled", self.boolean)
@@ -458,6 +471,21 @@ class _Validator:
             llm=self.llm(_unset_is_empty(data.get("llm")), f"{key}.llm"),
             idle_timeout_seconds=idle or d.idle_timeout_seconds,
             pool=self.pool(_unset_is_empty(data.get("pool")), f"{key}.pool"),
+            kubernetes=self.kubernetes(_unset_is_empty(data.get("kubernetes")), f"{key}.kubernetes"),
+        )
+
+    def kubernetes(self, value: Any, key: str) -> KubernetesConfig:
+        data = self.section(value, key, ("runtime_class", "socket_wait_seconds"))
+        d = KubernetesConfig()
+        runtime_class = self.optional(data, f"{key}.runtime_class", self.text)
+        if runtime_class is not None and not _DNS_LABEL.fullmatch(runtime_class):
+            expected = "expected a DNS label (a RuntimeClass name)"
+            raise self.fail(f"{key}.runtime_class", expected, runtime_class)
+        wait = self.optional(data, f"{key}.socket_wait_seconds", self.positive_int)
+        if wait is not None and wait > 600:
+            raise self.fail(f"{key}.socket_wait_seconds", "expected at most 600", wait)
+        return KubernetesConfig(
+            runtime_class=runtime_class or d.runtime_class, socket_wait_seconds=wait or d.socket_wait_seconds
         )
 
     def pool(self, value: Any, key: str) -> PoolConfig:

@@ -47,6 +47,8 @@ class AuditReason(enum.StrEnum):
     HOST_LOST = "host_lost"
     HOST_AT_CAPACITY = "host_at_capacity"
     AUDIT_FAILED = "audit_failed"
+    POD_REFUSED = "pod_refused"
+    """A run pod differs from what the controller builds for its AgentRun (docs/kubernetes.md)."""
 
 
 AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)

@@ -65,6 +65,7 @@ class SandboxHost:
         pool: PoolSettings | None = None,
         async_teardown: bool = False,
         sandbox_backend: Backend[Any] | None = None,
+        host_backend: Backend[Any] | None = None,
         tracer: RunTracer | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
@@ -91,7 +92,8 @@ class SandboxHost:
             before_member=self.fds.check,
         )
         self.sandbox: Backend[Any] = sandbox_backend or self.docker  # where sandboxed routes run
-        self.host_process = HostBackend(owner=self.owner, env=self.env)
+        # where host routes run (trusted packs); a node agent refuses them (host/_k8s_node.HostRoutesRefused)
+        self.host_process: Backend[Any] = host_backend or HostBackend(owner=self.owner, env=self.env)
         self.sequential = SequentialBackend(owner=self.owner, env=self.env)  # no pack code: any route
         self.audit_failures = 0
         self.teardowns = Teardowns(background=async_teardown)

@@ -14,6 +14,7 @@ import pytest
 from host._config import (
     AgentLlmConfig,
     AgentSandboxConfig,
+    KubernetesConfig,
     LimitsCeiling,
     LlmHostConfig,
     ModelPrice,
@@ -158,6 +159,13 @@ def test_null_means_unset_for_optional_keys(tmp_path: Path) -> None:
         ({"llm": {"api_key": "sk-secret"}}, "agent_sandbox.llm.api_key: unknown key"),
         ({"limits": {"max_tool_call": 3}}, "agent_sandbox.limits.max_tool_call: unknown key"),
         ({"tools": {"allowed": []}}, "agent_sandbox.tools.allowed: unknown key"),
+        ({"kubernetes": {"runtime_class": "gVisor!"}},
+         'agent_sandbox.kubernetes.runtime_class: expected a DNS label (a RuntimeClass name), got "gVisor!"'),
+        ({"kubernetes": {"socket_wait_seconds": 0}},
+         "agent_sandbox.kubernetes.socket_wait_seconds: expected a positive integer"),
+        ({"kubernetes": {"socket_wait_seconds": 601}},
+         "agent_sandbox.kubernetes.socket_wait_seconds: expected at most"),
+        ({"kubernetes": {"namespace": "x"}}, "agent_sandbox.kubernetes.namespace: unknown key"),
     ],
 )
 def test_invalid_values_name_the_key_path(tmp_path: Path, section: dict[str, Any], message: str) -> None:
@@ -167,6 +175,13 @@ def test_invalid_values_name_the_key_path(tmp_path: Path, section: dict[str, Any
     assert str(info.value).startswith(message)
     assert info.value.reason == AuditReason.CONFIG_INVALID
     assert str(tmp_path / "config.json") in info.value.hint
+
+
+def test_kubernetes_placement_defaults_and_overrides(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, {"agent_sandbox": {}})).agent_sandbox.kubernetes == KubernetesConfig()
+    section = {"kubernetes": {"runtime_class": "gvisor-fast", "socket_wait_seconds": 30}}
+    got = load_config(_write(tmp_path, {"agent_sandbox": section})).agent_sandbox.kubernetes
+    assert got == KubernetesConfig(runtime_class="gvisor-fast", socket_wait_seconds=30)
 
 
 def test_unknown_key_error_never_echoes_its_value(tmp_path: Path) -> None:

@@ -1,0 +1,183 @@
+"""What an AgentRun asks for and what its status says: one reading for the controller, node agent and client.
+
+An AgentRun is written by a cluster user: its spec is re-validated here with the same rules as a local run
+(the CRD's schema is a first filter, never the only one), and its status carries a run's `--json` result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from host._caller import CallerInfo, InvalidCaller
+from host._errors import AuditReason, ConfigError
+from host._json import JsonRejected, loads_strict
+from host._k8s_objects import API_VERSION, KIND
+from host._result import RunResult
+from host._vocab import Runtime
+
+MAX_KWARGS_BYTES = 256 * 1024
+"""An AgentRun's kwargsJson, at most (the whole object must stay well under the API server's ~1.5 MiB)."""
+MAX_GOAL_CHARS = 64 * 1024
+MAX_RESULT_JSON_BYTES = 256 * 1024
+"""The result written into status, at most; a larger one is kept out and `resultTruncated` says so."""
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """An AgentRun's spec, validated: what `SandboxHost.run` is called with."""
+
+    slug: str
+    goal: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    runtime: str | None = None
+    caller: CallerInfo = field(default_factory=CallerInfo)
+
+
+def _invalid(problem: str) -> ConfigError:
+    return ConfigError(
+        f"the AgentRun's spec is invalid: {problem}",
+        reason=AuditReason.CONFIG_INVALID,
+        hint="fix the AgentRun's spec (kubectl explain agentrun.spec) and submit it again",
+    )
+
+
+def run_request(agentrun: Mapping[str, Any]) -> RunRequest:
+    """The AgentRun's spec as a run request; raises ConfigError naming the first rule broken (never quoting
+    the value: it is the requester's text)."""
+    spec = agentrun.get("spec")
+    if not isinstance(spec, dict):
+        raise _invalid("spec must be an object")
+    slug = spec.get("slug")
+    if not isinstance(slug, str) or not slug or len(slug) > 100:
+        raise _invalid("spec.slug must be a pack slug")
+    goal = spec.get("goal")
+    if goal is not None and (not isinstance(goal, str) or len(goal) > MAX_GOAL_CHARS):
+        raise _invalid(f"spec.goal must be text of at most {MAX_GOAL_CHARS} characters")
+    raw = spec.get("kwargsJson") or ""
+    if not isinstance(raw, str) or len(raw.encode()) > MAX_KWARGS_BYTES:
+        raise _invalid(f"spec.kwargsJson must be JSON text of at most {MAX_KWARGS_BYTES} bytes")
+    kwargs: Any = {}
+    if raw:
+        try:
+            kwargs = loads_strict(raw, max_bytes=MAX_KWARGS_BYTES)
+        except JsonRejected:
+            kwargs = None
+        if not isinstance(kwargs, dict):
+            raise _invalid("spec.kwargsJson must be a strict JSON object (finite numbers only)")
+    runtime = spec.get("runtime")
+    if runtime is not None and runtime not in (Runtime.RUNSC.value, Runtime.RUNC.value):
+        raise _invalid("spec.runtime must be runsc or runc")
+    c = spec.get("caller") or {}
+    if not isinstance(c, dict):
+        raise _invalid("spec.caller must be an object")
+    try:
+        caller = CallerInfo.parse(c.get("tenant", ""), c.get("requestId", ""), c.get("labels") or {})
+    except InvalidCaller as exc:
+        raise _invalid(f"spec.caller: {exc}") from None
+    return RunRequest(slug=slug, goal=goal, kwargs=kwargs, runtime=runtime, caller=caller)
+
+
+def controller_owner(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The AgentRun that controls `obj` (its one controller ownerReference of our kind), or None."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    owners = [
+        r for r in refs
+        if isinstance(r, dict) and r.get("controller") is True and r.get("kind") == KIND
+        and r.get("apiVersion") == API_VERSION
+        and isinstance(r.get("name"), str) and isinstance(r.get("uid"), str)
+    ]  # fmt: skip
+    return owners[0] if len(owners) == 1 else None
+
+
+def status_for(result: RunResult, *, audit_digest: str) -> dict[str, Any]:
+    """The AgentRun status of a finished run: its `--json` result without the logs (they stay in the node
+    agent's log), the result bounded."""
+    status: dict[str, Any] = {
+        "phase": "Succeeded" if result.success else "Failed",
+        "runId": result.run_id,
+        "success": result.success,
+        "errorCode": result.error_code or None,
+        "error": result.error or None,
+        "hint": result.hint or None,
+        "timedOut": result.timed_out,
+        "durationMs": result.duration_ms,
+        "modeUsed": result.mode_used,
+        "auditDigest": audit_digest or None,
+        "resultJson": None,
+        "resultTruncated": None,
+    }
+    if result.result is not None:
+        text = json.dumps(result.result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        if len(text.encode()) <= MAX_RESULT_JSON_BYTES:
+            status["resultJson"] = text
+        else:
+            status["resultTruncated"] = True
+    return status
+
+
+def refusal_status(reason: AuditReason, error: str, hint: str) -> dict[str, Any]:
+    """The status of a run that never started (fixed wording only)."""
+    return {"phase": "Failed", "success": False, "errorCode": reason.value, "error": error, "hint": hint}
+
+
+def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
+    """A finished AgentRun's status in the `run --json` contract (host/_result.RunResult.to_json)."""
+    status = agentrun.get("status") or {}
+    raw = status.get("resultJson")
+    value: Any = None
+    if isinstance(raw, str) and raw:
+        try:
+            value = loads_strict(raw, max_bytes=MAX_RESULT_JSON_BYTES)
+        except JsonRejected:
+            value = None
+    return {
+        "success": status.get("success") is True,
+        "result": value,
+        "error": status.get("error") or None,
+        "error_code": status.get("errorCode") or None,
+        "mode_used": status.get("modeUsed") or "sandbox",
+        "run_id": status.get("runId") or "",
+        "timed_out": status.get("timedOut") is True,
+        "duration_ms": int(status.get("durationMs") or 0),
+        "hint": status.get("hint") or None,
+        "logs": "",
+    }
+
+
+def audit_digest(audit_file: Path, run_id: str, *, window: int = 1024 * 1024) -> str:
+    """sha256 of the run's end record as the audit log holds it (the next record's chain link names the
+    same digest), looked up in the log's last `window` bytes; "" when it is not there."""
+    if not run_id:
+        return ""
+    try:
+        with open(audit_file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - window))
+            tail = f.read(window)
+    except OSError:
+        return ""
+    needle = f'"run_id":"{run_id}"'.encode()
+    for line in reversed(tail.split(b"\n")):
+        if needle in line and b'"event":"agent_run"' in line:
+            return hashlib.sha256(line).hexdigest()
+    return ""
+
+
+__all__ = [
+    "MAX_KWARGS_BYTES",
+    "TERMINAL_PHASES",
+    "RunRequest",
+    "audit_digest",
+    "controller_owner",
+    "refusal_status",
+    "result_json",
+    "run_request",
+    "status_for",
+]
