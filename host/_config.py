@@ -170,10 +170,12 @@ def config_paths(env: Mapping[str, str] | None = None) -> ConfigPaths:
         config_file = home / ".agentnode" / "config.json"
     directory = config_file.parent
     lock_override = env.get("AGENTNODE_LOCKFILE", "").strip()
+    # a node agent's config is a read-only ConfigMap; its audit log lives on the node (docs/kubernetes.md)
+    audit_override = env.get("AGENTNODE_AUDIT_FILE", "").strip()
     return ConfigPaths(
         config_file=config_file,
         dir=directory,
-        audit_file=directory / "audit.jsonl",
+        audit_file=Path(audit_override).expanduser() if audit_override else directory / "audit.jsonl",
         lockfile=Path(lock_override).expanduser() if lock_override else directory / "agentnode.lock",
         packs_dir=directory / "packs",
         env_file=directory / ENV_FILE_NAME,

@@ -14,6 +14,8 @@ import contextvars
 import logging
 import os
 import shutil
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -22,11 +24,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from host._admission import Admission
-from host._config import HostConfig
+from host._config import HostConfig, load_config
 from host._engine import SANDBOX_GID, SANDBOX_UID, owner_token
 from host._errors import AuditReason, EngineError, SandboxError
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
-from host._k8s_objects import LABEL_ROLE, PACK_HOST_DIR, ROLE_AGENT_RUN, RUN_DIR_PREFIX, pod_mismatches
+from host._k8s_objects import (
+    LABEL_ROLE,
+    PACK_HOST_DIR,
+    ROLE_AGENT_RUN,
+    RUN_DIR_PREFIX,
+    RUN_HOST_DIR,
+    pod_mismatches,
+)
 from host._k8s_pod import pod_for
 from host._k8s_run import (
     TERMINAL_PHASES,
@@ -39,6 +48,7 @@ from host._k8s_run import (
 from host._packs import LockEntry, artifact_hash
 from host._result import RunResult
 from host._rundir import RunDir, run_root
+from host._runner import SandboxHost
 from host._session import RunSession, build_run_server
 from host._workload import Workload
 
@@ -266,7 +276,7 @@ def _meta(obj: Mapping[str, Any], key: str) -> str:
 class NodeAgent:
     """Watches the run pods scheduled to one node and serves each once, on its own thread."""
 
-    def __init__(self, host: Any, kube: KubeApi, backend: PodBackend, node: str) -> None:
+    def __init__(self, host: SandboxHost, kube: KubeApi, backend: PodBackend, node: str) -> None:
         self.host, self.kube, self.backend, self.node = host, kube, backend, node
         self.handled: set[str] = set()
         self.threads: list[threading.Thread] = []
@@ -276,6 +286,11 @@ class NodeAgent:
 
     def run(self, stop: threading.Event) -> None:
         """Recover, then list and watch until `stop`; a broken or expired watch lists again."""
+        def abort_on_stop() -> None:
+            stop.wait()
+            self.kube.abort_watches()
+
+        threading.Thread(target=abort_on_stop, daemon=True, name="node-agent-stop").start()
         self.recover()
         version = ""
         while not stop.is_set():
@@ -297,6 +312,8 @@ class NodeAgent:
             except WatchExpired:
                 version = ""
             except KubeError as exc:
+                if stop.is_set():
+                    break
                 logger.warning("pod watch on %s failed (%s); listing again", self.node, exc.status)
                 version = ""
                 stop.wait(RETRY_SECONDS)
@@ -399,6 +416,49 @@ class NodeAgent:
     def join(self, timeout: float | None = None) -> None:
         for thread in list(self.threads):
             thread.join(timeout)
+
+
+def serve_node(
+    env: Mapping[str, str],
+    *,
+    stop: threading.Event | None = None,
+    kube: KubeApi | None = None,
+    packs: PackStore | None = None,
+) -> int:
+    """`serve --node`: the node agent until SIGTERM/SIGINT (or `stop`); 0 on a clean stop, 1 (one line on
+    stderr naming the next step) when the config, the node name or the cluster is unusable."""
+    env = {"AGENTNODE_RUN_DIR": RUN_HOST_DIR, **env}
+    stop = stop or threading.Event()
+    try:
+        node = node_name(env)
+        config = load_config(env)
+        config.paths.audit_file.parent.mkdir(parents=True, exist_ok=True)
+        kube = kube or KubeApi.connect()
+    except (SandboxError, OSError) as exc:
+        if isinstance(exc, SandboxError):
+            message, hint = exc.message, exc.hint
+        else:
+            message = f"cannot prepare the node ({type(exc).__name__})"
+            hint = "check the node agent's hostPath mounts (deploy/node-agent.yaml)"
+        print(f"error: {message}\n  hint: {hint}", file=sys.stderr)
+        return 1
+    backend = PodBackend(kube, config, env=env, packs=packs or PackStore())
+    host = SandboxHost(
+        config=config, env=env, sandbox_backend=backend, host_backend=HostRoutesRefused(), async_teardown=True
+    )
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    agent = NodeAgent(host, kube, backend, node)
+    logger.info("node agent serving run pods on %s", node)
+    try:
+        agent.run(stop)
+    finally:
+        for session in list(host.active_runs()):
+            host.cancel(session)
+        agent.join(timeout=30)
+        host.close()
+    return 0
 
 
 def node_name(env: Mapping[str, str] | None = None) -> str:
