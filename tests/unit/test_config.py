@@ -76,7 +76,8 @@ def test_audit_file_override(tmp_path: Path) -> None:
     """A node agent reads its config from a read-only ConfigMap and audits to the node's disk."""
     env = {"AGENTNODE_CONFIG": str(tmp_path / "ro"), "AGENTNODE_AUDIT_FILE": str(tmp_path / "rw" / "a.jsonl")}
     paths = config_paths(env)
-    assert paths.audit_file == tmp_path / "rw" / "a.jsonl" and paths.config_file == tmp_path / "ro" / "config.json"
+    assert paths.audit_file == tmp_path / "rw" / "a.jsonl"
+    assert paths.config_file == tmp_path / "ro" / "config.json"
     assert config_paths({"AGENTNODE_CONFIG": str(tmp_path)}).audit_file == tmp_path / "audit.jsonl"
 
 
