@@ -169,3 +169,73 @@ def cluster(kube_api: KubeAPI, tmp_path: Path) -> Iterator[Cluster]:
     for kubelet in made.kubelets:
         kubelet.join(timeout=30)
     shutil.rmtree(run_root, ignore_errors=True)
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion, as the kubelet applies it to subPathExpr."""
+    for name, value in env.items():
+        text = text.replace(f"$({name})", value)
+    return text
+
+
+def docker_kwargs_for_pod(
+    pod: dict[str, Any], *, image: str, runtime: str, run_root: Path, packs_root: Path, labels: dict[str, str]
+) -> dict[str, Any]:
+    """What a kubelet would run for this pod, as Docker create arguments: the pod's own command, env
+    (downward API resolved), mounts (hostPaths mapped to this machine's node directories, subPathExpr
+    expanded, emptyDirs as tmpfs), user, read-only root, dropped capabilities and limits. No network stands
+    in for the deny-all NetworkPolicy. Only the image differs: no registry here, so the locally pinned image
+    (the same build) stands in for the pod's registry reference."""
+    from docker.types import Mount
+
+    from host._k8s_objects import PACK_HOST_DIR, RUN_HOST_DIR
+
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    uid = pod["metadata"]["uid"]
+    fields = {"metadata.uid": uid, "metadata.name": pod["metadata"]["name"],
+              "metadata.namespace": pod["metadata"]["namespace"]}  # fmt: skip
+    env: dict[str, str] = {}
+    for var in container.get("env") or []:
+        ref = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        env[var["name"]] = fields[ref] if ref else str(var.get("value", ""))
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    host_dirs = {RUN_HOST_DIR: run_root, PACK_HOST_DIR: packs_root}
+    mounts: list[Mount] = []
+    tmpfs: dict[str, str] = {}
+    for m in container.get("volumeMounts") or []:
+        volume = volumes[m["name"]]
+        if "emptyDir" in volume:
+            size = volume["emptyDir"].get("sizeLimit", "16Mi").replace("Mi", "m").replace("Ki", "k")
+            mode = "ro" if m.get("readOnly") else "rw"
+            tmpfs[m["mountPath"]] = f"{mode},nosuid,nodev,noexec,size={size},uid=65532,gid=65532,mode=0700"
+            continue
+        path = volume["hostPath"]["path"]
+        base = next(f"{to}{path[len(pre):]}" for pre, to in host_dirs.items() if path.startswith(pre))
+        sub = _expand(m.get("subPathExpr") or m.get("subPath") or "", env)
+        source = f"{base}/{sub}" if sub else base
+        read_only = bool(m.get("readOnly"))
+        mounts.append(Mount(target=m["mountPath"], source=source, type="bind", read_only=read_only))
+    security = container.get("securityContext") or {}
+    pod_security = spec.get("securityContext") or {}
+    limits = (container.get("resources") or {}).get("limits") or {}
+    memory = str(limits.get("memory", "512Mi")).replace("Mi", "m").replace("Gi", "g")
+    command = list(container.get("command") or []) + list(container.get("args") or [])
+    return {
+        "image": image,
+        "entrypoint": command[:1],
+        "command": command[1:],
+        "environment": env,
+        "user": f"{pod_security.get('runAsUser', 65532)}:{pod_security.get('runAsGroup', 65532)}",
+        "read_only": bool(security.get("readOnlyRootFilesystem")),
+        "cap_drop": ["ALL"] if "ALL" in ((security.get("capabilities") or {}).get("drop") or []) else [],
+        "security_opt": ["no-new-privileges"] if security.get("allowPrivilegeEscalation") is False else [],
+        "network_mode": "none",
+        "mem_limit": memory,
+        "pids_limit": 256,
+        "mounts": mounts,
+        "tmpfs": tmpfs,
+        "runtime": runtime,
+        "labels": labels,
+        "detach": True,
+    }
