@@ -50,6 +50,11 @@ the node's kubelet `podPidsLimit` is what bounds a run's processes (set it there
 RUN_HOST_DIR = "/var/lib/agentnode-sandbox/run"
 PACK_HOST_DIR = "/var/lib/agentnode-sandbox/packs"
 STATE_HOST_DIR = "/var/lib/agentnode-sandbox"
+NODE_AUDIT_FILE = f"{STATE_HOST_DIR}/audit/audit.jsonl"
+"""A node agent's audit log: on the node's disk, so it outlives the node agent's pod."""
+CONTROLLER_AUDIT_DIR = "/var/lib/agentnode-sandbox-controller"
+"""The controller's audit log (the runs it refuses) lives on its PersistentVolumeClaim."""
+CONTROLLER_AUDIT_FILE = f"{CONTROLLER_AUDIT_DIR}/audit.jsonl"
 NAMESPACE = "agentnode-system"
 SOCKET_WAIT_ENV = "AGENTNODE_SOCKET_WAIT_SECONDS"
 POD_UID_ENV = "AGENTNODE_POD_UID"
@@ -753,6 +758,17 @@ def _config_volumes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return mounts, volumes
 
 
+def controller_audit_claim(namespace: str = NAMESPACE) -> dict[str, Any]:
+    """Where the controller's audit log lives: the runs it refuses get their one record there, and it must
+    outlive the controller's pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(f"{CONTROLLER_NAME}-audit", namespace),
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
 def controller_deployment(namespace: str = NAMESPACE, image: str = HOST_IMAGE) -> dict[str, Any]:
     """The controller: restricted like any workload; it keeps its service account token (it calls the API).
     One replica, replaced not rolled: two controllers would race to create the same pods."""
@@ -771,23 +787,29 @@ def controller_deployment(namespace: str = NAMESPACE, image: str = HOST_IMAGE) -
                     "serviceAccountName": CONTROLLER_NAME,
                     "automountServiceAccountToken": True,
                     "enableServiceLinks": False,
-                    "securityContext": _pod_security(),
+                    "securityContext": {**_pod_security(), "fsGroup": SANDBOX_GID},  # its audit volume
                     "containers": [
                         {
                             "name": "controller",
                             "image": image,
                             "imagePullPolicy": "IfNotPresent",
                             "command": ["agentnode-sandbox", "k8s-controller"],
-                            "env": _config_env(),
+                            "env": [
+                                *_config_env(),
+                                {"name": "AGENTNODE_AUDIT_FILE", "value": CONTROLLER_AUDIT_FILE},
+                            ],
                             "securityContext": _restricted_container_security(),
                             "resources": {
                                 "requests": {"cpu": "100m", "memory": "128Mi"},
                                 "limits": {"memory": "512Mi"},
                             },
-                            "volumeMounts": mounts,
+                            "volumeMounts": [*mounts, {"name": "audit", "mountPath": CONTROLLER_AUDIT_DIR}],
                         }
                     ],
-                    "volumes": volumes,
+                    "volumes": [
+                        *volumes,
+                        {"name": "audit", "persistentVolumeClaim": {"claimName": f"{CONTROLLER_NAME}-audit"}},
+                    ],
                 },
             },
         },
@@ -799,9 +821,11 @@ def node_agent_daemonset(namespace: str = NAMESPACE, image: str = HOST_IMAGE) ->
     only component that calls an LLM provider (the keys come from the Secret, which may be absent)."""
     mounts, volumes = _config_volumes()
     # Root, because it makes the run sockets and pack directories on the node, root-owned as the contract
-    # says (docs/kubernetes.md), under a root-owned hostPath. Root with no capability at all: owning them
-    # is all it needs, and it never escalates (no privilege escalation, read-only root).
+    # says (docs/kubernetes.md), under a root-owned hostPath; with one capability, CHOWN, to hand each run's
+    # socket directory to the sandbox uid (65532) and no one else. It never escalates (no privilege
+    # escalation, read-only root).
     security = {**_restricted_container_security(uid=0, gid=0), "runAsNonRoot": False}
+    security["capabilities"] = {"drop": ["ALL"], "add": ["CHOWN"]}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -830,6 +854,10 @@ def node_agent_daemonset(namespace: str = NAMESPACE, image: str = HOST_IMAGE) ->
                                     },
                                 },
                                 *_config_env(),
+                                # its run directories and its audit log live on the node, beside the
+                                # packs (the config is a read-only ConfigMap)
+                                {"name": "AGENTNODE_RUN_DIR", "value": RUN_HOST_DIR},
+                                {"name": "AGENTNODE_AUDIT_FILE", "value": NODE_AUDIT_FILE},
                             ],
                             "envFrom": [{"secretRef": {"name": LLM_SECRET_NAME, "optional": True}}],
                             "securityContext": security,
@@ -1046,6 +1074,7 @@ def deploy_objects(
         *(network_policy(ns) for ns in run_namespaces),
         admission_policy(namespace),
         admission_policy_binding(),
+        controller_audit_claim(namespace),
         controller_deployment(namespace, image),
         node_agent_daemonset(namespace, image),
     ]

@@ -670,7 +670,10 @@ def test_the_node_agent_alone_gets_the_llm_keys() -> None:
         "name": "state",
         "hostPath": {"path": "/var/lib/agentnode-sandbox", "type": "DirectoryOrCreate"},
     } in (node["volumes"])
-    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["AGENTNODE_RUN_DIR"] == "/var/lib/agentnode-sandbox/run"
+    assert env["AGENTNODE_AUDIT_FILE"].startswith("/var/lib/agentnode-sandbox/")
     assert not node.get("hostNetwork") and not agent["securityContext"]["privileged"]
     controller = by_kind["Deployment"]["spec"]["template"]["spec"]
     assert controller["serviceAccountName"] == CONTROLLER_NAME
