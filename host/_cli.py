@@ -203,12 +203,111 @@ def _follow(text: str) -> None:
     _say(f"| {safe_line(text)}", err=True)
 
 
+KUBERNETES_REFUSED = (
+    ("via", "--via", "it submits to a local `serve` host"),
+    ("follow", "--follow", "a cluster run's output stays in its node agent's log"),
+    *((name, "--" + name.replace("_", "-"), "an AgentRun carries no limit overrides") for name in (
+        "max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens",
+        "max_cost_usd")),
+)  # fmt: skip
+"""`run` options that have no meaning on a cluster: refused with --backend kubernetes (never dropped)."""
+KUBERNETES_ONLY = (("namespace", "--namespace"), ("kubeconfig", "--kubeconfig"), ("context", "--context"),
+                   ("wait_seconds", "--wait-seconds"))  # fmt: skip
+
+
+def _given(value: Any) -> bool:
+    """Whether an option was given: its default is None, False (a flag) or [] (a repeatable one)."""
+    return value is not None and value is not False and value != []
+
+
+def _check_backend(args: argparse.Namespace) -> None:
+    """Refuse the `run` options the chosen backend cannot honour, naming the first one."""
+    if args.backend != "kubernetes":
+        for dest, flag in KUBERNETES_ONLY:
+            if _given(getattr(args, dest)):
+                raise _UsageError(f"{flag} needs --backend kubernetes")
+        return
+    for dest, flag, why in KUBERNETES_REFUSED:
+        if _given(getattr(args, dest)):
+            raise _UsageError(f"{flag} cannot be used with --backend kubernetes ({why})")
+    if args.runtime not in (None, Runtime.RUNSC.value, Runtime.RUNC.value):
+        raise _UsageError(f"--runtime {args.runtime} cannot be used with --backend kubernetes (runsc, runc)")
+    if args.wait_seconds is not None:
+        from host._k8s_client import MAX_WAIT_SECONDS
+
+        if not 0 < args.wait_seconds <= MAX_WAIT_SECONDS:  # NaN fails this too
+            raise _UsageError(f"--wait-seconds must be more than 0 and at most {MAX_WAIT_SECONDS}")
+
+
+def _run_on_kubernetes(args: argparse.Namespace, kwargs: dict[str, Any], caller: Any) -> RunResult:
+    """Submit the run as an AgentRun and wait for its end (host/_k8s_client.py); Ctrl-C deletes it and
+    raises RunCancelled with the cancelled run's object."""
+    from host._k8s_client import (
+        DEFAULT_NAMESPACE,
+        DEFAULT_WAIT_SECONDS,
+        InvalidAgentRun,
+        agentrun_body,
+        agentrun_name,
+        connect,
+        is_dns_label,
+        submit_and_wait,
+    )
+
+    if args.namespace is not None and not is_dns_label(args.namespace):
+        raise _UsageError("--namespace must be a DNS label (1-63 of a-z 0-9 -)")
+    request: dict[str, Any] = dict(slug=args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                                   caller=caller)  # fmt: skip
+    try:  # what the cluster would refuse is a usage error before any connection
+        agentrun_body(agentrun_name(args.slug), args.namespace or DEFAULT_NAMESPACE, **request)
+    except InvalidAgentRun as exc:
+        raise _UsageError(str(exc)) from None
+    if not args.debug:  # the client's retries log each attempt; the error line says how it ended
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    kube, default_namespace = connect(kubeconfig=args.kubeconfig, context=args.context)
+    progress = _progress(args)
+    where = [""]  # the AgentRun's namespace/name once it exists (a DNS label each: safe to show)
+
+    def created(ref: Any) -> None:
+        where[0] = f"{ref.namespace}/{ref.name}"
+
+    try:
+        payload = submit_and_wait(
+            kube, namespace=args.namespace or default_namespace,
+            timeout=args.wait_seconds or DEFAULT_WAIT_SECONDS, on_created=created,
+            on_phase=lambda phase: progress(f"AgentRun {where[0]}: {phase}"), **request,
+        )  # fmt: skip
+    finally:
+        kube.close()
+    return _result_of(payload)
+
+
+def _result_of(payload: Mapping[str, Any]) -> RunResult:
+    """A `run --json` object as the RunResult a local run returns (to_json gives the same object back)."""
+    from host._result import RunResult
+
+    return RunResult(
+        success=payload["success"] is True, result=payload["result"], error=payload["error"] or "",
+        error_code=payload["error_code"] or "", mode_used=payload["mode_used"], run_id=payload["run_id"],
+        timed_out=payload["timed_out"] is True, duration_ms=payload["duration_ms"],
+        hint=payload["hint"] or "", logs=payload["logs"],
+    )  # fmt: skip
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_backend(args)
     kwargs = _parse_args_kv(args.arg or [])
     caller, limits = _caller(args), _limits(args)
     on_log = _follow if args.follow else None
     audit_failures = 0
-    if args.via:
+    exit_code = EXIT_OK
+    if args.backend == "kubernetes":
+        from host._k8s_client import RunCancelled
+
+        try:
+            result = _run_on_kubernetes(args, kwargs, caller)
+        except RunCancelled as cancelled:
+            result, exit_code = _result_of(cancelled.result), EXIT_INTERRUPTED
+    elif args.via:
         from host._client import RunnerClient
         from host._events import RunFinished, RunLog
 
@@ -264,6 +363,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say("warning: the audit record could not be written", err=True)
 
     _emit(args, payload, human)
+    if exit_code == EXIT_INTERRUPTED:
+        return exit_code
     return EXIT_OK if result.success else EXIT_FAILED
 
 
@@ -277,10 +378,25 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SERVE_LOCAL_ONLY = (("socket", "--socket"), ("warm", "--warm"), ("drain_seconds", "--drain-seconds"),
+                    ("metrics", "--metrics"), ("json", "--json"))  # fmt: skip
+"""`serve` options about the local admin socket (and its ready line): refused with --node."""
+DEFAULT_DRAIN_SECONDS = 30.0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.node:
+        for dest, flag in SERVE_LOCAL_ONLY:
+            if _given(getattr(args, dest)):
+                raise _UsageError(f"{flag} cannot be used with --node (the node agent has no admin socket)")
+        from host._k8s_node import serve_node
+
+        return serve_node(os.environ)
+
     from host._config import load_config
     from host._serve import default_admin_socket, parse_address, serve
 
+    drain_seconds = DEFAULT_DRAIN_SECONDS if args.drain_seconds is None else args.drain_seconds
     if args.metrics is not None:
         try:
             parse_address(args.metrics)
@@ -297,9 +413,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics = f", metrics on http://{safe_line(args.metrics)}/metrics" if args.metrics else ""
         _say(f"serving on {safe_line(path)} (warm: {warm}){metrics}; stop with SIGTERM", err=True)
 
-    serve(socket_path, warm=args.warm, ready=ready, drain_seconds=args.drain_seconds,
+    serve(socket_path, warm=args.warm, ready=ready, drain_seconds=drain_seconds,
           metrics_address=args.metrics)  # fmt: skip
     return EXIT_OK
+
+
+def cmd_k8s_controller(args: argparse.Namespace) -> int:
+    from host._k8s_client import is_dns_label
+
+    namespaces = tuple(dict.fromkeys(args.namespace or ()))
+    for namespace in namespaces:
+        if not is_dns_label(namespace):
+            raise _UsageError("--namespace must be a DNS label (1-63 of a-z 0-9 -)")
+    if namespaces and args.all_namespaces:
+        raise _UsageError("--namespace and --all-namespaces cannot be used together")
+    if args.json:
+        raise _UsageError("--json cannot be used with k8s-controller (it prints no JSON: it logs on stderr)")
+    from host._k8s_controller import run_controller
+
+    # Neither option: every namespace, as the deployed controller runs it (no options, a ClusterRole).
+    return run_controller(os.environ, namespaces=namespaces, clusterwide=not namespaces)
 
 
 # -- packs --------------------------------------------------------------------------------------------
@@ -705,6 +838,18 @@ def build_parser() -> argparse.ArgumentParser:
     runtimes = [runtime.value for runtime in Runtime]
     r.add_argument("--runtime", choices=runtimes, help="override agent_sandbox.runtime for this run")
     r.add_argument("--via", metavar="SOCKET", help="submit to a running `serve` host via its admin socket")
+    r.add_argument("--backend", choices=("local", "kubernetes"), default="local",
+                   help="local: run it here (or --via a `serve` host); kubernetes: submit it as an AgentRun "
+                   "to a cluster and wait for its end (docs/kubernetes.md)")  # fmt: skip
+    r.add_argument("--namespace", metavar="NS",
+                   help="(kubernetes) the AgentRun's namespace (default: the context's, else default)")
+    r.add_argument("--kubeconfig", metavar="PATH",
+                   help="(kubernetes) the kubeconfig (default: in a pod its service account, else "
+                   "KUBECONFIG or ~/.kube/config)")  # fmt: skip
+    r.add_argument("--context", metavar="NAME", help="(kubernetes) the kubeconfig context (default: current)")
+    r.add_argument("--wait-seconds", type=float, metavar="N",
+                   help="(kubernetes) wait at most this long, then delete the AgentRun (default 3780: the "
+                   "longest run a host allows, plus its pod's start and a margin)")  # fmt: skip
     r.add_argument("--follow", action="store_true",
                    help="show the agent's output lines on stderr as it writes them (escaped)")
     r.add_argument("--tenant", help="the caller's tenant, recorded in the audit record")
@@ -722,9 +867,19 @@ def build_parser() -> argparse.ArgumentParser:
     sv = command("serve", cmd_serve, "run a long-running host with warm pools on an owner-only admin socket")
     sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")
     sv.add_argument("--warm", action="append", metavar="SLUG", default=[], help="keep a warm pool for SLUG")
-    sv.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, let runs finish this long")
+    sv.add_argument("--drain-seconds", type=float,
+                    help="on SIGTERM, let runs finish this long (default 30)")  # fmt: skip
     sv.add_argument("--metrics", metavar="HOST:PORT",
                     help="serve Prometheus metrics at http://HOST:PORT/metrics (opt-in; :PORT: 127.0.0.1)")
+    sv.add_argument("--node", action="store_true",
+                    help="run the Kubernetes node agent instead (a DaemonSet's command: docs/kubernetes.md); "
+                    "none of the admin socket's options apply")  # fmt: skip
+
+    kc = command("k8s-controller", cmd_k8s_controller,
+                 "run the Kubernetes AgentRun controller (a Deployment's command: docs/kubernetes.md)")
+    kc.add_argument("--namespace", action="append", metavar="NS",
+                    help="watch AgentRuns in NS only (repeatable; default: every namespace)")  # fmt: skip
+    kc.add_argument("--all-namespaces", action="store_true", help="watch AgentRuns in every namespace")
 
     i = command("install", cmd_install, "install an agent pack or toolpack")
     i.add_argument("path")
@@ -859,7 +1014,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s [run %(run_id)s]: %(message)s"))
-    level = logging.DEBUG if args.debug else logging.INFO if args.cmd == "serve" else logging.WARNING
+    long_running = args.cmd in ("serve", "k8s-controller")
+    level = logging.DEBUG if args.debug else logging.INFO if long_running else logging.WARNING
     logging.basicConfig(level=level, handlers=[handler])
     try:
         if args.cmd in ADMIN_COMMANDS and getattr(args, "via", None):

@@ -88,6 +88,13 @@ class KubeApi:
         configuration = k8s_client.Configuration()
         if host:
             configuration.host = host
+        elif kubeconfig:  # named explicitly: it wins over the pod's own service account
+            try:
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=kubeconfig, client_configuration=configuration
+                )
+            except (k8s_config.ConfigException, OSError) as exc:
+                raise KubeError("the kubeconfig cannot be used", status=0) from exc
         else:
             try:
                 k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]

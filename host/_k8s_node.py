@@ -56,6 +56,9 @@ logger = logging.getLogger("agentnode.sandbox.node")
 
 _placement: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("agentnode_pod", default=None)
 WATCH_SECONDS = 60
+RECORD_WAIT_SECONDS = 10.0
+"""How long a pod whose AgentRun has not recorded it yet is waited for (the controller records it right after
+it creates it)."""
 RETRY_SECONDS = 2.0
 
 
@@ -357,12 +360,8 @@ class NodeAgent:
         """Verify who made the pod, run its AgentRun's request in it, report the result, delete the pod."""
         ref = Ref(_meta(pod, "namespace"), _meta(pod, "name"))
         try:
-            owner = controller_owner(pod)
-            agentrun = self.kube.get_agentrun(Ref(ref.namespace, owner["name"])) if owner else None
-            if (
-                owner is None or agentrun is None or _meta(agentrun, "uid") != owner["uid"]
-                or (agentrun.get("status") or {}).get("podUid") != _meta(pod, "uid")
-            ):  # fmt: skip
+            agentrun = self._recorded_run(pod, ref)
+            if agentrun is None:
                 logger.warning("pod %s/%s refused: no AgentRun of ours made it", ref.namespace, ref.name)
                 self.kube.delete_pod(ref, uid=_meta(pod, "uid"))
                 return
@@ -370,6 +369,9 @@ class NodeAgent:
             if (agentrun.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 self.kube.delete_pod(ref, uid=_meta(pod, "uid"))  # already reported (a duplicate event)
                 return
+            # Running before the run's start record: from here its audit record is this node agent's, so
+            # the controller never writes a second one for a pod lost from now on.
+            self.kube.patch_agentrun_status(run_ref, {"phase": "Running"})
             result = self._run(Placement(pod, agentrun), run_ref)
             status = status_for(
                 result, audit_digest=audit_digest(self.host.config.paths.audit_file, result.run_id)
@@ -382,6 +384,25 @@ class NodeAgent:
         finally:
             with contextlib.suppress(KubeError):
                 self.kube.delete_pod(ref, uid=_meta(pod, "uid"))
+
+    def _recorded_run(self, pod: Mapping[str, Any], ref: Ref) -> dict[str, Any] | None:
+        """The AgentRun that controls `pod` and records it as its pod (status.podUid), or None. The
+        controller creates the pod before it records its uid, so a pod seen in between is waited for
+        (RECORD_WAIT_SECONDS) rather than refused; a different uid recorded is a refusal at once."""
+        owner = controller_owner(pod)
+        if owner is None:
+            return None
+        deadline = time.monotonic() + RECORD_WAIT_SECONDS
+        while True:
+            agentrun = self.kube.get_agentrun(Ref(ref.namespace, owner["name"]))
+            if agentrun is None or _meta(agentrun, "uid") != owner["uid"]:
+                return None
+            recorded = (agentrun.get("status") or {}).get("podUid")
+            if recorded == _meta(pod, "uid"):
+                return agentrun
+            if recorded or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
 
     def _run(self, placement: Placement, run_ref: Ref) -> RunResult:
         try:
@@ -407,7 +428,9 @@ class NodeAgent:
         with contextlib.suppress(KubeError):
             if owner is not None:
                 agentrun = self.kube.get_agentrun(Ref(ref.namespace, owner["name"]))
-                if agentrun is not None and _meta(agentrun, "uid") == owner["uid"]:
+                phase = ((agentrun or {}).get("status") or {}).get("phase")
+                ours = agentrun is not None and _meta(agentrun, "uid") == owner["uid"]
+                if ours and phase not in TERMINAL_PHASES:
                     self.kube.patch_agentrun_status(
                         Ref(ref.namespace, owner["name"]), refusal_status(reason, error, hint)
                     )

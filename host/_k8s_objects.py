@@ -229,6 +229,11 @@ def _status_schema() -> dict[str, Any]:
                 "description": "sha256 of the run's audit record line.",
             },
             "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+            "modeUsed": _string(32, r"^[a-z_]{1,32}$"),
+            "resultTruncated": {
+                "type": "boolean",
+                "description": "The result was larger than resultJson may hold, so it is not in the status.",
+            },
         },
     }
 

@@ -17,15 +17,21 @@ from typing import Any
 from host._caller import CallerInfo, InvalidCaller
 from host._errors import AuditReason, ConfigError
 from host._json import JsonRejected, loads_strict
-from host._k8s_objects import API_VERSION, KIND
+from host._k8s_objects import (
+    API_VERSION,
+    KIND,
+    MAX_ERROR_CHARS,
+    MAX_GOAL_CHARS,
+    MAX_HINT_CHARS,
+    MAX_KWARGS_JSON_CHARS,
+    MAX_RESULT_JSON_CHARS,
+)
+from host._manifest import SLUG_RE
 from host._result import RunResult
 from host._vocab import Runtime
 
-MAX_KWARGS_BYTES = 256 * 1024
-"""An AgentRun's kwargsJson, at most (the whole object must stay well under the API server's ~1.5 MiB)."""
-MAX_GOAL_CHARS = 64 * 1024
-MAX_RESULT_JSON_BYTES = 256 * 1024
-"""The result written into status, at most; a larger one is kept out and `resultTruncated` says so."""
+# The bounds are the CRD's (host/_k8s_objects): an object must fit the API server's ~1.5 MiB, and a status
+# patch the schema refuses would lose the whole result.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -55,18 +61,18 @@ def run_request(agentrun: Mapping[str, Any]) -> RunRequest:
     if not isinstance(spec, dict):
         raise _invalid("spec must be an object")
     slug = spec.get("slug")
-    if not isinstance(slug, str) or not slug or len(slug) > 100:
+    if not isinstance(slug, str) or not SLUG_RE.fullmatch(slug):
         raise _invalid("spec.slug must be a pack slug")
     goal = spec.get("goal")
     if goal is not None and (not isinstance(goal, str) or len(goal) > MAX_GOAL_CHARS):
         raise _invalid(f"spec.goal must be text of at most {MAX_GOAL_CHARS} characters")
     raw = spec.get("kwargsJson") or ""
-    if not isinstance(raw, str) or len(raw.encode()) > MAX_KWARGS_BYTES:
-        raise _invalid(f"spec.kwargsJson must be JSON text of at most {MAX_KWARGS_BYTES} bytes")
+    if not isinstance(raw, str) or len(raw) > MAX_KWARGS_JSON_CHARS:
+        raise _invalid(f"spec.kwargsJson must be JSON text of at most {MAX_KWARGS_JSON_CHARS} characters")
     kwargs: Any = {}
     if raw:
         try:
-            kwargs = loads_strict(raw, max_bytes=MAX_KWARGS_BYTES)
+            kwargs = loads_strict(raw, max_bytes=4 * MAX_KWARGS_JSON_CHARS)
         except JsonRejected:
             kwargs = None
         if not isinstance(kwargs, dict):
@@ -104,49 +110,71 @@ def status_for(result: RunResult, *, audit_digest: str) -> dict[str, Any]:
         "runId": result.run_id,
         "success": result.success,
         "errorCode": result.error_code or None,
-        "error": result.error or None,
-        "hint": result.hint or None,
+        "error": _clip(result.error, MAX_ERROR_CHARS),
+        "hint": _clip(result.hint, MAX_HINT_CHARS),
         "timedOut": result.timed_out,
         "durationMs": result.duration_ms,
-        "modeUsed": result.mode_used,
+        "modeUsed": result.mode_used or None,
         "auditDigest": audit_digest or None,
         "resultJson": None,
         "resultTruncated": None,
     }
     if result.result is not None:
         text = json.dumps(result.result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        if len(text.encode()) <= MAX_RESULT_JSON_BYTES:
+        if len(text) <= MAX_RESULT_JSON_CHARS:
             status["resultJson"] = text
         else:
             status["resultTruncated"] = True
     return status
 
 
+def _clip(text: str, limit: int) -> str | None:
+    """Status text within its schema bound (a longer one would make the whole status patch fail)."""
+    if not text:
+        return None
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def refusal_status(reason: AuditReason, error: str, hint: str) -> dict[str, Any]:
     """The status of a run that never started (fixed wording only)."""
-    return {"phase": "Failed", "success": False, "errorCode": reason.value, "error": error, "hint": hint}
+    return {
+        "phase": "Failed",
+        "success": False,
+        "errorCode": reason.value,
+        "error": _clip(error, MAX_ERROR_CHARS),
+        "hint": _clip(hint, MAX_HINT_CHARS),
+    }
+
+
+RESULT_DEPTH = 512
+"""How deep a result read back from a status may nest: as deep as a local run's (host/_cli.RESULT_DEPTH)."""
 
 
 def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
-    """A finished AgentRun's status in the `run --json` contract (host/_result.RunResult.to_json)."""
-    status = agentrun.get("status") or {}
+    """A finished AgentRun's status in the `run --json` contract (host/_result.RunResult.to_json); a field
+    of the wrong type reads as absent (the status is written by our node agent, but read as input)."""
+    status = agentrun.get("status")
+    status = status if isinstance(status, dict) else {}
     raw = status.get("resultJson")
     value: Any = None
     if isinstance(raw, str) and raw:
         try:
-            value = loads_strict(raw, max_bytes=MAX_RESULT_JSON_BYTES)
+            value = loads_strict(raw, max_bytes=4 * MAX_RESULT_JSON_CHARS, max_depth=RESULT_DEPTH)
         except JsonRejected:
             value = None
+    duration = status.get("durationMs")
+    text = {k: status.get(k) if isinstance(status.get(k), str) else None
+            for k in ("error", "errorCode", "modeUsed", "runId", "hint")}  # fmt: skip
     return {
         "success": status.get("success") is True,
         "result": value,
-        "error": status.get("error") or None,
-        "error_code": status.get("errorCode") or None,
-        "mode_used": status.get("modeUsed") or "sandbox",
-        "run_id": status.get("runId") or "",
+        "error": text["error"] or None,
+        "error_code": text["errorCode"] or None,
+        "mode_used": text["modeUsed"] or "",
+        "run_id": text["runId"] or "",
         "timed_out": status.get("timedOut") is True,
-        "duration_ms": int(status.get("durationMs") or 0),
-        "hint": status.get("hint") or None,
+        "duration_ms": duration if isinstance(duration, int) and not isinstance(duration, bool) else 0,
+        "hint": text["hint"] or None,
         "logs": "",
     }
 
@@ -171,7 +199,6 @@ def audit_digest(audit_file: Path, run_id: str, *, window: int = 1024 * 1024) ->
 
 
 __all__ = [
-    "MAX_KWARGS_BYTES",
     "TERMINAL_PHASES",
     "RunRequest",
     "audit_digest",

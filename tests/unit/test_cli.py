@@ -127,6 +127,29 @@ def doctor_rows(proc: Any) -> dict[str, dict[str, Any]]:
         ("image",),
         ("image", "pull"),
         ("policy", "explain"),
+        ("run", "x", "--backend", "cloud"),
+        ("run", "x", "--namespace", "team-a"),
+        ("run", "x", "--kubeconfig", "/dev/null"),
+        ("run", "x", "--context", "prod"),
+        ("run", "x", "--wait-seconds", "10"),
+        ("run", "x", "--backend", "kubernetes", "--via", "/tmp/admin.sock"),
+        ("run", "x", "--backend", "kubernetes", "--follow"),
+        ("run", "x", "--backend", "kubernetes", "--max-tool-calls", "0"),
+        ("run", "x", "--backend", "kubernetes", "--max-cost-usd", "1"),
+        ("run", "x", "--backend", "kubernetes", "--runtime", "crun"),
+        ("run", "x", "--backend", "kubernetes", "--wait-seconds", "0"),
+        ("run", "x", "--backend", "kubernetes", "--wait-seconds", "nan"),
+        ("run", "x", "--backend", "kubernetes", "--namespace", "Team_A"),
+        ("run", "Not_A_Slug", "--backend", "kubernetes"),
+        ("run", "x", "--backend", "kubernetes", "--goal", "g" * 20_000),
+        ("serve", "--node"),  # with --json: the node agent prints no ready line
+        ("serve", "--node", "--socket", "/tmp/admin.sock"),
+        ("serve", "--node", "--warm", "x"),
+        ("serve", "--node", "--drain-seconds", "0"),
+        ("serve", "--node", "--metrics", ":9100"),
+        ("k8s-controller", "--namespace", "a", "--all-namespaces"),
+        ("k8s-controller", "--namespace", "Not_A_Namespace"),
+        ("k8s-controller",),  # with --json: the controller prints no JSON
     ],
 )
 def test_usage_errors_exit_2_with_error_and_hint_and_no_stdout(
@@ -136,6 +159,25 @@ def test_usage_errors_exit_2_with_error_and_hint_and_no_stdout(
     proc = cli(env, *args, "--json") if takes_json else cli(env, *args)
     assert_error_lines(proc, 2)
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("run", "x", "--namespace", "a"), "--namespace needs --backend kubernetes"),
+        (("run", "x", "--backend", "kubernetes", "--follow"), "--follow cannot be used with --backend"),
+        (("run", "x", "--backend", "kubernetes", "--max-runtime-seconds", "5"), "--max-runtime-seconds"),
+        (("run", "x", "--backend", "kubernetes", "--via", "s"), "--via cannot be used with --backend"),
+        (("run", "x", "--backend", "kubernetes", "--runtime", "crun"), "--runtime crun cannot be used"),
+        (("serve", "--node", "--socket", "s"), "--socket cannot be used with --node"),
+        (("serve", "--node", "--warm", "x"), "--warm cannot be used with --node"),
+        (("k8s-controller", "--namespace", "a", "--all-namespaces"), "--namespace and --all-namespaces"),
+    ],
+)
+def test_kubernetes_refusals_name_the_flag(env: dict[str, str], args: tuple[str, ...], flag: str) -> None:
+    proc = cli(env, *args)
+    assert_error_lines(proc, 2)
+    assert proc.stderr.startswith(f"error: {flag}"), proc.stderr
 
 
 def test_help_exits_0_and_names_every_command(env: dict[str, str]) -> None:

@@ -151,7 +151,7 @@ def test_the_crd_has_the_contract_names() -> None:
     status = root["properties"]["status"]["properties"]
     assert set(status) == {
         "phase", "runId", "podName", "podUid", "success", "resultJson", "errorCode", "error", "hint",
-        "timedOut", "durationMs", "auditDigest", "observedGeneration",
+        "timedOut", "durationMs", "auditDigest", "observedGeneration", "modeUsed", "resultTruncated",
     }  # fmt: skip
     assert status["phase"]["enum"] == ["Pending", "Scheduled", "Running", "Succeeded", "Failed"]
     assert all("maxLength" in s for s in status.values() if s["type"] == "string" and "enum" not in s)

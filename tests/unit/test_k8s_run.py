@@ -11,9 +11,8 @@ import pytest
 
 from host._audit import AuditLog, run_record
 from host._errors import AuditReason, ConfigError
-from host._k8s_objects import API_VERSION, KIND
+from host._k8s_objects import API_VERSION, KIND, MAX_ERROR_CHARS, MAX_KWARGS_JSON_CHARS
 from host._k8s_run import (
-    MAX_KWARGS_BYTES,
     audit_digest,
     controller_owner,
     result_json,
@@ -50,7 +49,9 @@ SECRET = "sk-live-do-not-echo"
         ({"kwargsJson": "[1, 2]"}, "spec.kwargsJson"),
         ({"kwargsJson": '{"n": NaN}'}, "spec.kwargsJson"),
         ({"kwargsJson": "{" * 5000 + "}" * 5000}, "spec.kwargsJson"),
-        ({"kwargsJson": json.dumps({"k": "v" * MAX_KWARGS_BYTES})}, "spec.kwargsJson"),
+        ({"kwargsJson": json.dumps({"k": "v" * MAX_KWARGS_JSON_CHARS})}, "spec.kwargsJson"),
+        ({"slug": "Hello Agent"}, "spec.slug"),
+        ({"slug": "../etc"}, "spec.slug"),
         ({"kwargsJson": f'{{"key": "{SECRET}"'}, "spec.kwargsJson"),
         ({"runtime": "kata"}, "spec.runtime"),
         ({"caller": {"tenant": SECRET + "!"}}, "spec.caller"),
@@ -86,8 +87,14 @@ def test_the_status_round_trips_to_the_json_contract() -> None:
 
 
 def test_a_huge_result_stays_out_of_the_status_and_says_so() -> None:
-    status = status_for(RunResult(True, result={"x": "y" * 300_000}, run_id="a"), audit_digest="")
+    status = status_for(RunResult(True, result={"x": "y" * 200_000}, run_id="a"), audit_digest="")
     assert status["resultJson"] is None and status["resultTruncated"] is True
+
+
+def test_status_text_stays_within_the_schema() -> None:
+    status = status_for(RunResult(False, error="e" * 5000, hint="h" * 5000, run_id="a"), audit_digest="")
+    assert len(status["error"]) == MAX_ERROR_CHARS and status["error"].endswith("…")
+    assert len(status["hint"]) <= MAX_ERROR_CHARS
 
 
 def test_a_failed_run_reads_as_failed() -> None:
@@ -110,3 +117,22 @@ def test_the_audit_digest_is_the_chain_link_of_the_runs_record(tmp_path: Path) -
     assert digest == hashlib.sha256(lines[0]).hexdigest() == json.loads(lines[1])["prev"]
     assert audit_digest(tmp_path / "audit.jsonl", "absent") == ""
     assert audit_digest(tmp_path / "missing.jsonl", "first") == ""
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        RunResult(True, result={"n": 1}, run_id="ab" * 16, duration_ms=5, mode_used="sandbox"),
+        RunResult(True, result={"x": "é" * 100_000}, run_id="ab" * 16),  # over the bound: kept out
+        RunResult(False, error="e" * 9000, error_code="agent_error", hint="h" * 9000, run_id="ab" * 16),
+    ],
+)
+def test_every_status_the_node_agent_writes_fits_the_crd(result: RunResult) -> None:
+    """A status the schema refuses would lose the whole result (the API server rejects the patch)."""
+    import jsonschema
+
+    from host._k8s_objects import agentrun_crd
+
+    schema = agentrun_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    status = {k: v for k, v in status_for(result, audit_digest="d" * 64).items() if v is not None}
+    jsonschema.validate(status, schema)
