@@ -703,6 +703,9 @@ def controller_cluster_role() -> dict[str, Any]:
         "rules": [
             _rule([GROUP], [PLURAL], ["get", "list", "watch", "patch"]),
             _rule([GROUP], [f"{PLURAL}/status"], ["get", "patch", "update"]),
+            # a pod whose owner reference blocks the owner's deletion needs this where the API server
+            # enforces owner-reference permissions (OwnerReferencesPermissionEnforcement, e.g. OpenShift)
+            _rule([GROUP], [f"{PLURAL}/finalizers"], ["update"]),
             _rule([""], ["pods"], ["create", "get", "list", "watch", "delete"]),
             _rule([""], ["events"], ["create", "patch"]),
             _rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"]),
