@@ -28,6 +28,9 @@ MAX_OBJECT_BYTES = 4 * 1024 * 1024
 """The most one response or one watch event may hold (the API server itself stores at most ~1.5 MiB)."""
 REQUEST_TIMEOUT = 30.0
 MERGE_PATCH = "application/merge-patch+json"
+LIST_PAGE = 100
+"""Pods per list page (an object may be ~1.5 MiB; a page of small run pods stays far below the cap)."""
+MAX_LIST_PAGES = 1000
 
 
 class KubeError(EngineError):
@@ -226,12 +229,19 @@ class KubeApi:
 
     def list_pods(self, *, label_selector: str, field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
         """Pods of every namespace matching the selectors, and the list's resourceVersion (to watch from)."""
-        query = {"labelSelector": label_selector}
+        query = {"labelSelector": label_selector, "limit": str(LIST_PAGE)}
         if field_selector:
             query["fieldSelector"] = field_selector
-        listed = self._json("GET", "/api/v1/pods", query=query)
-        items = [i for i in listed.get("items") or [] if isinstance(i, dict)]
-        return items, str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        items: list[dict[str, Any]] = []
+        for _ in range(MAX_LIST_PAGES):  # pages: one answer stays within MAX_OBJECT_BYTES however many pods
+            listed = self._json("GET", "/api/v1/pods", query=query)
+            items += [i for i in listed.get("items") or [] if isinstance(i, dict)]
+            meta = listed.get("metadata") or {}
+            token = meta.get("continue") if isinstance(meta, dict) else None
+            if not isinstance(token, str) or not token:
+                return items, str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+            query = {**query, "continue": token}
+        raise KubeError("the pod list has more pages than a node agent reads", status=0)
 
     def watch_pods(
         self, *, label_selector: str, field_selector: str, resource_version: str, timeout_seconds: int = 300

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -56,6 +58,8 @@ logger = logging.getLogger("agentnode.sandbox.node")
 
 _placement: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("agentnode_pod", default=None)
 WATCH_SECONDS = 60
+MAX_PODS_IN_FLIGHT = 64
+"""Run pods a node agent verifies and serves at once (one thread each); more wait their turn."""
 RECORD_WAIT_SECONDS = 10.0
 """How long a pod whose AgentRun has not recorded it yet is waited for (the controller records it right after
 it creates it)."""
@@ -94,7 +98,7 @@ class PackStore:
 
     def __init__(self, root: Path = Path(PACK_HOST_DIR)) -> None:
         self.root = root
-        self._verified: dict[str, tuple[int, int]] = {}
+        self._verified: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def verify(self, entry: LockEntry) -> None:
@@ -108,12 +112,11 @@ class PackStore:
             )
         path = self.root / digest
         try:
-            st = path.stat()
-            stamp = (st.st_ino, st.st_mtime_ns)
+            stamp = _tree_stamp(path)
             with self._lock:
                 if self._verified.get(digest) == stamp:
                     return
-            ok = artifact_hash(path) == entry.artifact_hash
+            ok = stamp != "" and artifact_hash(path) == entry.artifact_hash and _tree_stamp(path) == stamp
         except (OSError, SandboxError):
             ok = False
         if not ok:
@@ -125,6 +128,34 @@ class PackStore:
             )
         with self._lock:
             self._verified[digest] = stamp
+
+
+_UNHASHED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".venv", "node_modules", ".mypy_cache",
+                            ".pytest_cache"})  # fmt: skip
+"""What `artifact_hash` passes over as build debris (host/_packs._SKIP_DIRS): on a node it would be mounted
+into the pod unverified (a .pyc runs), so a tree holding any of it is refused."""
+
+
+def _tree_stamp(root: Path) -> str:
+    """A fingerprint of every entry under `root` (path, inode, mode, size, times), or "" when the tree holds
+    what its hash does not cover (unhashed debris, links, devices) or what others could change (an entry
+    not root's, or writable by group or others). Verification is redone whenever it changes."""
+    paths = [str(root)]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        paths += [os.path.join(dirpath, name) for name in sorted([*dirnames, *filenames])]
+    h = hashlib.sha256()
+    for full in paths:
+        st = os.lstat(full)
+        name = os.path.basename(full)
+        debris = name in _UNHASHED_DIRS or name.endswith((".pyc", ".pyo", ".egg-info"))
+        unhashed = full != str(root) and debris
+        plain = stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
+        if unhashed or not plain or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return ""
+        line = f"{os.path.relpath(full, root)}\0{st.st_ino}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}"
+        h.update(f"{line}\0{st.st_ctime_ns}\n".encode(errors="surrogateescape"))
+    return h.hexdigest()
 
 
 @dataclass(kw_only=True)
@@ -283,6 +314,7 @@ class NodeAgent:
         self.host, self.kube, self.backend, self.node = host, kube, backend, node
         self.handled: set[str] = set()
         self.threads: list[threading.Thread] = []
+        self.slots = threading.BoundedSemaphore(MAX_PODS_IN_FLIGHT)
         self._lock = threading.Lock()
         self.selector = f"{LABEL_ROLE}={ROLE_AGENT_RUN}"
         self.field_selector = f"spec.nodeName={node}"
@@ -326,7 +358,9 @@ class NodeAgent:
         (its socket directory is still there) fails as `host_lost`, audited once by the startup sweep."""
         pods, _ = self.kube.list_pods(label_selector=self.selector, field_selector=self.field_selector)
         root = run_root(self.backend.env)
-        lost = [p for p in pods if _meta(p, "uid") and (root / f"{RUN_DIR_PREFIX}{_meta(p, 'uid')}").exists()]
+        # The kubelet makes every started pod's directory; one holding our owner record was being served.
+        lost = [p for p in pods if _meta(p, "uid")
+                and RunDir(root / f"{RUN_DIR_PREFIX}{_meta(p, 'uid')}").owner_file.exists()]  # fmt: skip
         self.host.startup_sweep()  # audits the runs whose owner died and removes their directories
         for pod in lost:
             with self._lock:
@@ -350,11 +384,17 @@ class NodeAgent:
                 and ((pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
             ):
                 self.handled.add(uid)
-                thread = threading.Thread(target=self.serve, args=(pod,), daemon=True, name=f"pod-{uid[:8]}")
+                thread = threading.Thread(target=self._serve_in_slot, args=(pod,), daemon=True,
+                                          name=f"pod-{uid[:8]}")  # fmt: skip
+                self.threads = [t for t in self.threads if t.is_alive()]
                 self.threads.append(thread)
                 thread.start()
                 return
         self.backend.pod_event(kind, pod)
+
+    def _serve_in_slot(self, pod: Mapping[str, Any]) -> None:
+        with self.slots:  # at most MAX_PODS_IN_FLIGHT at once: a flood of pods waits, it does not pile up
+            self.serve(pod)
 
     def serve(self, pod: Mapping[str, Any]) -> None:
         """Verify who made the pod, run its AgentRun's request in it, report the result, delete the pod."""
@@ -397,10 +437,11 @@ class NodeAgent:
             agentrun = self.kube.get_agentrun(Ref(ref.namespace, owner["name"]))
             if agentrun is None or _meta(agentrun, "uid") != owner["uid"]:
                 return None
-            recorded = (agentrun.get("status") or {}).get("podUid")
+            status = agentrun.get("status") or {}
+            recorded = status.get("podUid")
             if recorded == _meta(pod, "uid"):
                 return agentrun
-            if recorded or time.monotonic() > deadline:
+            if recorded or status.get("phase") not in (None, "Pending") or time.monotonic() > deadline:
                 return None
             time.sleep(0.2)
 

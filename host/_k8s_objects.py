@@ -622,12 +622,11 @@ def pod_mismatches(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> li
     out += [f"metadata.labels[{key}]" for key, value in e_labels.items() if a_labels.get(key) != value]
     if any(key not in e_labels for key in a_labels):
         out.append("metadata.labels[+extra]")
-    a_notes = _map(a_meta.get("annotations"))
-    out += [
-        f"metadata.annotations[{k}]"
-        for k, v in _map(e_meta.get("annotations")).items()
-        if a_notes.get(k) != v
-    ]
+    e_notes, a_notes = _map(e_meta.get("annotations")), _map(a_meta.get("annotations"))
+    out += [f"metadata.annotations[{k}]" for k, v in e_notes.items() if a_notes.get(k) != v]
+    if any(key not in e_notes for key in a_notes):
+        # a runtime may read annotations when it makes the sandbox (gVisor flag overrides, AppArmor, CRI-O)
+        out.append("metadata.annotations[+extra]")
 
     e_spec, a_spec = _map(expected.get("spec")), _map(actual.get("spec"))
     for key, want in e_spec.items():
@@ -777,7 +776,9 @@ def controller_audit_claim(namespace: str = NAMESPACE) -> dict[str, Any]:
     }
 
 
-def controller_deployment(namespace: str = NAMESPACE, image: str = HOST_IMAGE) -> dict[str, Any]:
+def controller_deployment(
+    namespace: str = NAMESPACE, image: str = HOST_IMAGE, *, run_namespaces: Sequence[str] = ("default",)
+) -> dict[str, Any]:
     """The controller: restricted like any workload; it keeps its service account token (it calls the API).
     One replica, replaced not rolled: two controllers would race to create the same pods."""
     mounts, volumes = _config_volumes()
@@ -801,7 +802,12 @@ def controller_deployment(namespace: str = NAMESPACE, image: str = HOST_IMAGE) -
                             "name": "controller",
                             "image": image,
                             "imagePullPolicy": "IfNotPresent",
-                            "command": ["agentnode-sandbox", "k8s-controller"],
+                            # only the namespaces that hold the deny-all NetworkPolicy: an AgentRun anywhere
+                            # else is never admitted, so no run pod exists where egress is open
+                            "command": [
+                                "agentnode-sandbox", "k8s-controller",
+                                *(arg for ns in run_namespaces for arg in ("--namespace", ns)),
+                            ],
                             "env": [
                                 *_config_env(),
                                 {"name": "AGENTNODE_AUDIT_FILE", "value": CONTROLLER_AUDIT_FILE},
@@ -829,11 +835,12 @@ def node_agent_daemonset(namespace: str = NAMESPACE, image: str = HOST_IMAGE) ->
     only component that calls an LLM provider (the keys come from the Secret, which may be absent)."""
     mounts, volumes = _config_volumes()
     # Root, because it makes the run sockets and pack directories on the node, root-owned as the contract
-    # says (docs/kubernetes.md), under a root-owned hostPath; with one capability, CHOWN, to hand each run's
-    # socket directory to the sandbox uid (65532) and no one else. It never escalates (no privilege
-    # escalation, read-only root).
+    # says (docs/kubernetes.md), under a root-owned hostPath; with CHOWN and FOWNER to hand each run's socket
+    # directory to the sandbox uid (65532) and no one else, and DAC_OVERRIDE to remove it afterwards and to
+    # read and verify packs whatever their modes. It never escalates (no privilege escalation, read-only
+    # root).
     security = {**_restricted_container_security(uid=0, gid=0), "runAsNonRoot": False}
-    security["capabilities"] = {"drop": ["ALL"], "add": ["CHOWN"]}
+    security["capabilities"] = {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -907,6 +914,15 @@ def _validation(expression: str, message: str) -> dict[str, Any]:
     return {"expression": expression, "message": message, "reason": "Forbidden"}
 
 
+def _same_meta(field: str) -> str:
+    """CEL: an UPDATE leaves metadata.<field> as it was (absent counts as empty)."""
+    empty = "[]" if field == "ownerReferences" else "{}"
+    return (
+        f"(has(object.metadata.{field}) ? object.metadata.{field} : {empty}) == "
+        f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {empty})"
+    )
+
+
 def admission_validations(
     namespace: str = NAMESPACE, *, runtime_class: str = RUNTIME_CLASS
 ) -> list[dict[str, Any]]:
@@ -918,9 +934,11 @@ def admission_validations(
     creator = controller_username(namespace)
     return [
         _validation(
-            f"(request.operation == 'UPDATE' && object.spec == oldObject.spec) || "
+            f"(request.operation == 'UPDATE' && object.spec == oldObject.spec && "
+            f"{_same_meta('labels')} && {_same_meta('annotations')} && {_same_meta('ownerReferences')}) || "
             f"request.userInfo.username == '{creator}'",
-            "only the agentnode-sandbox controller creates or changes a run pod",
+            "only the agentnode-sandbox controller creates or changes a run pod (its spec, labels, "
+            "annotations or owner)",
         ),
         _validation(
             f"has(object.spec.runtimeClassName) && object.spec.runtimeClassName == '{runtime_class}'",
@@ -1032,7 +1050,8 @@ def admission_policy(namespace: str = NAMESPACE, *, runtime_class: str = RUNTIME
                         "apiGroups": [""],
                         "apiVersions": ["v1"],
                         "operations": ["CREATE", "UPDATE"],
-                        "resources": ["pods", "pods/ephemeralcontainers"],
+                        # resize: on 1.33+ a pod's resources change through it, after the node agent's check
+                        "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"],
                     }
                 ],
                 "objectSelector": {"matchLabels": {LABEL_ROLE: ROLE_AGENT_RUN}},
@@ -1083,7 +1102,7 @@ def deploy_objects(
         admission_policy(namespace),
         admission_policy_binding(),
         controller_audit_claim(namespace),
-        controller_deployment(namespace, image),
+        controller_deployment(namespace, image, run_namespaces=run_namespaces),
         node_agent_daemonset(namespace, image),
     ]
 

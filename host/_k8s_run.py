@@ -28,6 +28,7 @@ from host._k8s_objects import (
 )
 from host._manifest import SLUG_RE
 from host._result import RunResult
+from host._terminal import safe_line
 from host._vocab import Runtime
 
 # The bounds are the CRD's (host/_k8s_objects): an object must fit the API server's ~1.5 MiB, and a status
@@ -110,7 +111,8 @@ def status_for(result: RunResult, *, audit_digest: str) -> dict[str, Any]:
         "runId": result.run_id,
         "success": result.success,
         "errorCode": result.error_code or None,
-        "error": _clip(result.error, MAX_ERROR_CHARS),
+        # the agent's own failure message can be part of it: no control character reaches kubectl's output
+        "error": _clip(safe_line(result.error, limit=None), MAX_ERROR_CHARS),
         "hint": _clip(result.hint, MAX_HINT_CHARS),
         "timedOut": result.timed_out,
         "durationMs": result.duration_ms,

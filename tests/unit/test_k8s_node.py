@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from host._admission import admit
 from host._engine import owner_token
+from host._errors import AuditReason, EngineError
 from host._k8s_api import KubeApi
 from host._k8s_node import PackStore, serve_node
 from host._k8s_pod import pod_for
@@ -232,3 +234,40 @@ def test_no_node_name_fails_with_one_line(cluster: Cluster, capsys: pytest.Captu
     assert serve_node(env, stop=threading.Event(), kube=KubeApi(cluster.api.api_client())) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: NODE_NAME is not set") and "node-agent.yaml" in err
+
+
+@pytest.mark.parametrize("spoil", ["pycache", "pyc", "group-writable", "symlink", "not-root"])
+def test_a_pack_tree_with_what_its_hash_does_not_cover_is_refused(cluster: Cluster, spoil: str) -> None:
+    """The pod mounts the whole directory: debris the hash skips (a .pyc runs), a link, or a file someone
+    else could rewrite after the check is never served."""
+    entry = cluster.install("hello-k8s", HELLO)
+    tree = cluster.packs_root / entry.volume_digest
+    store = PackStore(cluster.packs_root)
+    store.verify(entry)  # the clean tree passes
+    if spoil == "pycache":
+        (tree / "__pycache__").mkdir()
+        (tree / "__pycache__" / "agent.cpython-311.pyc").write_bytes(b"\0" * 16)
+    elif spoil == "pyc":
+        (tree / "helper.pyc").write_bytes(b"\0" * 16)
+    elif spoil == "group-writable":
+        (tree / "agent.py").chmod(0o664)
+    elif spoil == "symlink":
+        (tree / "link.py").symlink_to("/etc/hostname")
+    else:
+        os.chown(tree / "agent.py", 65532, 65532)
+    with pytest.raises(EngineError) as info:
+        store.verify(entry)
+    assert info.value.reason is AuditReason.VOLUME_STALE and str(tree) in info.value.hint
+
+
+def test_a_restart_serves_pods_the_kubelet_started_but_no_agent_served(cluster: Cluster) -> None:
+    """The kubelet makes every started pod's directory: only one holding a node agent's records was lost."""
+    entry = cluster.install("hello-k8s", HELLO)
+    pod = cluster.place(cluster.submit("hello-k8s", "fresh"))
+    (cluster.run_root / f"run-{pod['metadata']['uid']}").mkdir(mode=0o750)  # as the kubelet leaves it
+    cluster.start_kubelet(pod, entry)
+    agent = Agent(cluster)
+    try:
+        assert ended(cluster, "fresh")["phase"] == "Succeeded"
+    finally:
+        agent.close()

@@ -474,7 +474,6 @@ def as_served(pod: dict[str, Any]) -> dict[str, Any]:
         "creationTimestamp": "2030-01-01T00:00:00Z",
         "managedFields": [{"manager": "kopf", "operation": "Update"}],
     }
-    live["metadata"]["annotations"]["kopf.zalando.org/last-handled-configuration"] = "{}"
     spec = live["spec"]
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
         del spec[flag]
@@ -581,6 +580,9 @@ ATTACKS: list[tuple[str, Attack, str]] = [
      lambda p: p["metadata"]["annotations"].update({"sandbox.agentnode.net/pids-limit": EVIL}),
      "metadata.annotations[sandbox.agentnode.net/pids-limit]"),
     ("other-namespace", lambda p: p["metadata"].update(namespace=EVIL.lower()), "metadata.namespace"),
+    ("runtime-annotation",
+     lambda p: p["metadata"]["annotations"].update({"dev.gvisor.flag.network": EVIL}),
+     "metadata.annotations[+extra]"),
 ]  # fmt: skip
 
 
@@ -670,14 +672,18 @@ def test_the_node_agent_alone_gets_the_llm_keys() -> None:
         "name": "state",
         "hostPath": {"path": "/var/lib/agentnode-sandbox", "type": "DirectoryOrCreate"},
     } in (node["volumes"])
-    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    caps = {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}
+    assert agent["securityContext"]["capabilities"] == caps
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["AGENTNODE_RUN_DIR"] == "/var/lib/agentnode-sandbox/run"
     assert env["AGENTNODE_AUDIT_FILE"].startswith("/var/lib/agentnode-sandbox/")
     assert not node.get("hostNetwork") and not agent["securityContext"]["privileged"]
     controller = by_kind["Deployment"]["spec"]["template"]["spec"]
     assert controller["serviceAccountName"] == CONTROLLER_NAME
-    assert controller["containers"][0]["command"] == ["agentnode-sandbox", "k8s-controller"]
+    command = controller["containers"][0]["command"]
+    assert command == ["agentnode-sandbox", "k8s-controller", "--namespace", "default"]
+    policed = [o["metadata"]["namespace"] for o in deploy_objects() if o["kind"] == "NetworkPolicy"]
+    assert command[3::2] == policed  # the controller admits runs only where the deny-all policy is
     assert "envFrom" not in controller["containers"][0]
 
 
@@ -692,6 +698,9 @@ def test_run_pods_get_no_traffic() -> None:
 CONTROLLER_USER = "system:serviceaccount:agentnode-system:agentnode-sandbox-controller"
 REFUSED = {
     "creator": f"request.userInfo.username == '{CONTROLLER_USER}'",
+    "creator.labels": "== (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})",
+    "creator.annotations": "== (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {})",
+    "creator.owner": "== (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])",
     "runtimeClassName": "object.spec.runtimeClassName == 'gvisor'",
     "automountServiceAccountToken": "object.spec.automountServiceAccountToken == false",
     "hostNetwork": "object.spec.hostNetwork == false",
@@ -726,7 +735,7 @@ def test_the_admission_policy_matches_run_pods_and_denies() -> None:
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"] == {
         "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                           "resources": ["pods", "pods/ephemeralcontainers"]}],
+                           "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"]}],
         "objectSelector": {"matchLabels": {LABEL_ROLE: ROLE_AGENT_RUN}},
     }  # fmt: skip
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
