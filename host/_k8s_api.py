@@ -51,6 +51,16 @@ class WatchExpired(KubeError):
     """410 Gone: the watch's resourceVersion is too old; list again."""
 
 
+def unusable_configuration(exc: BaseException) -> KubeError:
+    """No cluster configuration works: the error names only the exception's type (a kubeconfig is the
+    user's file) and says where to look."""
+    error = KubeError(f"no usable Kubernetes cluster configuration ({type(exc).__name__})", status=0)
+    error.hint = (
+        "check --kubeconfig (or KUBECONFIG, ~/.kube/config) and --context: kubectl config view --minify"
+    )
+    return error
+
+
 @dataclass(frozen=True)
 class Ref:
     """A namespaced object's address."""
@@ -74,6 +84,8 @@ class KubeApi:
 
     def __init__(self, api_client: k8s_client.ApiClient) -> None:
         self.api = api_client
+        self.in_cluster = False
+        """Connected with the pod's own service account (KubeApi.connect)."""
         self._watches: set[Any] = set()
         self._watch_lock = threading.Lock()
 
@@ -86,29 +98,31 @@ class KubeApi:
                 raw.shutdown()
 
     @classmethod
-    def connect(cls, *, host: str | None = None, kubeconfig: str | None = None) -> KubeApi:
-        """In a pod: its service account; else a kubeconfig (KUBECONFIG or ~/.kube/config); or `host`."""
+    def connect(
+        cls, *, host: str | None = None, kubeconfig: str | None = None, context: str | None = None
+    ) -> KubeApi:
+        """`host` as given; a kubeconfig or context named explicitly, as given; otherwise the pod's service
+        account when running in one, else KUBECONFIG or ~/.kube/config (as kubectl). `in_cluster` says
+        which. Raises KubeError when none works."""
         configuration = k8s_client.Configuration()
-        if host:
-            configuration.host = host
-        elif kubeconfig:  # named explicitly: it wins over the pod's own service account
-            try:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=kubeconfig, client_configuration=configuration
-                )
-            except (k8s_config.ConfigException, OSError) as exc:
-                raise KubeError("the kubeconfig cannot be used", status=0) from exc
-        else:
-            try:
-                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            except k8s_config.ConfigException:
-                try:
+        in_cluster = False
+        try:
+            if host:
+                configuration.host = host
+            else:
+                if kubeconfig is None and context is None:
+                    with contextlib.suppress(k8s_config.ConfigException):  # not in a pod: a kubeconfig
+                        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+                        in_cluster = True
+                if not in_cluster:
                     k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                        config_file=kubeconfig, client_configuration=configuration
+                        config_file=kubeconfig, context=context, client_configuration=configuration
                     )
-                except (k8s_config.ConfigException, OSError) as exc:
-                    raise KubeError("no Kubernetes cluster is configured", status=0) from exc
-        return cls(k8s_client.ApiClient(configuration))
+        except Exception as exc:  # noqa: BLE001 (a kubeconfig is user input: any failure is "not usable")
+            raise unusable_configuration(exc) from None
+        api = cls(k8s_client.ApiClient(configuration))
+        api.in_cluster = in_cluster
+        return api
 
     def close(self) -> None:
         self.api.close()  # type: ignore[no-untyped-call]
@@ -342,4 +356,4 @@ def _event(line: bytes) -> tuple[str, dict[str, Any]] | None:
     return kind, event["object"]
 
 
-__all__ = ["MAX_OBJECT_BYTES", "KubeApi", "KubeError", "Ref", "WatchExpired"]
+__all__ = ["MAX_OBJECT_BYTES", "KubeApi", "KubeError", "Ref", "WatchExpired", "unusable_configuration"]

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from host._caller import CallerInfo
 from host._config import DEFAULT_MAX_RUNTIME_SECONDS
 from host._errors import AuditReason
-from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
+from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
 from host._k8s_objects import (
     MAX_AGENTRUN_NAME_CHARS,
     MAX_ERROR_CHARS,
@@ -39,6 +38,7 @@ from host._k8s_objects import (
     NAMESPACE,
     PHASES,
     agentrun,
+    is_dns_label,
 )
 from host._k8s_pod import POD_START_GRACE_SECONDS
 from host._k8s_run import TERMINAL_PHASES, result_json
@@ -62,7 +62,6 @@ MAX_CONSECUTIVE_FAILURES = 6
 the client gives up (and deletes the run)."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _RUN_ID = re.compile(r"[0-9a-f]{1,64}")
 _CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _HEX_SUFFIX_CHARS = 8
@@ -80,11 +79,6 @@ class RunCancelled(KeyboardInterrupt):
     def __init__(self, result: dict[str, Any]) -> None:
         super().__init__("cancelled")
         self.result = result
-
-
-def is_dns_label(value: str) -> bool:
-    """A Kubernetes namespace or AgentRun name: 1-63 of a-z 0-9 -, starting and ending alphanumeric."""
-    return bool(_DNS_LABEL.fullmatch(value))
 
 
 def agentrun_name(slug: str) -> str:
@@ -132,30 +126,16 @@ def agentrun_body(
 
 
 def connect(*, kubeconfig: str | None = None, context: str | None = None) -> tuple[KubeApi, str]:
-    """An API client and the namespace runs go to by default (the context's, the pod's, else "default").
-
-    A kubeconfig or context given explicitly is used as given; otherwise the pod's service account when
-    running in one, else KUBECONFIG or ~/.kube/config (as kubectl). Raises KubeError when none works.
-    """
-    configuration = k8s_client.Configuration()
+    """An API client (KubeApi.connect) and the namespace runs go to by default (the context's, the pod's,
+    else "default"). Raises KubeError when no configuration works."""
+    kube = KubeApi.connect(kubeconfig=kubeconfig, context=context)
+    if kube.in_cluster:
+        return kube, _pod_namespace()
     try:
-        if kubeconfig is None and context is None:
-            try:
-                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                return KubeApi(k8s_client.ApiClient(configuration)), _pod_namespace()
-            except k8s_config.ConfigException:
-                pass  # not in a pod: a kubeconfig, as kubectl
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context, client_configuration=configuration
-        )
-        namespace = _context_namespace(kubeconfig, context)
+        return kube, _context_namespace(kubeconfig, context)
     except Exception as exc:  # noqa: BLE001 (a kubeconfig is user input: any failure is "not usable")
-        error = KubeError(f"no usable Kubernetes cluster configuration ({type(exc).__name__})", status=0)
-        error.hint = (
-            "check --kubeconfig (or KUBECONFIG, ~/.kube/config) and --context: kubectl config view --minify"
-        )
-        raise error from None
-    return KubeApi(k8s_client.ApiClient(configuration)), namespace
+        kube.close()
+        raise unusable_configuration(exc) from None
 
 
 def _pod_namespace() -> str:

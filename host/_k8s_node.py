@@ -47,7 +47,7 @@ from host._k8s_run import (
     run_request,
     status_for,
 )
-from host._packs import LockEntry, artifact_hash
+from host._packs import SKIP_DIRS, SKIP_SUFFIXES, LockEntry, artifact_hash
 from host._result import RunResult
 from host._rundir import RunDir, run_root
 from host._runner import SandboxHost
@@ -130,12 +130,6 @@ class PackStore:
             self._verified[digest] = stamp
 
 
-_UNHASHED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".venv", "node_modules", ".mypy_cache",
-                            ".pytest_cache"})  # fmt: skip
-"""What `artifact_hash` passes over as build debris (host/_packs._SKIP_DIRS): on a node it would be mounted
-into the pod unverified (a .pyc runs), so a tree holding any of it is refused."""
-
-
 def _tree_stamp(root: Path) -> str:
     """A fingerprint of every entry under `root` (path, inode, mode, size, times), or "" when the tree holds
     what its hash does not cover (unhashed debris, links, devices) or what others could change (an entry
@@ -148,7 +142,8 @@ def _tree_stamp(root: Path) -> str:
     for full in paths:
         st = os.lstat(full)
         name = os.path.basename(full)
-        debris = name in _UNHASHED_DIRS or name.endswith((".pyc", ".pyo", ".egg-info"))
+        # what the hash passes over would be mounted into the pod unverified (a .pyc runs): refused here
+        debris = name in SKIP_DIRS or name.endswith((*SKIP_SUFFIXES, ".egg-info"))
         unhashed = full != str(root) and debris
         plain = stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
         if unhashed or not plain or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):

@@ -110,6 +110,11 @@ _MAX_SOCKET_WAIT_SECONDS = 600
 """The wrapper's own ceiling on AGENTNODE_SOCKET_WAIT_SECONDS (sandbox_wrapper/_runner.py)."""
 
 
+def is_dns_label(value: str) -> bool:
+    """A Kubernetes namespace, AgentRun or RuntimeClass name: 1-63 of a-z 0-9 -, alphanumeric at both ends."""
+    return bool(_DNS_LABEL.fullmatch(value))
+
+
 def _anchored(pattern: re.Pattern[str]) -> str:
     """A Python fullmatch pattern as OpenAPI/CEL spell it (a search, so it needs both anchors)."""
     return f"^(?:{pattern.pattern})$"
@@ -1157,6 +1162,7 @@ __all__ = [
     "controller_deployment",
     "controller_username",
     "deploy_objects",
+    "is_dns_label",
     "namespace",
     "network_policy",
     "node_agent_cluster_role",

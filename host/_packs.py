@@ -86,7 +86,11 @@ MAX_LOCK_ENTRY_BYTES = 256 * 1024
 MAX_LOCKFILE_BYTES = 16 * 1024 * 1024
 """A lockfile over this is refused unparsed (an older host stored raw manifests, alias bombs included)."""
 _CHUNK = 1 << 20
-_SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "node_modules", ".mypy_cache", ".pytest_cache"}
+SKIP_DIRS = frozenset(
+    {"__pycache__", ".git", ".hg", ".svn", ".venv", "node_modules", ".mypy_cache", ".pytest_cache"}
+)
+"""Build debris `artifact_hash` passes over (with `*.egg-info` directories and SKIP_SUFFIXES files)."""
+SKIP_SUFFIXES = (".pyc", ".pyo")
 _VOLUME_RE = re.compile(r"agentnode-pack-[A-Za-z0-9_.-]{1,200}", re.ASCII)
 _REINSTALL_CLEAN = "install from a clean copy of the pack that nothing else is writing to"
 
@@ -238,9 +242,9 @@ def _scan(root_fd: int) -> _Scan:
             rel = f"{rel_dir}/{name}" if rel_dir else name
             mode = st.st_mode
             linkish = stat.S_ISLNK(mode)
-            if (stat.S_ISDIR(mode) or linkish) and (name in _SKIP_DIRS or name.endswith(".egg-info")):
+            if (stat.S_ISDIR(mode) or linkish) and (name in SKIP_DIRS or name.endswith(".egg-info")):
                 continue  # build debris: never followed, read or copied
-            if (stat.S_ISREG(mode) or linkish) and name.endswith((".pyc", ".pyo")):
+            if (stat.S_ISREG(mode) or linkish) and name.endswith(SKIP_SUFFIXES):
                 continue
             if not name.isprintable():
                 raise _refuse(
@@ -1003,6 +1007,8 @@ def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
 
 
 __all__ = [
+    "SKIP_DIRS",
+    "SKIP_SUFFIXES",
     "LockEntry",
     "Lockfile",
     "artifact_hash",

@@ -141,7 +141,7 @@ class Kubelet(threading.Thread):
 
 
 def eventually(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout`."""
+    """Poll `predicate` until it returns something truthy (its value); fail naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -149,7 +149,7 @@ def eventually(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what or predicate}")
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 @pytest.fixture

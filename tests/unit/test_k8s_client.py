@@ -7,6 +7,7 @@ print exactly what `result_json` makes of that status, whatever happens to its w
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -33,6 +34,7 @@ from host._k8s_client import (
 from host._k8s_objects import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
 from host._k8s_run import result_json
 from tests.support.cli import assert_error_lines, cli, json_out
+from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, kube_api
 from tests.support.schema import check_schema
 
@@ -85,12 +87,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
-    return value
+wait_for = functools.partial(poll, timeout=10.0)
 
 
 def the_agentrun(kube_api: KubeAPI, namespace: str = NAMESPACE) -> dict[str, Any]:

@@ -8,12 +8,12 @@ the node agent owns, and never the spec's text).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from host._k8s_controller import (
 from host._k8s_objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, agentrun, pod_mismatches
 from host._k8s_pod import pod_for
 from host._packs import LockEntry, Lockfile
+from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, kube_api
 
 __all__ = ["kube_api"]  # the fixture, from tests.support.kubeapi
@@ -51,15 +52,7 @@ SECRET = "kwargs-secret-never-copied-4b9a"
 CALLER = {"tenant": "acme", "requestId": "req-42", "labels": {"team": "blue"}}
 
 
-def eventually(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll until `predicate()` is truthy; returns its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.02)
+eventually = functools.partial(poll, timeout=10.0)
 
 
 def _manifest(slug: str) -> dict[str, Any]:

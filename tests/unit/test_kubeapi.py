@@ -7,18 +7,20 @@ controller and node agent tests built on it exercise those clients as a cluster 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes.client as k8s
 import kubernetes.watch
 import pytest
 
+from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, StatusError, kube_api
 
 __all__ = ["kube_api"]  # the fixture, from tests.support.kubeapi
@@ -38,11 +40,7 @@ def agent_run(name: str, **spec: Any) -> dict[str, Any]:
             "spec": {"slug": "echo", **spec}}  # fmt: skip
 
 
-def eventually(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
+eventually = functools.partial(poll, timeout=10.0)
 
 
 def names(items: list[Any]) -> list[str]:
