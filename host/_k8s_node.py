@@ -316,11 +316,23 @@ class NodeAgent:
 
     def run(self, stop: threading.Event) -> None:
         """Recover, then list and watch until `stop`; a broken or expired watch lists again."""
+        done = threading.Event()
+
         def abort_on_stop() -> None:
+            # Until this loop has returned: a watch opened just after `stop` (the loop was listing when it
+            # came) is aborted too, instead of being waited out for WATCH_SECONDS.
             stop.wait()
-            self.kube.abort_watches()
+            while not done.is_set():
+                self.kube.abort_watches()
+                done.wait(0.2)
 
         threading.Thread(target=abort_on_stop, daemon=True, name="node-agent-stop").start()
+        try:
+            self._watch_until(stop)
+        finally:
+            done.set()
+
+    def _watch_until(self, stop: threading.Event) -> None:
         self.recover()
         version = ""
         while not stop.is_set():

@@ -229,6 +229,31 @@ def test_a_pack_whose_files_differ_from_the_lockfile_fails_closed(cluster: Clust
     assert record["reason"] == "volume_stale"
 
 
+def test_a_stop_that_comes_while_the_agent_lists_ends_it_promptly(cluster: Cluster) -> None:
+    """Stop arriving between watches (the agent was listing) still ends the agent at once: the watch it
+    opens next is aborted too, not waited out for its whole timeout (60 s)."""
+    stop = threading.Event()
+
+    class StopWhileListing(KubeApi):
+        def list_pods(self, *, label_selector: str, field_selector: str = "") -> tuple[list[Any], str]:
+            listed = super().list_pods(label_selector=label_selector, field_selector=field_selector)
+            lists.append(1)
+            if len(lists) == 2:
+                stop.set()  # the list after recovery's: stop now, before the watch opens
+            return listed
+
+    lists: list[int] = []
+
+    code: list[int] = []
+    kube, packs = StopWhileListing(cluster.api.api_client()), PackStore(cluster.packs_root)
+    thread = threading.Thread(
+        target=lambda: code.append(serve_node(cluster.env, stop=stop, kube=kube, packs=packs)), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=15)
+    assert not thread.is_alive() and code == [0]
+
+
 def test_no_node_name_fails_with_one_line(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     env: dict[str, Any] = {k: v for k, v in cluster.env.items() if k != "NODE_NAME"}
     assert serve_node(env, stop=threading.Event(), kube=KubeApi(cluster.api.api_client())) == 1
