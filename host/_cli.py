@@ -165,6 +165,9 @@ def _printable(result: RunResult) -> RunResult:
 
 
 FAILURE_LOG_LINES = 10
+
+RUN_PATH_LOCAL, RUN_PATH_SERVE, RUN_PATH_KUBERNETES = "local", "serve", "kubernetes"
+"""`run --json`'s `path`: run in this process, on a `serve` host (found, or --via), or as an AgentRun."""
 """The agent's last output lines a failed run shows in human mode (when they were not followed live)."""
 
 
@@ -293,54 +296,119 @@ def _result_of(payload: Mapping[str, Any]) -> RunResult:
     )  # fmt: skip
 
 
+def _serve_socket() -> Path | None:
+    """The admin socket of a `serve` host running for this config (`<config dir>/agentnode-admin.sock`),
+    or None. Only a socket this user owns, in a directory no one else may write to, and that accepts a
+    connection now, counts: a stale socket left by a stopped host is passed over, and a socket someone else
+    placed never receives a run's goal. A bare connect (no gRPC import) keeps the local path's cost."""
+    import socket
+    import stat
+
+    from host._config import config_paths
+
+    path = config_paths().admin_socket
+    try:
+        found, parent = os.lstat(path), os.stat(path.parent)
+    except OSError:
+        return None
+    uid = os.geteuid()
+    ours = found.st_uid == uid and parent.st_uid == uid and not parent.st_mode & 0o022
+    if not (stat.S_ISSOCK(found.st_mode) and ours):
+        return None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(SERVE_PROBE_SECONDS)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return path
+
+
+SERVE_PROBE_SECONDS = 1.0
+"""How long `run` waits for a found `serve` host to accept a connection before running here instead."""
+
+
+def _run_local(
+    args: argparse.Namespace, kwargs: dict[str, Any], caller: Any, limits: Any
+) -> tuple[RunResult, int]:
+    """The run in this process: (its result, how many audit writes failed)."""
+    from host._runner import SandboxHost
+
+    host = SandboxHost()
+    try:
+        host.startup_sweep()
+        result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                          on_log=_follow if args.follow else None, caller=caller, limits=limits)  # fmt: skip
+    finally:
+        host.close()
+    return result, host.audit_failures
+
+
+def _run_on_serve(client: Any, args: argparse.Namespace, kwargs: dict[str, Any], caller: Any,
+                  limits: Any) -> RunResult:  # fmt: skip
+    """The run on a `serve` host through `client` (a RunnerClient); --follow streams its lines."""
+    from host._events import RunFinished, RunLog
+
+    if not args.follow:
+        result: RunResult = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                                          caller=caller, limits=limits)  # fmt: skip
+        return result
+    finished = None
+    events = client.stream(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller,
+                           limits=limits)  # fmt: skip
+    for event in events:
+        if isinstance(event, RunLog):
+            _follow(event.text)
+        elif isinstance(event, RunFinished):
+            finished = event.result
+    if finished is None:
+        raise EngineError(f"the host at {client.socket_path} ended the run's stream without its result",
+                          hint="see the host's log", check="serve")  # fmt: skip
+    return finished
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _check_backend(args)
+    if args.no_serve and args.via:
+        raise _UsageError("--no-serve cannot be used with --via (which names the host to run on)")
     kwargs = _parse_args_kv(args.arg or [])
     caller, limits = _caller(args), _limits(args)
-    on_log = _follow if args.follow else None
     audit_failures = 0
     exit_code = EXIT_OK
+    path = args.path_taken = RUN_PATH_LOCAL  # the error object of a failed run names it too
     if args.backend == "kubernetes":
         from host._k8s_client import RunCancelled
 
+        path = args.path_taken = RUN_PATH_KUBERNETES
         try:
             result = _run_on_kubernetes(args, kwargs, caller)
         except RunCancelled as cancelled:
             result, exit_code = _result_of(cancelled.result), EXIT_INTERRUPTED
-    elif args.via:
-        from host._client import RunnerClient
-        from host._events import RunFinished, RunLog
-
-        with RunnerClient(args.via) as client:
-            if on_log is None:
-                result = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                                       caller=caller, limits=limits)  # fmt: skip
-            else:
-                finished = None
-                events = client.stream(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                                       caller=caller, limits=limits)  # fmt: skip
-                for event in events:
-                    if isinstance(event, RunLog):
-                        on_log(event.text)
-                    elif isinstance(event, RunFinished):
-                        finished = event.result
-                if finished is None:
-                    raise EngineError(f"the host at {args.via} ended the run's stream without its result",
-                                      hint="see the host's log", check="serve")  # fmt: skip
-                result = finished
     else:
-        from host._runner import SandboxHost
+        found = None if args.via or args.no_serve else _serve_socket()
+        socket_path = args.via or found
+        served: RunResult | None = None
+        if socket_path is not None:
+            from host._client import RunnerClient
 
-        host = SandboxHost()
-        try:
-            host.startup_sweep()
-            result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                              on_log=on_log, caller=caller, limits=limits)  # fmt: skip
-        finally:
-            host.close()
-        audit_failures = host.audit_failures
+            with RunnerClient(socket_path, connect_timeout=SERVE_PROBE_SECONDS if found else 5.0) as client:
+                try:
+                    client.wait_ready()
+                except EngineError:
+                    if not found:
+                        raise
+                    # the host found stopped answering before anything was submitted: run here instead
+                else:
+                    path = args.path_taken = RUN_PATH_SERVE
+                    served = _run_on_serve(client, args, kwargs, caller, limits)
+        if served is None:
+            result, audit_failures = _run_local(args, kwargs, caller, limits)
+        else:
+            result = served
     result = _printable(result)
-    payload = result.to_json()
+    payload = {**result.to_json(), "path": path}
     if audit_failures:
         payload["audit_error"] = "the audit record could not be written"
 
@@ -349,7 +417,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say(dumps_strict(result.result, indent=2))  # ensure_ascii: every control is a \\u escape
             _say(
                 f"ok: {safe_token(args.slug)} ({safe_token(result.mode_used)}, "
-                f"run {safe_token(result.run_id[:12])}, {int(result.duration_ms)} ms)",
+                f"run {safe_token(result.run_id[:12])}, {int(result.duration_ms)} ms"
+                f"{', on the serve host' if path == RUN_PATH_SERVE else ''})",
                 err=True,
             )
         else:
@@ -394,7 +463,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return serve_node(os.environ)
 
     from host._config import load_config
-    from host._serve import default_admin_socket, parse_address, serve
+    from host._serve import parse_address, serve
 
     drain_seconds = DEFAULT_DRAIN_SECONDS if args.drain_seconds is None else args.drain_seconds
     if args.metrics is not None:
@@ -402,7 +471,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             parse_address(args.metrics)
         except ValueError as exc:
             raise _UsageError(str(exc)) from None
-    socket_path = Path(args.socket) if args.socket else default_admin_socket(load_config().paths.dir)
+    socket_path = Path(args.socket) if args.socket else load_config().paths.admin_socket
 
     def ready(path: str) -> None:
         if args.json:
@@ -838,6 +907,9 @@ def build_parser() -> argparse.ArgumentParser:
     runtimes = [runtime.value for runtime in Runtime]
     r.add_argument("--runtime", choices=runtimes, help="override agent_sandbox.runtime for this run")
     r.add_argument("--via", metavar="SOCKET", help="submit to a running `serve` host via its admin socket")
+    r.add_argument("--no-serve", action="store_true",
+                   help="run in this process even when a `serve` host is running for this config (by "
+                   "default `run` submits to it: its warm pool, same audit record)")  # fmt: skip
     r.add_argument("--backend", choices=("local", "kubernetes"), default="local",
                    help="local: run it here (or --via a `serve` host); kubernetes: submit it as an AgentRun "
                    "to a cluster and wait for its end (docs/kubernetes.md)")  # fmt: skip
@@ -944,9 +1016,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _error_payload(args: argparse.Namespace, error: str, code: str, hint: str) -> dict[str, Any]:
     """The --json object of a failed command; `run` keeps its full result shape."""
     if args.cmd == "run":
-        from host._runner import RunResult
+        from host._result import RunResult
 
-        return RunResult(success=False, error=error, error_code=code, hint=hint).to_json()
+        failed = RunResult(success=False, error=error, error_code=code, hint=hint).to_json()
+        return {**failed, "path": getattr(args, "path_taken", RUN_PATH_LOCAL)}
     return {"success": False, "error": error, "error_code": code, "hint": hint or None}
 
 

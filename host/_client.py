@@ -38,6 +38,11 @@ class RunnerClient:
         self._connect_timeout = connect_timeout
         self._ready = False
 
+    def wait_ready(self) -> None:
+        """Connect now (EngineError "nothing answers" after `connect_timeout`): a caller that has another
+        way to run learns before it submits anything that this one is closed."""
+        self._ensure_ready()
+
     def _ensure_ready(self) -> None:
         """Fail fast (with the fix) when nothing serves the socket, instead of waiting forever."""
         if self._ready:

@@ -24,6 +24,7 @@ AGENT_CONFIG_PROVIDERS = ("openai", "anthropic", "openrouter", "gemini")
 """What agent-config.json may name (the agentnode SDK's set); gemini is accepted but unavailable (no SDK)."""
 ENV_FILE_NAME = ".env"
 AGENT_CONFIG_NAME = "agent-config.json"
+ADMIN_SOCKET_NAME = "agentnode-admin.sock"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SLUG_SHOWN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -53,6 +54,8 @@ class ConfigPaths:
     """`.env`: API keys (and base URLs) the LLM broker, and only it, reads; the process environment wins."""
     agent_config_file: Path
     """`agent-config.json`: the agentnode SDK's per-agent LLM choice (`agents.<slug>.llm`)."""
+    admin_socket: Path
+    """`serve`'s default admin socket; `run` looks for a host listening on it (docs/cli.md)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ def config_paths(env: Mapping[str, str] | None = None) -> ConfigPaths:
         packs_dir=directory / "packs",
         env_file=directory / ENV_FILE_NAME,
         agent_config_file=directory / AGENT_CONFIG_NAME,
+        admin_socket=directory / ADMIN_SOCKET_NAME,
     )
 
 

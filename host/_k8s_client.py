@@ -329,6 +329,7 @@ def _failure(error: str, code: AuditReason, hint: str, *, run_id: str, started: 
         "duration_ms": int((time.monotonic() - started) * 1000),
         "hint": hint,
         "logs": "",
+        "path": "kubernetes",
     }
 
 

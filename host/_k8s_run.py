@@ -153,7 +153,7 @@ RESULT_DEPTH = 512
 
 
 def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
-    """A finished AgentRun's status in the `run --json` contract (host/_result.RunResult.to_json); a field
+    """A finished AgentRun's status as `run --backend kubernetes --json` prints it (path "kubernetes"); a field
     of the wrong type reads as absent (the status is written by our node agent, but read as input)."""
     status = agentrun.get("status")
     status = status if isinstance(status, dict) else {}
@@ -178,6 +178,7 @@ def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
         "duration_ms": duration if isinstance(duration, int) and not isinstance(duration, bool) else 0,
         "hint": text["hint"] or None,
         "logs": "",
+        "path": "kubernetes",
     }
 
 

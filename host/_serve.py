@@ -28,7 +28,6 @@ from host._vocab import Runtime, WireReason
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 
-DEFAULT_ADMIN_SOCKET = "agentnode-admin.sock"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -42,11 +41,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"a metrics address is HOST:PORT (port 1-65535), got {text!r}")
     return (host.strip("[]") or "127.0.0.1"), int(port)
-
-
-def default_admin_socket(config_dir: Path) -> Path:
-    """The admin socket lives beside the config, where only its owner can reach it."""
-    return config_dir / DEFAULT_ADMIN_SOCKET
 
 
 def report_from(result: RunResult) -> runner_pb2.RunReport:
@@ -408,7 +402,6 @@ __all__ = [
     "RUNNER_SERVICE",
     "RunnerServicer",
     "build_admin_server",
-    "default_admin_socket",
     "parse_address",
     "report_from",
     "serve",

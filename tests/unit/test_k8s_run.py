@@ -83,7 +83,7 @@ def test_the_status_round_trips_to_the_json_contract() -> None:
     status = status_for(result, audit_digest="d" * 64)
     assert status["phase"] == "Succeeded" and status["auditDigest"] == "d" * 64
     body = {"status": status}
-    assert result_json(body) == {**result.to_json(), "logs": ""}
+    assert result_json(body) == {**result.to_json(), "logs": "", "path": "kubernetes"}
 
 
 def test_a_huge_result_stays_out_of_the_status_and_says_so() -> None:
