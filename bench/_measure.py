@@ -301,6 +301,9 @@ def _cli_run(state: BenchState, runtime: str) -> tuple[float, float]:
     if proc.returncode != 0 or not out.get("success"):
         raise RuntimeError(f"run --json failed ({proc.returncode}): {out.get('error_code')} "
                            f"{proc.stderr[-500:]}")
+    if out.get("path", "local") != "local":  # a `serve` host for this config took it: not a cold run
+        where = state.env.get("AGENTNODE_CONFIG")
+        raise RuntimeError(f"run --json took the {out['path']} path: stop the serve host of {where}")
     return wall, float(out["duration_ms"])
 
 

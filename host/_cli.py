@@ -336,7 +336,7 @@ def _run_local(
     """The run in this process: (its result, how many audit writes failed)."""
     from host._runner import SandboxHost
 
-    host = SandboxHost()
+    host = SandboxHost(metrics=False)
     try:
         host.startup_sweep()
         result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
@@ -620,7 +620,7 @@ def _volume_users(client: Any, name: str) -> int | None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from host._config import load_config
-    from host._packs import Lockfile
+    from host._lockfile import Lockfile
 
     entries = Lockfile(load_config().paths.lockfile).entries()
     rows = [

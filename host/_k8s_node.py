@@ -257,7 +257,17 @@ class PodBackend:
             raise
         with self._lock:
             self.live[spec.uid] = work
-        work.pod_changed("MODIFIED", spec.pod)  # it may have ended while we got here
+        # From here the watch's events reach the workload; one that came before (an eviction while the
+        # run was being admitted) did not, so the pod is read once now: it may have ended meanwhile.
+        current: Mapping[str, Any] | None
+        try:
+            current = self.kube.get_pod(spec.ref)
+        except KubeError:
+            current = spec.pod  # the API is down: the watch (once back) or the deadline ends the run
+        if current is None or _meta(current, "uid") != spec.uid:
+            work.pod_changed("DELETED", spec.pod)
+        else:
+            work.pod_changed("MODIFIED", current)
         return work
 
     def teardown(self, workload: Workload) -> None:

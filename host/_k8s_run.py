@@ -153,8 +153,8 @@ RESULT_DEPTH = 512
 
 
 def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
-    """A finished AgentRun's status as `run --backend kubernetes --json` prints it (path "kubernetes"); a field
-    of the wrong type reads as absent (the status is written by our node agent, but read as input)."""
+    """A finished AgentRun's status as `run --backend kubernetes --json` prints it (its `path` kubernetes);
+    a field of the wrong type reads as absent (the status is written by our node agent, but read as input)."""
     status = agentrun.get("status")
     status = status if isinstance(status, dict) else {}
     raw = status.get("resultJson")

@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 
@@ -24,7 +24,6 @@ from host._errors import AuditReason, EngineError, SandboxError
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
 from host._logs import set_run_id
-from host._metrics import HostMetrics
 from host._outcome import Ending, conclude, watch
 from host._packs import Lockfile
 from host._pool import PoolSettings, WarmPools
@@ -39,6 +38,9 @@ from host._toolsandbox import ToolSandboxLauncher
 from host._tracing import RunTracer
 from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
+
+if TYPE_CHECKING:
+    from host._metrics import HostMetrics
 
 logger = logging.getLogger("agentnode.sandbox.runner")
 
@@ -67,6 +69,7 @@ class SandboxHost:
         sandbox_backend: Backend[Any] | None = None,
         host_backend: Backend[Any] | None = None,
         tracer: RunTracer | None = None,
+        metrics: bool = True,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self.config = config or load_config(self.env)
@@ -99,8 +102,14 @@ class SandboxHost:
         self.teardowns = Teardowns(background=async_teardown)
         self.tool_sandboxes = ToolSandboxLauncher(self.docker, self.teardowns, self.config, self.env)
         self._active: dict[str, RunSession] = {}
-        self.metrics = HostMetrics()  # counted at each run's end, from its audit facts (host/_metrics.py)
-        self.metrics.watch(lambda: len(self._active), lambda: self.pools)
+        # Counted at each run's end, from its audit facts (host/_metrics.py). A one-shot `run` process has no
+        # one to report to (metrics=False): prometheus-client is then never imported.
+        self.metrics: HostMetrics | None = None
+        if metrics:
+            from host._metrics import HostMetrics  # noqa: PLC0415
+
+            self.metrics = HostMetrics()
+            self.metrics.watch(lambda: len(self._active), lambda: self.pools)
         self.tracer = tracer or RunTracer.from_env(self.env)  # spans when an OTLP endpoint is set
 
     @property
@@ -205,6 +214,8 @@ class SandboxHost:
         run.mark("done")
         try:
             for observer in (self.metrics, self.tracer):  # neither may touch the result fixed and audited
+                if observer is None:
+                    continue
                 with contextlib.suppress(Exception):
                     observer.run_ended(run, reason=reason, success=result.success,
                                        duration_ms=result.duration_ms)  # fmt: skip

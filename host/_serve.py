@@ -361,7 +361,7 @@ def serve(
         for slug in warm or []:
             host.prewarm(slug)
         server = build_admin_server(host, socket_path, health=checks)
-        if where is not None:
+        if where is not None and host.metrics is not None:
             from prometheus_client import start_http_server  # noqa: PLC0415
 
             try:

@@ -17,7 +17,6 @@ from typing import Any
 
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2
-from sandbox_wrapper._runner import add_import_root
 from sandbox_wrapper._tool_exec import handle, loads_finite
 
 TOOL_SERVER_ARG = "tool-server"
@@ -91,6 +90,10 @@ def answer(call: toolsandbox_pb2.SandboxToolCall) -> toolsandbox_pb2.ToolReply:
 
 def main() -> int:
     """Serve the host's calls until it closes the connection (or the container is destroyed)."""
+    # Here, not at the top: the host imports this module for its framing, and the agent runner's imports
+    # (gRPC stubs, the AgentContext) are no business of a host process.
+    from sandbox_wrapper._runner import add_import_root  # noqa: PLC0415
+
     socket_path = os.environ.get("AGENTNODE_SOCKET", DEFAULT_SOCKET)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -364,3 +366,36 @@ def test_per_run_limits_only_tighten_and_bind_the_sandboxed_run(
     assert code == 1 and out["error_code"] == "timeout" and out["duration_ms"] < 20_000
     bad = cli(state.env, "run", slug, "--max-cost-usd", "-1")
     assert bad.returncode == 2 and "max_cost_usd must be" in bad.stderr
+
+
+RUN_NEEDS = ("docker", "grpc", "google.protobuf")
+RUN_NEEDS_NOT = ("openai", "anthropic", "httpx", "prometheus_client", "opentelemetry", "kubernetes", "kopf",
+                 "sandbox_wrapper._context", "sandbox_wrapper._runner", "host._serve",
+                 "host._client", "host._k8s_client", "host._k8s_api", "host._metrics", "host._doctor",
+                 "host._scaffold", "host.aio")  # fmt: skip
+IMPORT_PROBE = """
+import contextlib, io, json, sys
+from host._cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(json.loads(sys.argv[1]))
+print(json.dumps({"code": code, "out": json.loads(out.getvalue()),
+                  "loaded": sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)}))
+"""
+
+
+def test_a_trivial_run_loads_only_what_it_uses(
+    host_state: HostState, make_agent: Callable[..., Path]
+) -> None:
+    """A one-shot `run` of an agent that calls no tool and no model needs the engine SDK and gRPC; not the
+    providers' SDKs, metrics, tracing, Kubernetes, the serve host or its client, doctor, the scaffolder."""
+    host_state.install(make_agent("trivial-imports", "def run(context, **kwargs):\n    return {'ok': 1}\n"))
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE, json.dumps(["run", "trivial-imports", "--json"]),
+         json.dumps(RUN_NEEDS + RUN_NEEDS_NOT)],
+        capture_output=True, text=True, cwd=REPO, timeout=300, check=False, env=host_state.env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert probe["code"] == 0 and probe["out"]["success"] is True and probe["out"]["path"] == "local"
+    assert set(probe["loaded"]) == set(RUN_NEEDS), " ".join(probe["loaded"])

@@ -7,9 +7,11 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -62,6 +64,70 @@ def test_serve_then_run_via_its_socket(
     # the warm member it kept and the sandbox that served the run are all gone
     owned = docker_client.api.containers(all=True, filters={"label": "io.agentnode.sandbox.slug=via-agent"})
     assert owned == [] and [r["reason"] for r in host_state.audit()] == ["agent_completed", "not_installed"]
+
+
+PATH_AGENT = """
+def run(context, n=0, **kwargs):
+    print("working on it", flush=True)
+    return {"goal": context.goal, "n": n}
+"""
+VARYING = {"run_id", "duration_ms", "path"}
+"""What may differ between two runs of the same request: the run's identity and timing, and where it ran."""
+AUDIT_VARYING = {"run_id", "duration_ms", "ts", "seq", "prev"}
+
+
+def test_run_uses_the_serve_host_running_for_its_config_and_says_so(
+    host_state: HostState, make_agent: Callable[..., Path]
+) -> None:
+    """The same `run` without a `serve` host, with one running on the config's default socket, with
+    --no-serve beside it, and with a stale socket left behind: one --json contract and one audit record,
+    apart from `path`."""
+    host_state.install(make_agent("path-agent", PATH_AGENT))
+    host_state.write_config({"pool": {"size": 1}})
+    request = ("run", "path-agent", "--goal", "where am I", "--arg", "n=7", "--tenant", "acme",
+               "--request-id", "req-19", "--label", "team=blue", "--json")  # fmt: skip
+
+    def run(*extra: str) -> dict[str, Any]:
+        proc = cli(host_state.env, *request, *extra)
+        assert proc.returncode == 0, proc.stderr
+        out: dict[str, Any] = json_out(proc)
+        check_schema("run", out)
+        return out
+
+    outputs = {"local": run()}
+    default_socket = host_state.dir / "agentnode-admin.sock"
+    serve = subprocess.Popen(
+        [str(BIN), "serve", "--warm", "path-agent", "--json", "--drain-seconds", "5"],
+        env=host_state.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert serve.stdout is not None
+        assert json.loads(serve.stdout.readline())["socket"] == str(default_socket)
+        outputs["serve"] = run()
+        outputs["no-serve"] = run("--no-serve")
+        human = cli(host_state.env, *request[:-1])
+        assert human.returncode == 0 and "on the serve host" in human.stderr, human.stderr
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=120)
+    assert serve.returncode == 0, err
+    # A host that died leaves its socket: nothing accepts on it, so the run happens here.
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(default_socket))
+    stale.close()
+    outputs["stale"] = run()
+
+    assert {name: out["path"] for name, out in outputs.items()} == {
+        "local": "local", "serve": "serve", "no-serve": "local", "stale": "local"
+    }  # fmt: skip
+    same = [{k: v for k, v in out.items() if k not in VARYING} for out in outputs.values()]
+    assert same[0]["result"] == {"goal": "where am I", "n": 7} and all(s == same[0] for s in same), same
+    ours = {out["run_id"] for out in outputs.values()}
+    records = [r for r in host_state.audit() if r["run_id"] in ours]  # (the human-mode run's aside)
+    assert len(ours) == 4 and {r["run_id"] for r in records} == ours and len(records) == 4
+    fixed = [{k: v for k, v in r.items() if k not in AUDIT_VARYING} for r in records]
+    assert fixed[0]["caller"] == {"tenant": "acme", "request_id": "req-19", "labels": {"team": "blue"}}
+    assert all(f == fixed[0] for f in fixed), fixed
 
 
 def _tgkill(pid: int, tid: int, sig: int) -> None:

@@ -758,6 +758,9 @@ def fake_run(monkeypatch: pytest.MonkeyPatch, result: Any) -> None:
     class FakeHost:
         audit_failures = 0
 
+        def __init__(self, **kwargs: Any) -> None:
+            pass
+
         def startup_sweep(self) -> None:
             pass
 
@@ -1070,3 +1073,45 @@ def test_the_completion_script_completes_commands_options_and_installed_slugs(
     assert _complete(script, ["agentnode-sandbox", "serve", "hel"], env) == []  # serve takes no slug
     assert main(["completion", "zsh"]) == 0
     assert capsys.readouterr().out.startswith("autoload -U +X bashcompinit && bashcompinit\n")
+
+
+# -- run finds a serve host running for its config ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spoil", ["none", "missing", "not listening", "regular file", "symlink", "dir writable by others",
+              "socket not ours", "dir not ours"],
+)  # fmt: skip
+def test_run_takes_only_an_owner_only_listening_admin_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: str
+) -> None:
+    """`run` hands a goal to a `serve` host only through a socket that is this user's, in a directory no one
+    else may write to, and that accepts a connection now; anything else is passed over (run here)."""
+    import socket
+
+    from host._cli import _serve_socket
+
+    config = tmp_path / "cfg"
+    config.mkdir(mode=0o755)
+    monkeypatch.setenv("AGENTNODE_CONFIG", str(config))
+    path = config / "agentnode-admin.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    target = tmp_path / "elsewhere.sock" if spoil == "symlink" else path
+    if spoil not in ("missing", "regular file"):
+        listener.bind(str(target))
+        if spoil != "not listening":
+            listener.listen(1)
+    try:
+        if spoil == "regular file":
+            path.write_text("")
+        elif spoil == "symlink":
+            path.symlink_to(target)
+        elif spoil == "dir writable by others":
+            config.chmod(0o777)
+        elif spoil in ("socket not ours", "dir not ours"):
+            if os.geteuid() != 0:
+                pytest.skip("changing an owner needs root")
+            os.chown(path if spoil == "socket not ours" else config, 4321, 4321)
+        assert _serve_socket() == (path if spoil == "none" else None)
+    finally:
+        listener.close()

@@ -45,6 +45,8 @@ def _loaded(args: list[str], config: Path) -> list[str]:
         (["--version"], ("importlib.metadata",)),  # the version is the installed distribution's metadata
         (["audit", "--last", "1"], ()),
         (["audit", "verify"], ()),
+        (["list"], ()),  # the lockfile alone: no engine, no YAML
+        (["list", "--json"], ()),
     ],
 )
 def test_commands_load_only_what_they_use(args: list[str], allowed: tuple[str, ...], tmp_path: Path) -> None:
@@ -52,5 +54,5 @@ def test_commands_load_only_what_they_use(args: list[str], allowed: tuple[str, .
 
 
 def test_the_probe_sees_a_heavy_import(tmp_path: Path) -> None:
-    """The probe can fail: `list` reads the lockfile through the pack module, which imports the engine SDK."""
-    assert "docker" in _loaded(["list"], tmp_path)
+    """The probe can fail: `uninstall` needs the engine (to remove the pack's volume), so loads its SDK."""
+    assert "docker" in _loaded(["uninstall", "nothing-here"], tmp_path)

@@ -135,7 +135,8 @@ def test_run_backend_kubernetes_end_to_end_on_the_stand_in(
     assert payload["success"] is True, payload
     assert payload["result"] == {"n": 42, "goal": "double it", "tenant_seen": False}
     assert set(payload) == {"success", "result", "error", "error_code", "mode_used", "run_id", "timed_out",
-                            "duration_ms", "hint", "logs", "path"} and payload["path"] == "kubernetes"  # fmt: skip
+                            "duration_ms", "hint", "logs", "path"}  # fmt: skip
+    assert payload["path"] == "kubernetes"
     (record,) = cluster.audit()  # the node agent's; the controller wrote none (it refused nothing)
     assert record["run_id"] == payload["run_id"] and record["reason"] == "agent_completed"
     assert record["caller"]["tenant"] == "acme"

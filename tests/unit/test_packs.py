@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from host import _packs
+from host import _lockfile, _packs
 from host._config import ConfigPaths, config_paths
 from host._errors import AuditReason, ManifestError, PackError
 from host._manifest import load_manifest, manifest_data
@@ -583,7 +583,7 @@ def test_an_oversized_lockfile_is_refused_unparsed(tmp_path: Path, monkeypatch: 
     assert time.monotonic() - started < 1
     assert "over the 16 MiB this host reads" in info.value.message
     assert "reinstall the packs" in info.value.hint
-    monkeypatch.setattr(_packs, "MAX_LOCKFILE_BYTES", 100)
+    monkeypatch.setattr(_lockfile, "MAX_LOCKFILE_BYTES", 100)
     path.write_text(json.dumps({"lockfile_version": 1, "packages": {"a": {"pad": "x" * 200}}}))
     monkeypatch.setattr(_packs.json, "loads", lambda *a, **k: pytest.fail("parsed an oversized lockfile"))
     with pytest.raises(PackError, match="over the"):
@@ -593,7 +593,8 @@ def test_an_oversized_lockfile_is_refused_unparsed(tmp_path: Path, monkeypatch: 
 def test_lock_entries_and_the_lockfile_have_size_caps(
     tmp_path: Path, paths: ConfigPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_packs, "MAX_LOCK_ENTRY_BYTES", 4096)
+    monkeypatch.setattr(_packs, "MAX_LOCK_ENTRY_BYTES", 4096)  # an install's check
+    monkeypatch.setattr(_lockfile, "MAX_LOCK_ENTRY_BYTES", 4096)  # the lockfile's own, and its message
     pack = write_pack(tmp_path, "alpha", extra="")
     manifest = pack / "agentnode.yaml"
     manifest.write_text(manifest.read_text() + f"  goal: {'g' * 5000}\n")
@@ -605,7 +606,7 @@ def test_lock_entries_and_the_lockfile_have_size_caps(
     assert not paths.packs_dir.exists() and not paths.lockfile.exists()
     with pytest.raises(PackError, match="a lockfile entry may hold"):
         Lockfile(paths.lockfile).put(entry(manifest={"pad": "x" * 5000}))
-    monkeypatch.setattr(_packs, "MAX_LOCKFILE_BYTES", 3000)
+    monkeypatch.setattr(_lockfile, "MAX_LOCKFILE_BYTES", 3000)
     lock = Lockfile(paths.lockfile)
     lock.put(entry("a", manifest={"pad": "x" * 1000}))
     with pytest.raises(PackError, match="would grow past"):
