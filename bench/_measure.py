@@ -284,10 +284,11 @@ def cold(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
 # -- process to process ----------------------------------------------------------------------------
 
 
-def _cli_run(state: BenchState, runtime: str) -> tuple[float, float]:
+def _cli_run(state: BenchState, runtime: str, *, path: str = "local") -> tuple[float, float, str]:
     """`agentnode-sandbox run SLUG --json` as a script runs it, a new process of this revision's host (its
     interpreter start and imports, the run, the synchronous teardown, exit): (process ms, the run's own
-    duration_ms from its JSON)."""
+    duration_ms and its run id, from its JSON). `path` is the one it must have taken (`serve` while a host
+    is running)."""
     t = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "host", "run", state.trivial, "--json", "--runtime", runtime],
@@ -301,40 +302,91 @@ def _cli_run(state: BenchState, runtime: str) -> tuple[float, float]:
     if proc.returncode != 0 or not out.get("success"):
         raise RuntimeError(f"run --json failed ({proc.returncode}): {out.get('error_code')} "
                            f"{proc.stderr[-500:]}")
-    if out.get("path", "local") != "local":  # a `serve` host for this config took it: not a cold run
+    if out.get("path", "local") != path:  # (a revision before `path` only ever ran here)
         where = state.env.get("AGENTNODE_CONFIG")
-        raise RuntimeError(f"run --json took the {out['path']} path: stop the serve host of {where}")
-    return wall, float(out["duration_ms"])
+        raise RuntimeError(f"run --json took the {out.get('path', 'local')} path, not {path} ({where})")
+    return wall, float(out["duration_ms"]), str(out.get("run_id", ""))
 
 
-def _cli_imports() -> float:
-    """A new interpreter importing what `run` imports (host._cli, then host._runner), and exiting."""
+def _cli_imports(modules: str = "host._cli, host._runner") -> float:
+    """A new interpreter importing `modules` (by default what `run` imports) and exiting."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import host._cli, host._runner"], cwd=CODE_ROOT, check=True,
+    subprocess.run([sys.executable, "-c", f"import {modules}"], cwd=CODE_ROOT, check=True,
                    capture_output=True, timeout=120)  # fmt: skip
     return _since(t)
+
+
+def _cli_served(state: BenchState, runtime: str, reps: int) -> tuple[list[float], list[float]]:
+    """The same command while `serve` runs for the config (its default socket, a pool of one for the trivial
+    agent): `run` finds it and submits there. (process ms of each, docker run's interleaved with them);
+    nothing when this revision's `run` does not look for a serve host."""
+    state.configure(runtime, pool={"size": 1, "idle_ttl_seconds": 3600})
+    served = subprocess.Popen(
+        [sys.executable, "-m", "host", "serve", "--warm", state.trivial, "--json", "--drain-seconds", "10"],
+        cwd=CODE_ROOT, env={**state.env, "PYTHONPATH": str(CODE_ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    out: list[float] = []
+    floor: list[float] = []
+    used: set[str] = set()
+    try:
+        assert served.stdout is not None
+        if not served.stdout.readline().startswith("{"):
+            raise RuntimeError("serve did not become ready")
+        for i in range(reps + 1):
+            if i:
+                floor.append(_floor_cli(state, runtime))
+            _pool_ready(state, used, 1)
+            try:
+                wall, _, run_id = _cli_run(state, runtime, path="serve")
+            except RuntimeError as exc:
+                if "not serve" in str(exc):
+                    return [], []
+                raise
+            used.add(run_id)  # a warm member's run id is its label's: the pool's next member is another
+            if i:
+                out.append(wall)  # the first also opened the host's pool for this runtime
+    finally:
+        served.terminate()  # SIGTERM: drain, destroy the pool, exit
+        try:
+            served.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            served.kill()
+            served.wait()
+        if served.stdout is not None:
+            served.stdout.close()
+        state.configure(runtime)
+    return out, floor
 
 
 def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
     """Process to process, as a user meets it: `agentnode-sandbox run --json` of the trivial agent against
     `docker run --rm ... python3 -c 'import grpc'` (the docker CLI floor), interleaved; then, a quarter as
-    often, a new interpreter doing only the command's imports."""
+    often, a new interpreter doing only the command's imports, and one importing only the two libraries any
+    host of this design needs (the engine SDK, gRPC); then the same command while a `serve` host runs."""
     ours: list[float] = []
     runs: list[float] = []
     floor: list[float] = []
     _cli_run(state, runtime)  # the engine's image and volume caches, the page cache of our modules
     for _ in range(reps):
         floor.append(_floor_cli(state, runtime))
-        wall, duration = _cli_run(state, runtime)
+        wall, duration, _ = _cli_run(state, runtime)
         ours.append(wall)
         runs.append(duration)
-    imports = [_cli_imports() for _ in range(max(1, math.ceil(reps / 4)))]
+    quarter = max(1, math.ceil(reps / 4))
+    imports = [_cli_imports() for _ in range(quarter)]
+    libraries = [_cli_imports("docker, grpc") for _ in range(quarter)]
+    served, served_floor = _cli_served(state, runtime, reps)
     return {
         "process_ms": summary(ours),
         "docker_cli_ms": summary(floor),
         "ratio": ratio(med(summary(ours)), med(summary(floor))),
         "run_duration_ms": summary(runs),
         "imports_ms": summary(imports),
+        "library_imports_ms": summary(libraries),
+        "served_process_ms": summary(served),
+        "served_docker_cli_ms": summary(served_floor),
+        "served_ratio": ratio(med(summary(served)), med(summary(served_floor))) if served else None,
     }
 
 

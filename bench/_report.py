@@ -202,7 +202,12 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         row("process to process: run --json / docker run", rt, c.get("ratio"), goal=f"<= {CLI_RATIO:g}x",
             ok=_at_most(CLI_RATIO), unit="x",
             floor=f"docker run {_m(c, 'docker_cli_ms')} ms, ours {_m(c, 'process_ms')} ms: the run "
-                  f"{_m(c, 'run_duration_ms')} ms, imports alone {_m(c, 'imports_ms')} ms")
+                  f"{_m(c, 'run_duration_ms')} ms, imports alone {_m(c, 'imports_ms')} ms, of which a new "
+                  f"interpreter importing only the engine SDK and gRPC {_m(c, 'library_imports_ms')} ms")
+        if c.get("served_ratio") is not None:
+            row("process to process, a serve host running: run --json / docker run", rt,
+                c.get("served_ratio"), goal=f"<= {CLI_RATIO:g}x", ok=_at_most(CLI_RATIO), unit="x",
+                floor=f"docker run {_m(c, 'served_docker_cli_ms')} ms, ours {_m(c, 'served_process_ms')} ms")
     for rt, levels in results.get("concurrency", {}).items():
         for n in THROUGHPUT_LEVELS:
             c = levels.get(n) or {}
@@ -378,7 +383,10 @@ _CLI = (
     "`python -m host`), against `docker run --rm --network none --runtime R --entrypoint python3 <pinned "
     "image> -c 'import grpc'`, interleaved. median / p95 in ms; ratio = ours / docker's, per repetition. "
     "The run's own duration_ms (from its JSON) and a new interpreter doing only the command's imports say "
-    "where the process's time goes."
+    "where the process's time goes; a new interpreter importing only the engine SDK (docker) and gRPC is "
+    "the floor of any host of this design written in Python. Then the same command while `serve` runs for "
+    "the same config with a pool of one for the agent (`run` finds its default socket and submits there; "
+    "`path` serve), interleaved with docker run again."
 )
 _CONCURRENCY = (
     "N trivial runs submitted at once to one host (a fresh process per level and repetition), then N "
@@ -517,9 +525,13 @@ def _body(results: Mapping[str, Any]) -> list[str]:
                      for rt, c in cold.items() for mode, v in (c.get("teardown_steps_ms") or {}).items()])
     out += _section("Process to process", _CLI,
                     ("runtime", "docker run (CLI)", "agentnode-sandbox run --json", "ratio",
-                     "of it: the run (duration_ms)", "imports alone (new interpreter)"),
+                     "of it: the run (duration_ms)", "imports alone (new interpreter)",
+                     "engine SDK + gRPC imports alone", "a serve host running: run --json",
+                     "its docker run", "its ratio"),
                     [(rt, _mp(c.get("docker_cli_ms")), _mp(c.get("process_ms")), _f(c.get("ratio"), "x"),
-                      _mp(c.get("run_duration_ms")), _mp(c.get("imports_ms")))
+                      _mp(c.get("run_duration_ms")), _mp(c.get("imports_ms")),
+                      _mp(c.get("library_imports_ms")), _mp(c.get("served_process_ms")),
+                      _mp(c.get("served_docker_cli_ms")), _f(c.get("served_ratio"), "x"))
                      for rt, c in results.get("cli", {}).items()])
     calls: Mapping[str, Any] = results.get("calls", {})
     out += _section("Per-call overhead", _CALLS,
