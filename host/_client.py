@@ -17,6 +17,10 @@ from host._events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._result import RunResult
 
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_NOT_SERVING = b"\x08\x02"
+"""grpc.health.v1.HealthCheckResponse{status: NOT_SERVING} on the wire (serve says it from its drain on)."""
+
 
 class RunnerClient:
     """Submits runs to `agentnode-sandbox serve`; keep one per process, it holds a persistent channel.
@@ -44,18 +48,31 @@ class RunnerClient:
         self._ensure_ready()
 
     def _ensure_ready(self) -> None:
-        """Fail fast (with the fix) when nothing serves the socket, instead of waiting forever."""
+        """Fail fast (with the fix) when nothing serves the socket, or its host is draining, instead of
+        waiting forever. One health check (grpc.health.v1, waiting for the connection up to the timeout):
+        any answer, UNIMPLEMENTED included, is a server. Not grpc.channel_ready_future: its connectivity
+        poller makes the channel's close wait up to 0.2 s, which a one-shot `run` would pay at exit."""
         if self._ready:
             return
+        check = self._channel.unary_unary(_HEALTH_CHECK)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=self._connect_timeout)
-        except grpc.FutureTimeoutError:
-            raise EngineError(
-                f"nothing answers on {self.socket_path}",
-                reason=AuditReason.ENGINE_UNAVAILABLE,
-                hint="start the host: agentnode-sandbox serve (the admin socket is owner-only)",
-                check="serve",
-            ) from None
+            answer = check(b"", timeout=self._connect_timeout, wait_for_ready=True)
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise EngineError(
+                    f"nothing answers on {self.socket_path}",
+                    reason=AuditReason.ENGINE_UNAVAILABLE,
+                    hint="start the host: agentnode-sandbox serve (the admin socket is owner-only)",
+                    check="serve",
+                ) from None
+        else:
+            if answer == _NOT_SERVING:
+                raise EngineError(
+                    f"the host on {self.socket_path} is shutting down (it takes no new runs)",
+                    reason=AuditReason.ENGINE_UNAVAILABLE,
+                    hint="wait for it to stop and start it again, or run without it (--no-serve)",
+                    check="serve",
+                )
         self._ready = True
 
     def __enter__(self) -> RunnerClient:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from host._errors import AuditReason, SandboxError
-from host._outcome import Outcome
+
+if TYPE_CHECKING:  # (the admin client imports this module, and needs none of the run server's)
+    from host._outcome import Outcome
 
 
 @dataclass

@@ -228,3 +228,72 @@ def test_global_options_stay_with_the_caller_and_the_command_goes_to_the_host(
     finally:
         server.stop(grace=None).wait(5)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the client's readiness check ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("health", [None, "SERVING", "NOT_SERVING"])
+def test_the_client_knows_a_host_from_a_draining_one(health: str | None) -> None:
+    """Any answer is a host (an admin server without the health service says UNIMPLEMENTED); one whose
+    health says NOT_SERVING (serve's drain) is refused before anything is submitted."""
+    from grpc_health.v1 import health as grpc_health
+    from grpc_health.v1 import health_pb2
+
+    from host._errors import EngineError
+
+    checks = None
+    if health is not None:
+        checks = grpc_health.HealthServicer()
+        checks.set("", getattr(health_pb2.HealthCheckResponse, health))
+    host = FakeHost()
+    root = Path(tempfile.mkdtemp(prefix="an-admin-"))
+    server = build_admin_server(host, root / "s" / "admin.sock", health=checks)  # type: ignore[arg-type]
+    server.start()
+    try:
+        with RunnerClient(root / "s" / "admin.sock", connect_timeout=5) as client:
+            if health == "NOT_SERVING":
+                with pytest.raises(EngineError, match="shutting down") as info:
+                    client.submit("agent")
+                assert "--no-serve" in (info.value.hint or "") and host.runs == []
+            else:
+                assert client.submit("agent").success and len(host.runs) == 1
+    finally:
+        server.stop(grace=None).wait(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_client_says_nothing_answers_on_a_dead_socket(tmp_path: Path) -> None:
+    from host._errors import EngineError
+
+    with RunnerClient(tmp_path / "gone.sock", connect_timeout=0.5) as client:
+        with pytest.raises(EngineError, match="nothing answers"):
+            client.submit("agent")
+
+
+def test_run_passes_over_a_draining_serve_host_and_runs_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host found on the config's socket that is draining gets no run: `run` runs it in this process
+    (here: no engine, so the local run's own refusal, with path local)."""
+    from grpc_health.v1 import health as grpc_health
+    from grpc_health.v1 import health_pb2
+
+    from host._cli import main
+
+    config = Path(tempfile.mkdtemp(prefix="an-cfg-"))  # short: the socket path must fit
+    monkeypatch.setenv("AGENTNODE_CONFIG", str(config))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    checks = grpc_health.HealthServicer()
+    checks.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    host = FakeHost()
+    server = build_admin_server(host, config / "agentnode-admin.sock", health=checks)  # type: ignore[arg-type]
+    server.start()
+    try:
+        code = main(["run", "agent", "--json"])
+    finally:
+        server.stop(grace=None).wait(5)
+        shutil.rmtree(config, ignore_errors=True)
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["path"] == "local" and host.runs == []
