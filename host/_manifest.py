@@ -27,9 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-import yaml.nodes
-
 from host._errors import ManifestError
 from host._terminal import safe_line
 
@@ -265,46 +262,6 @@ class ManifestWarnings:
         return self._items + ([f"... and {self._more} more warnings"] if self._more else [])
 
 
-class _Refused(yaml.MarkedYAMLError):
-    """YAML this host does not accept even though it is valid YAML."""
-
-
-class StrictLoader(yaml.SafeLoader):
-    """SafeLoader whose composer refuses anchors, aliases and deep nesting.
-
-    A few hundred bytes of aliases expand to gigabytes once constructed (and then into the lockfile), so an
-    anchor is refused where it is declared, before anything is built; no real manifest needs one.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: yaml.nodes.Node | None, index: int) -> yaml.nodes.Node | None:
-        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
-        mark = event.start_mark if isinstance(event.start_mark, yaml.Mark) else None
-        if isinstance(event, yaml.AliasEvent):
-            raise _Refused(problem="aliases (*name, <<: *name) are not allowed", problem_mark=mark)
-        if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
-            raise _Refused(problem="anchors (&name) are not allowed", problem_mark=mark)
-        if self._depth >= MAX_YAML_DEPTH:
-            raise _Refused(problem=f"nesting deeper than {MAX_YAML_DEPTH} levels", problem_mark=mark)
-        self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def load_yaml(text: str) -> Any:
-    """Parse one YAML document with StrictLoader; raises yaml.YAMLError (or ValueError for a bad value)."""
-    loader = StrictLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def _read_manifest_bytes(path: Path) -> bytes:
     """The manifest bytes: links and non-regular files refused before opening, big files before reading."""
     try:
@@ -344,14 +301,16 @@ def load_manifest(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: manifest is not UTF-8", hint=_HINT) from exc
+    from host._yaml import YamlError, YamlRefused, load_yaml, yaml_location, yaml_problem  # noqa: PLC0415
+
     try:
-        data = load_yaml(text)
-    except _Refused as exc:
-        where = f"{path}{_yaml_location(exc)}"
+        data = load_yaml(text, max_depth=MAX_YAML_DEPTH)
+    except YamlRefused as exc:
+        where = f"{path}{yaml_location(exc)}"
         raise ManifestError(f"{where}: YAML not accepted: {exc.problem}", hint=_STRICT_HINT) from None
-    except yaml.YAMLError as exc:
-        where = f"{path}{_yaml_location(exc)}"
-        raise ManifestError(f"{where}: invalid YAML{_yaml_problem(exc)}", hint=_HINT) from None
+    except YamlError as exc:
+        where = f"{path}{yaml_location(exc)}"
+        raise ManifestError(f"{where}: invalid YAML{yaml_problem(exc)}", hint=_HINT) from None
     except (ValueError, OverflowError, RecursionError) as exc:  # e.g. an integer of 5,000 digits, a bad date
         raise ManifestError(f"{path}: a value cannot be read ({type(exc).__name__})", hint=_HINT) from None
     return parse_manifest(data, source=str(path), warnings=warnings)
@@ -494,18 +453,6 @@ def _when_problem(expr: str) -> str | None:
     if not left.strip().startswith("$"):
         return "the left side must be a $reference ($input.<key> or $steps.<name>)"
     return None
-
-
-def _yaml_location(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    problem = getattr(exc, "problem", None)
-    if not isinstance(problem, str):
-        return ""
-    return " (" + "".join(c if c.isprintable() else "?" for c in problem)[:100] + ")"
 
 
 class _Parser:

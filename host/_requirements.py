@@ -39,14 +39,16 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from host._errors import PackError
 from host._image import sha256_file
 from host._terminal import safe_line, safe_token
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 Progress = Callable[[str], None]
 
@@ -150,6 +152,8 @@ def validate_requirement(text: object, index: int) -> Requirement:
             f"{_shown(text)} looks like a pip option; only PEP 508 requirements are installed",
             "remove it; the host decides where packages come from (install --offline --find-links DIR)",
         )
+    from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415  (install only)
+
     try:
         req = Requirement(text)
     except InvalidRequirement:
@@ -186,6 +190,8 @@ class Declared:
 
     @property
     def names(self) -> frozenset[str]:
+        from packaging.requirements import Requirement  # noqa: PLC0415  (install only)
+
         return frozenset(canonicalize_name(Requirement(r).name) for r in self.requirements)
 
 

@@ -372,7 +372,7 @@ RUN_NEEDS = ("docker", "grpc", "google.protobuf")
 RUN_NEEDS_NOT = ("openai", "anthropic", "httpx", "prometheus_client", "opentelemetry", "kubernetes", "kopf",
                  "sandbox_wrapper._context", "sandbox_wrapper._runner", "host._serve",
                  "host._client", "host._k8s_client", "host._k8s_api", "host._metrics", "host._doctor",
-                 "host._scaffold", "host.aio")  # fmt: skip
+                 "host._scaffold", "host.aio", "yaml", "packaging.requirements")  # fmt: skip
 IMPORT_PROBE = """
 import contextlib, io, json, sys
 from host._cli import main
@@ -388,7 +388,8 @@ def test_a_trivial_run_loads_only_what_it_uses(
     host_state: HostState, make_agent: Callable[..., Path]
 ) -> None:
     """A one-shot `run` of an agent that calls no tool and no model needs the engine SDK and gRPC; not the
-    providers' SDKs, metrics, tracing, Kubernetes, the serve host or its client, doctor, the scaffolder."""
+    providers' SDKs, metrics, tracing, Kubernetes, the serve host or its client, doctor, the scaffolder, nor
+    the YAML and requirement parsers (the lockfile holds the validated manifest)."""
     host_state.install(make_agent("trivial-imports", "def run(context, **kwargs):\n    return {'ok': 1}\n"))
     proc = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE, json.dumps(["run", "trivial-imports", "--json"]),

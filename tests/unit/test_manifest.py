@@ -22,15 +22,14 @@ from host._manifest import (
     ManifestWarnings,
     OrchestrationStep,
     PackDependency,
-    StrictLoader,
     ToolpackManifest,
     ToolSpec,
     check_llm_access,
     load_manifest,
-    load_yaml,
     manifest_data,
     parse_manifest,
 )
+from host._yaml import StrictLoader, load_yaml
 
 AGENT_YAML = """\
 package_id: research-agent
@@ -417,8 +416,9 @@ def test_strict_loader_is_a_safe_loader() -> None:
     """What the loader refuses is on top of SafeLoader (no Python tags), not instead of it."""
     assert issubclass(StrictLoader, yaml.SafeLoader)
     with pytest.raises(yaml.YAMLError):
-        load_yaml("a: !!python/object/apply:os.system [true]\n")
-    assert load_yaml("a: {<<: {b: 1}, c: 2}\n") == {"a": {"b": 1, "c": 2}}  # a merge without an alias
+        load_yaml("a: !!python/object/apply:os.system [true]\n", max_depth=MAX_YAML_DEPTH)
+    merged = load_yaml("a: {<<: {b: 1}, c: 2}\n", max_depth=MAX_YAML_DEPTH)  # a merge without an alias
+    assert merged == {"a": {"b": 1, "c": 2}}
 
 
 def test_deep_nesting_is_refused_before_the_composer_recurses(tmp_path: Path) -> None:
