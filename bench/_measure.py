@@ -316,23 +316,42 @@ def _cli_imports(modules: str = "host._cli, host._runner") -> float:
     return _since(t)
 
 
+@contextlib.contextmanager
+def _serving(state: BenchState, runtime: str, *args: str) -> Iterator[None]:
+    """`serve` with `args` in its own process, as an operator runs it (the clients here never share its
+    interpreter; its host package is CODE_ROOT's: under --compare, the revision measured), once ready;
+    afterwards SIGTERM (drain, destroy the pool, exit) and the host config back to plain `runtime`."""
+    served = subprocess.Popen(
+        [sys.executable, "-m", "host", "serve", *args, "--json", "--drain-seconds", "10"],
+        cwd=CODE_ROOT, env={**state.env, "PYTHONPATH": str(CODE_ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert served.stdout is not None
+        if not served.stdout.readline().startswith("{"):
+            raise RuntimeError("serve did not become ready")
+        yield
+    finally:
+        served.terminate()
+        try:
+            served.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            served.kill()
+            served.wait()
+        if served.stdout is not None:
+            served.stdout.close()
+        state.configure(runtime)
+
+
 def _cli_served(state: BenchState, runtime: str, reps: int) -> tuple[list[float], list[float]]:
     """The same command while `serve` runs for the config (its default socket, a pool of one for the trivial
     agent): `run` finds it and submits there. (process ms of each, docker run's interleaved with them);
     nothing when this revision's `run` does not look for a serve host."""
     state.configure(runtime, pool={"size": 1, "idle_ttl_seconds": 3600})
-    served = subprocess.Popen(
-        [sys.executable, "-m", "host", "serve", "--warm", state.trivial, "--json", "--drain-seconds", "10"],
-        cwd=CODE_ROOT, env={**state.env, "PYTHONPATH": str(CODE_ROOT)}, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
     out: list[float] = []
     floor: list[float] = []
     used: set[str] = set()
-    try:
-        assert served.stdout is not None
-        if not served.stdout.readline().startswith("{"):
-            raise RuntimeError("serve did not become ready")
+    with _serving(state, runtime, "--warm", state.trivial):
         for i in range(reps + 1):
             if i:
                 floor.append(_floor_cli(state, runtime))
@@ -346,16 +365,6 @@ def _cli_served(state: BenchState, runtime: str, reps: int) -> tuple[list[float]
             used.add(run_id)  # a warm member's run id is its label's: the pool's next member is another
             if i:
                 out.append(wall)  # the first also opened the host's pool for this runtime
-    finally:
-        served.terminate()  # SIGTERM: drain, destroy the pool, exit
-        try:
-            served.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            served.kill()
-            served.wait()
-        if served.stdout is not None:
-            served.stdout.close()
-        state.configure(runtime)
     return out, floor
 
 
@@ -889,14 +898,6 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     """
     state.configure(runtime, pool={"size": pool_size, "idle_ttl_seconds": 3600})
     socket = state.root / "admin.sock"
-    # serve in its own process, as an operator runs it: the clients here never share its interpreter. Its
-    # host package is CODE_ROOT's (under --compare, that of the revision measured).
-    served = subprocess.Popen(
-        [sys.executable, "-m", "host", "serve", "--socket", str(socket), "--warm", state.trivial, "--json",
-         "--drain-seconds", "10"],
-        cwd=CODE_ROOT, env={**state.env, "PYTHONPATH": str(CODE_ROOT)}, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
     server_ms: list[float] = []
     client_ms: list[float] = []
     aio_ms: list[float] = []
@@ -912,10 +913,11 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
 
     warm_runs = 0
     used: set[str] = set()
-    try:
-        assert served.stdout is not None
-        if not served.stdout.readline().startswith("{"):
-            raise RuntimeError("serve did not become ready")
+    with contextlib.ExitStack() as serving:
+        serving.callback(loop.close)  # (last: callbacks run in reverse, after serve has stopped)
+        serving.callback(loop_thread.join, 30)
+        serving.callback(loop.call_soon_threadsafe, loop.stop)
+        serving.enter_context(_serving(state, runtime, "--socket", str(socket), "--warm", state.trivial))
         aclient = AsyncRunnerClient(socket)  # its channel opens in `loop`, on first use
         with RunnerClient(socket) as client:
             for i in range(2 * reps + 2):
@@ -946,19 +948,6 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                                        ("finish", s["done"] - s["agent_done"])):
                         stages.setdefault(key, []).append(value)
         in_loop(aclient.close())
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(timeout=30)
-        loop.close()
-        served.terminate()  # SIGTERM: drain, destroy the pool, exit
-        try:
-            served.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            served.kill()
-            served.wait()
-        if served.stdout is not None:
-            served.stdout.close()
-        state.configure(runtime)
     server = summary(server_ms)
     sync_client, aio_client = summary(client_ms), summary(aio_ms)
     p50, p95 = med(server), server.get("p95")
