@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,10 @@ def run(context, **kwargs):
 class Agent:
     """A node agent serving the cluster's node on a thread (what `serve --node` runs)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, kube: KubeApi | None = None) -> None:
         self.stop = threading.Event()
         self.code: list[int] = []
-        kube = KubeApi(cluster.api.api_client())
+        kube = kube or KubeApi(cluster.api.api_client())
         packs = PackStore(cluster.packs_root)
         self.thread = threading.Thread(
             target=lambda: self.code.append(serve_node(cluster.env, stop=self.stop, kube=kube, packs=packs)),
@@ -179,6 +180,32 @@ def test_an_evicted_pod_ends_its_run_failed(cluster: Cluster, agent: Agent) -> N
     (record,) = cluster.audit()
     assert record["reason"] == status["errorCode"]
     eventually(lambda: not _pods(cluster), what="the pod deleted")
+
+
+def test_a_pod_evicted_before_its_run_was_wired_ends_the_run_at_once(cluster: Cluster) -> None:
+    """The eviction's watch event arrives while the run is still being admitted (no workload to hand it
+    to yet): the node agent reads the pod once its workload is registered, so the run ends failed now,
+    not at its deadline. (No kubelet here: nothing else would ever end it.)"""
+    cluster.install("sleepy", SLEEPER)
+    pod = cluster.place(cluster.submit("sleepy", "early"))
+
+    class EvictWhileAdmitting(KubeApi):
+        def patch_agentrun_status(self, ref: Any, status: Any) -> dict[str, Any]:
+            patched = super().patch_agentrun_status(ref, status)
+            if status == {"phase": "Running"}:  # the node agent took the pod; its run is not wired yet
+                evicted = {"phase": "Failed", "reason": "Evicted"}
+                cluster.api.set_status("pods", NAMESPACE, pod["metadata"]["name"], evicted)
+                time.sleep(0.5)  # the watch delivers the event while there is no workload for it
+            return patched
+
+    agent = Agent(cluster, EvictWhileAdmitting(cluster.api.api_client()))
+    try:
+        status = ended(cluster, "early")
+        assert status["success"] is False and status["errorCode"]
+        (record,) = cluster.audit()
+        assert record["reason"] == status["errorCode"]
+    finally:
+        agent.close()
 
 
 def test_an_agentrun_deleted_mid_run_cancels_it(cluster: Cluster, agent: Agent) -> None:
