@@ -911,6 +911,13 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     def in_loop(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=900)
 
+    async def awaited(coro: Any) -> tuple[Any, float]:
+        """`coro`'s result and the ms its await took, timed in the loop as the service awaiting it sees it
+        (not this thread's hand-off to the loop and back, which no asyncio service pays)."""
+        t = time.perf_counter()
+        value = await coro
+        return value, _since(t)
+
     warm_runs = 0
     used: set[str] = set()
     with contextlib.ExitStack() as serving:
@@ -924,12 +931,13 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
                 through_aio = i % 2 == 1
                 _pool_ready(state, used, pool_size)
                 time.sleep(settle)
-                t = time.perf_counter()
                 if through_aio:
-                    result = _ok(in_loop(aclient.submit(state.trivial, timeout=600)))
+                    result, elapsed = in_loop(awaited(aclient.submit(state.trivial, timeout=600)))
+                    result = _ok(result)
                 else:
+                    t = time.perf_counter()
                     result = _ok(client.submit(state.trivial, timeout=600))
-                elapsed = _since(t)
+                    elapsed = _since(t)
                 used.add(result.run_id)
                 if i < 2:
                     continue  # each client's first call also opens its channel
@@ -950,6 +958,10 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         in_loop(aclient.close())
     server = summary(server_ms)
     sync_client, aio_client = summary(client_ms), summary(aio_ms)
+    # Each client's own share of its runs (client side - server side, run by run): the server's time is the
+    # same path for both and its spread (large under runsc) cancels out of the difference of these.
+    aio_share = summary([c - s for c, s in zip(aio_ms, aio_server_ms, strict=True)])
+    sync_share = summary([c - s for c, s in zip(client_ms, server_ms, strict=True)])
     p50, p95 = med(server), server.get("p95")
     return {
         "pool_size": pool_size,
@@ -961,6 +973,10 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         "aio_server_ms": summary(aio_server_ms),
         "aio_over_sync_ms": (None if med(aio_client) is None or med(sync_client) is None
                              else round((med(aio_client) or 0.0) - (med(sync_client) or 0.0), 3)),
+        "aio_client_share_ms": aio_share,
+        "sync_client_share_ms": sync_share,
+        "aio_share_over_sync_ms": (None if med(aio_share) is None or med(sync_share) is None
+                                   else round((med(aio_share) or 0.0) - (med(sync_share) or 0.0), 3)),
         "p95_over_p50": ratio(p95, p50),
         "stages_ms": {k: summary(v) for k, v in stages.items()},
         "audit_append_ms": _audit_append(state, max(reps, 5)),

@@ -198,6 +198,12 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             ok=_at_most(goal), unit=" ms", floor=_warm_floor(w))
         row("warm run p95 / p50 (server side)", rt, w.get("p95_over_p50"), goal="<= 2x", ok=lambda v: v <= 2,
             unit="x", floor=f"p50 {_m(w, 'server_ms')} ms, p95 {_fmt(_get(w, 'server_ms', 'p95'))} ms")
+        if w.get("aio_share_over_sync_ms") is not None:
+            row("warm run through host.aio - blocking client (each client's share of its runs)", rt,
+                w.get("aio_share_over_sync_ms"), goal="<= 1 ms", ok=_at_most(1), unit=" ms",
+                floor=f"client p50 {_m(w, 'aio_client_ms')} (host.aio) vs {_m(w, 'client_ms')} ms "
+                      f"(blocking), their share {_m(w, 'aio_client_share_ms')} vs "
+                      f"{_m(w, 'sync_client_share_ms')} ms")
     for rt, c in results.get("cli", {}).items():
         row("process to process: run --json / docker run", rt, c.get("ratio"), goal=f"<= {CLI_RATIO:g}x",
             ok=_at_most(CLI_RATIO), unit="x",
@@ -407,8 +413,12 @@ _WARM = (
     "`serve` (its own process) with a warm pool, one persistent `RunnerClient` over the admin socket, runs "
     "submitted one "
     "at a time after the pool refilled. Server side = `stages['done']` (request received -> result); "
-    "client side = around `submit`; the host.aio client (`AsyncRunnerClient.submit`, awaited) takes every "
-    "other run, interleaved with the blocking one. Cold = the cold runs above up to their result (teardown "
+    "client side = around `submit`; the host.aio client (`AsyncRunnerClient.submit`, awaited, timed in its "
+    "event loop) takes every "
+    "other run, interleaved with the blocking one; host.aio over blocking = the difference of their client "
+    "medians, and the Targets table's host.aio row the difference of each client's share of its runs "
+    "(client side - server side, run by run), from which the server's own spread cancels out. Cold = the "
+    "cold runs above up to their result (teardown "
     "excluded, as `serve` tears down after answering); speed-up = that over each repetition's warm median. "
     "median / p95 in ms; p95 / p50 per repetition; then medians of the server-side parts, and one audit "
     "append timed alone (median / p95)."

@@ -194,7 +194,8 @@ def _rep(k: float, *, tool_ratio: float = 1.2, throughput: float = 4.0) -> dict[
                             "first_chunk_overhead_ms": 0.5, "sandbox_rpc_floor_ms": _s(0.3)}},
         "warm": {"runc": {"pool_size": 4, "submitted": 10, "warm_runs": 10, "server_ms": _s(13.0 * k),
                           "client_ms": _s(15.8), "aio_client_ms": _s(16.0), "aio_server_ms": _s(13.1),
-                          "aio_over_sync_ms": 0.2, "p95_over_p50": 1.3,
+                          "aio_over_sync_ms": 0.2, "p95_over_p50": 1.3, "aio_client_share_ms": _s(2.9),
+                          "sync_client_share_ms": _s(2.8), "aio_share_over_sync_ms": 0.1,
                           "stages_ms": {"claim": _s(0.4), "handover": _s(0.44), "agent": _s(6.5),
                                         "finish": _s(4.8)},
                           "audit_append_ms": _s(1.0),
@@ -297,6 +298,9 @@ def test_report_renders_every_section_with_spreads_and_the_unstable_list() -> No
     assert "| first streamed chunk: sandbox - direct provider (median) | runc | 0.50 ms ±0% " \
         "| 0.50 / 0.50 / 0.50 | <= 1 ms | **met** |  |" in text
     assert "| cold | 0.40 | 1 | 1.60 | 3 | 60.0 | 9.00 |" in text  # load before / after the section
+    # issue 16's host.aio target, from each client's share of its runs
+    assert "| warm run through host.aio - blocking client (each client's share of its runs) | runc " \
+        "| 0.10 ms ±0% | 0.10 / 0.10 / 0.10 | <= 1 ms | **met** |  |" in text
     # issue 19's process-to-process target, with where the process's time goes beside it
     assert "| process to process: run --json / docker run | runc | 2.40x ±30% ⚠ | 2.40 / 3.12 / 2.40 " \
         "| <= 1.15x | **unstable** | docker run 380 ms, ours 900 ms: the run 450 ms, imports alone " \
