@@ -8,6 +8,7 @@ escapes controls, bidi and other invisible characters); --json output is strict 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -432,6 +433,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say("warning: the audit record could not be written", err=True)
 
     _emit(args, payload, human)
+    if path != RUN_PATH_KUBERNETES:
+        _EXIT.closed = True  # the host closed (container gone, record durable, spans flushed), or the client
     if exit_code == EXIT_INTERRUPTED:
         return exit_code
     return EXIT_OK if result.success else EXIT_FAILED
@@ -1121,4 +1124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
 
 
-__all__ = ["build_parser", "main"]
+class _EXIT:
+    closed = False
+    """Set by `run` once all it opened is closed: `entry` may then leave without the interpreter's own
+    teardown (finalizing gRPC, the engine client's pools and every module: ~0.1 s a one-shot run would
+    otherwise pay after its result is printed)."""
+
+
+def entry() -> NoReturn:
+    """The `agentnode-sandbox` console script (and `python -m host`): `main()`, then exit with its code."""
+    code = main()
+    if _EXIT.closed:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
+
+
+__all__ = ["build_parser", "entry", "main"]
