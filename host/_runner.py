@@ -280,7 +280,9 @@ class SandboxHost:
             run.fetched(work.session.fetched_at)
             if ending is not Ending.REPORTED:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
-            if not (self.teardowns.background and a.sandboxed) or run.on_log is not None:
+            # A background teardown (serve) answers without waiting for the log stream's end when the engine
+            # streams output as it is written (Docker): the lines are in already. Podman's arrive late.
+            if not (self.teardowns.background and a.sandboxed) or run.on_log is not None or work.logs_lag:
                 ended = ending in (Ending.REPORTED, Ending.EXITED)
                 # the last lines: a follower gets them all before the result
                 work.settle_logs(_LOG_SETTLE_ENDED_SECONDS if ended else _LOG_SETTLE_SECONDS)

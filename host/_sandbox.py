@@ -90,6 +90,12 @@ class Sandbox(Workload):
     probes: list[PidsProbe] = field(default_factory=list)
     memory: list[MemoryProbe] = field(default_factory=list)
 
+    @property
+    def logs_lag(self) -> bool:
+        """Podman's log follow passes a container's output on hundreds of milliseconds late (conmon writes a
+        log file that the API server tails); Docker's streams it from the container's own pipes."""
+        return self.spec.engine is EngineKind.PODMAN
+
     @classmethod
     def launch(
         cls,

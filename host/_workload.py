@@ -202,6 +202,12 @@ class Workload:
         """The run's socket directory disappeared from the host (something removed it under us)."""
         return not self.rundir.path.exists()
 
+    @property
+    def logs_lag(self) -> bool:
+        """Whether the engine delivers the workload's output well after the process wrote it, so a result
+        must wait for the log stream's end to carry its last lines (see the runner's settle)."""
+        return False
+
     def settle_logs(self, timeout: float) -> None:
         """Give the log drain a moment to reach the end: the wrapper exits right after it reports."""
         if self._drainer is not None:
