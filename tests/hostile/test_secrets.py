@@ -13,7 +13,7 @@ from tests.support.fake_llm import Behaviour
 pytestmark = pytest.mark.docker
 
 HUNTER = r"""
-import json, os, re, subprocess
+import json, os, re, subprocess, time
 
 PATTERN = re.compile(rb"sk-[A-Za-z0-9_-]{6,}")
 
@@ -33,8 +33,15 @@ CONTROLS = {k: "sk" + "-control-" + k + "-4d9a1c" for k in ("env", "environ", "c
 def run(context, **kwargs):
     # The controls: an sk- string planted where each scan looks, which that scan must find.
     os.environ["AGENTNODE_SCAN_CONTROL"] = CONTROLS["env"]
-    child = subprocess.Popen(["sh", "-c", "sleep 60", CONTROLS["cmdline"]],
+    # Two commands, so the shell stays (a lone `sleep` would replace it, and its argument with it); and
+    # the scan starts only once the child shows its controls, not while it is still being exec'd.
+    child = subprocess.Popen(["sh", "-c", "sleep 60; exit 0", CONTROLS["cmdline"]],
                              env={"PATH": os.environ["PATH"], "SCAN_CONTROL": CONTROLS["environ"]})
+    for _ in range(500):
+        shown = read(f"/proc/{child.pid}/cmdline") + read(f"/proc/{child.pid}/environ")
+        if CONTROLS["cmdline"].encode() in shown and CONTROLS["environ"].encode() in shown:
+            break
+        time.sleep(0.01)
     with open("/tmp/scan-control.txt", "w") as fh:
         fh.write(CONTROLS["file"])
     found = {"env": sorted(scan("\n".join(f"{k}={v}" for k, v in os.environ.items()).encode()))}
