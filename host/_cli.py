@@ -166,10 +166,10 @@ def _printable(result: RunResult) -> RunResult:
 
 
 FAILURE_LOG_LINES = 10
+"""The agent's last output lines a failed run shows in human mode (when they were not followed live)."""
 
 RUN_PATH_LOCAL, RUN_PATH_SERVE, RUN_PATH_KUBERNETES = "local", "serve", "kubernetes"
 """`run --json`'s `path`: run in this process, on a `serve` host (found, or --via), or as an AgentRun."""
-"""The agent's last output lines a failed run shows in human mode (when they were not followed live)."""
 
 
 def _caller(args: argparse.Namespace) -> Any:

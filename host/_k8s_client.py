@@ -41,7 +41,7 @@ from host._k8s_objects import (
     is_dns_label,
 )
 from host._k8s_pod import POD_START_GRACE_SECONDS
-from host._k8s_run import TERMINAL_PHASES, result_json
+from host._k8s_run import RUN_PATH, TERMINAL_PHASES, result_json
 from host._manifest import SLUG_RE
 from host._vocab import Runtime
 
@@ -329,7 +329,7 @@ def _failure(error: str, code: AuditReason, hint: str, *, run_id: str, started: 
         "duration_ms": int((time.monotonic() - started) * 1000),
         "hint": hint,
         "logs": "",
-        "path": "kubernetes",
+        "path": RUN_PATH,
     }
 
 

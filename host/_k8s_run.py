@@ -152,6 +152,10 @@ RESULT_DEPTH = 512
 """How deep a result read back from a status may nest: as deep as a local run's (host/_cli.RESULT_DEPTH)."""
 
 
+RUN_PATH = "kubernetes"
+"""`run --json`'s `path` for a run submitted as an AgentRun."""
+
+
 def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
     """A finished AgentRun's status as `run --backend kubernetes --json` prints it (its `path` kubernetes);
     a field of the wrong type reads as absent (the status is written by our node agent, but read as input)."""
@@ -178,7 +182,7 @@ def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
         "duration_ms": duration if isinstance(duration, int) and not isinstance(duration, bool) else 0,
         "hint": text["hint"] or None,
         "logs": "",
-        "path": "kubernetes",
+        "path": RUN_PATH,
     }
 
 

@@ -227,7 +227,7 @@ class Lockfile:
     def put(self, entry: LockEntry) -> LockEntry | None:
         size = len(json.dumps(entry.to_json()))
         if size > MAX_LOCK_ENTRY_BYTES:
-            raise _entry_too_big(entry.slug, size)
+            raise entry_too_big(entry.slug, size)
         with self._locked():
             data = self._read()
             previous = data["packages"].get(entry.slug)
@@ -243,7 +243,7 @@ class Lockfile:
         return LockEntry.from_json(previous) if previous else None
 
 
-def _entry_too_big(slug: str, size: int) -> PackError:
+def entry_too_big(slug: str, size: int) -> PackError:
     return PackError(
         f"the validated manifest of {slug} takes {size // 1024} KiB, over the {MAX_LOCK_ENTRY_BYTES // 1024} "
         "KiB a lockfile entry may hold",

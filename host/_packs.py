@@ -42,7 +42,7 @@ from host._lockfile import (
     MAX_LOCK_ENTRY_BYTES,
     LockEntry,
     Lockfile,
-    _entry_too_big,
+    entry_too_big,
 )
 from host._manifest import (
     MANIFEST_NAME,
@@ -607,7 +607,7 @@ def install_pack(
         raise PackError(f"{manifest.slug}: the manifest does not survive storage", hint="report this bug")
     stored_size = len(json.dumps(stored))
     if stored_size > MAX_LOCK_ENTRY_BYTES:
-        raise _entry_too_big(manifest.slug, stored_size)
+        raise entry_too_big(manifest.slug, stored_size)
     is_agent = isinstance(manifest, AgentManifest)
     if is_agent:
         if client is None and level not in HOST_TRUST:
