@@ -72,6 +72,7 @@ from host._requirements import (
     resolve,
     site_archive,
 )
+from host._tararchive import upload_tar
 from host._terminal import safe_line
 from host._vocab import HOST_TRUST, Trust
 
@@ -80,6 +81,8 @@ LABEL_PACK_VERSION = "io.agentnode.sandbox.pack-version"
 MAX_PACK_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES = 32 * 1024 * 1024
 MAX_PACK_ENTRIES = 10_000
+#: How much of an engine's own error text an install failure quotes (escaped, one line).
+ENGINE_TEXT_LIMIT = 200
 """Directory entries an install looks at (files, directories, skipped debris): bounds the walk and the tar."""
 MAX_PACK_DEPTH = 32
 _CHUNK = 1 << 20
@@ -367,7 +370,7 @@ def _snapshot(pack_dir: Path) -> Iterator[_Snapshot]:
 def _archive(root_fd: int, scan: _Scan, archive: IO[bytes]) -> str:
     """Write the scanned files into `archive` as a tar with neutral metadata; returns the artifact hash."""
     h = hashlib.sha256()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
+    with upload_tar(archive) as tar:
         for f in scan.files:
             fd = _open_file(root_fd, f)
             try:
@@ -381,7 +384,6 @@ def _archive(root_fd: int, scan: _Scan, archive: IO[bytes]) -> str:
                 h.update(f.rel.encode() + b"\0" + reader.finish())
             finally:
                 os.close(fd)
-    archive.seek(0)
     return h.hexdigest()
 
 
@@ -470,18 +472,10 @@ def populate_volume(
                     ),
                 )
                 try:
-                    archive.seek(0)  # streamed from disk, never read into memory whole
-                    if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, archive):
-                        raise PackError(
-                            "the engine refused the pack files", hint="check the engine's storage"
-                        )
+                    _upload(client, holder["Id"], archive, "the pack files")
                     if extra is not None:
                         with extra() as more:
-                            if not client.api.put_archive(holder["Id"], PACK_DIR_IN_CONTAINER, more):
-                                raise PackError(
-                                    "the engine refused the pack's requirements",
-                                    hint="check the engine's storage",
-                                )
+                            _upload(client, holder["Id"], more, "the pack's requirements")
                 finally:
                     client.api.remove_container(holder["Id"], force=True)
             except BaseException:
@@ -496,11 +490,38 @@ def populate_volume(
             hint="build it first: agentnode-sandbox image build",
         ) from None
     except EngineRejected as exc:
-        raise PackError(
-            f"the engine failed while creating the pack volume ({exc.status})",
-            reason=AuditReason.ENGINE_UNAVAILABLE,
-            hint="check with: agentnode-sandbox doctor",
-        ) from None
+        raise _fill_failed(exc) from None
+
+
+def _fill_failed(exc: EngineRejected) -> PackError:
+    """The install's error for an engine failure while the volume was made: the engine's own words, escaped
+    and cut short, since they are the operator's only clue (a full disk, a storage driver's bug)."""
+    return PackError(
+        f"the engine failed while creating the pack volume ({exc.status}: "
+        f"{safe_line(exc.explanation, limit=ENGINE_TEXT_LIMIT)})",
+        reason=AuditReason.ENGINE_UNAVAILABLE,
+        hint="install again; if it fails the same way, check with: agentnode-sandbox doctor",
+    )
+
+
+def _upload(client: docker.DockerClient, holder: str, archive: IO[bytes], what: str) -> None:
+    """Copy one tar into the holder's volume, streamed from disk (never read into memory whole).
+
+    An engine failure (5xx) is tried once more: Podman's upload fails now and then on a sound archive
+    (containers/buildah#6573), and a second copy of the same tar writes the same files. A refusal (4xx),
+    or a second failure, ends the install.
+    """
+    for attempt in (1, 2):
+        archive.seek(0)
+        try:
+            with engine_errors():
+                if client.api.put_archive(holder, PACK_DIR_IN_CONTAINER, archive):
+                    return
+        except EngineRejected as exc:
+            if attempt == 2 or exc.status is None or exc.status < 500 or isinstance(exc, EngineNotFound):
+                raise
+            continue
+        raise PackError(f"the engine refused {what}", hint="check the engine's storage")
 
 
 def _volume(client: docker.DockerClient, name: str) -> Volume | None:

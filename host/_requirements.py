@@ -45,6 +45,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from host._errors import PackError
 from host._image import sha256_file
+from host._tararchive import upload_tar
 from host._terminal import safe_line, safe_token
 
 if TYPE_CHECKING:
@@ -685,7 +686,7 @@ def compile_site(site: Path, shown_as: str) -> None:
 def site_archive(site: Path, prefix: str) -> Iterator[IO[bytes]]:
     """A tar of `site` under `prefix/` (directories 0755, files 0644 or 0755, owned by root, mtime 0)."""
     with tempfile.TemporaryFile(prefix="agentnode-site-") as archive:
-        with tarfile.open(fileobj=archive, mode="w") as tar:
+        with upload_tar(archive) as tar:
             for top, dirs, names in os.walk(site):
                 dirs.sort()
                 rel_top = Path(top).relative_to(site)
@@ -709,7 +710,6 @@ def site_archive(site: Path, prefix: str) -> Iterator[IO[bytes]]:
                         info.mode = 0o755 if st.st_mode & 0o111 else 0o644
                         with path.open("rb") as fh:
                             tar.addfile(info, fh)
-        archive.seek(0)
         yield archive
 
 

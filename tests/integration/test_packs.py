@@ -19,6 +19,7 @@ from docker.types import Mount
 
 from host._engine import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG, owner_token
 from host._packs import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
+from host._tararchive import upload_tar
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker
@@ -182,7 +183,7 @@ def test_reinstalling_identical_content_reuses_the_volume(
     )
     try:
         buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
+        with upload_tar(buf) as tar:
             info = tarfile.TarInfo("sentinel.txt")
             info.size = 4
             tar.addfile(info, io.BytesIO(b"kept"))

@@ -14,13 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import docker.errors
 import pytest
+import requests
 
 from host import _lockfile, _packs
 from host._config import ConfigPaths, config_paths
-from host._errors import AuditReason, ManifestError, PackError
+from host._errors import AuditReason, EngineRejected, ManifestError, PackError
 from host._manifest import load_manifest, manifest_data
 from host._packs import (
     LockEntry,
@@ -31,6 +33,7 @@ from host._packs import (
     verify_volume,
     volume_name,
 )
+from tests.support.tars import assert_ends_at_marker
 
 MARKER_MODULE = textwrap.dedent(
     """
@@ -129,6 +132,7 @@ def test_pack_tar_holds_exactly_the_hashed_files_with_neutral_metadata(tmp_path:
     (pack / "src" / "__pycache__").mkdir()
     (pack / "src" / "__pycache__" / "mod.pyc").write_bytes(b"\0")
     with _packs._snapshot(pack) as snap, tarfile.open(fileobj=snap.archive) as tar:
+        assert_ends_at_marker(snap.archive)
         assert snap.digest == artifact_hash(pack) and snap.dirs == {"src"}
         members = {m.name: m for m in tar.getmembers()}
         assert set(members) == {"agentnode.yaml", "src/mod.py", "src/tool.sh"}
@@ -682,3 +686,58 @@ def test_only_pack_volume_names_are_created_or_removed() -> None:
             version="1.0.0",  # type: ignore[arg-type]
             archive=io.BytesIO(),
         )
+
+
+class _Api:
+    """The engine API's archive upload only, answering with the statuses it is given (None: accepted)."""
+
+    def __init__(self, *statuses: int | None) -> None:
+        self.statuses = list(statuses)
+        self.uploads: list[bytes] = []
+
+    def put_archive(self, container: str, path: str, data: IO[bytes]) -> bool:
+        self.uploads.append(data.read())
+        status = self.statuses.pop(0)
+        if status is None:
+            return True
+        response = requests.Response()
+        response.status_code = status
+        raise docker.errors.APIError("refused", response=response, explanation=f"said {status}\x1b[2J")
+
+
+class _Client:
+    def __init__(self, api: _Api) -> None:
+        self.api = api
+
+
+@pytest.mark.parametrize(
+    ("statuses", "uploads", "raises"),
+    [
+        ([None], 1, None),
+        ([500, None], 2, None),  # an engine failure is tried once more, from the archive's start
+        ([500, 500], 2, 500),
+        ([400], 1, 400),  # a refusal is not retried
+        ([404], 1, 404),
+    ],
+)
+def test_an_upload_is_tried_again_once_after_an_engine_failure(
+    statuses: list[int | None], uploads: int, raises: int | None
+) -> None:
+    api = _Api(*statuses)
+    archive = io.BytesIO(b"tar bytes")
+    archive.read(3)  # a previous reader left the position elsewhere
+    if raises is None:
+        _packs._upload(_Client(api), "holder", archive, "the pack files")  # type: ignore[arg-type]
+    else:
+        with pytest.raises(EngineRejected) as caught:
+            _packs._upload(_Client(api), "holder", archive, "the pack files")  # type: ignore[arg-type]
+        assert caught.value.status == raises
+    assert api.uploads == [b"tar bytes"] * uploads
+
+
+def test_an_engine_failure_while_filling_the_volume_quotes_the_engine_escaped() -> None:
+    exc = EngineRejected("x", status=500, explanation="passing bulk input\x1b]0;t\x07" + "y" * 500)
+    error = _packs._fill_failed(exc)
+    assert "(500: passing bulk input\\x1b]0;t\\x07" in str(error) and "\x1b" not in str(error)
+    assert len(str(error)) < 400 and "install again" in error.hint
+    assert error.reason is AuditReason.ENGINE_UNAVAILABLE

@@ -38,6 +38,7 @@ from host._requirements import (
 from host._tools import ResolvedTool, ToolRunner
 from host._wiring import lookup_toolpack
 from sandbox_wrapper import _runner
+from tests.support.tars import assert_ends_at_marker
 
 ESC = "\x1b]0;pwned\x07\x1b[2K"
 
@@ -295,8 +296,10 @@ def test_wheels_unpack_into_an_import_root_and_archive_under_a_prefix(tmp_path: 
     assert (site / "demo" / "__init__.py").read_text() == "X = 1\n"
     assert (site / "extra_mod.py").exists() and (site / "demo-1.0.dist-info" / "METADATA").exists()
     assert not (site / "demo-cli").exists() and not (site / "share").exists()  # nothing runs scripts
-    with rq.site_archive(site, "src/.agentnode-site") as archive, tarfile.open(fileobj=archive) as tar:
-        members = {m.name: m for m in tar.getmembers()}
+    with rq.site_archive(site, "src/.agentnode-site") as archive:
+        assert_ends_at_marker(archive)
+        with tarfile.open(fileobj=archive) as tar:
+            members = {m.name: m for m in tar.getmembers()}
     assert members["src/.agentnode-site"].isdir() and members["src/.agentnode-site/demo"].isdir()
     assert members["src/.agentnode-site/demo/__init__.py"].mode == 0o644
     assert all(m.uid == 0 and m.gid == 0 and m.mtime == 0 for m in members.values())
