@@ -19,8 +19,9 @@ class FakeEngine:
 
     `status` answers every request with that error status; otherwise /version, /_ping and /info answer
     like an engine (`info` is the /info body, `version` adds to the /version body: Podman's names itself
-    in `Components`); Podman's own /libpod/info answers `libpod_info` and its container inspect answers
-    with `oci_runtime` as the container's runtime.
+    in `Components`, and its /_ping then says libpod's API version, as Podman's does); Podman's own
+    /libpod/info answers `libpod_info` and its container inspect answers with `oci_runtime` as the
+    container's runtime.
     """
 
     def __init__(
@@ -85,7 +86,10 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                     200, {"ApiVersion": "1.45", "Version": "fake", "MinAPIVersion": "1.24", **engine.version}
                 )
             elif path == "/_ping":
-                self._send(200, "OK")
+                names = [str(c.get("Name", "")) for c in engine.version.get("Components", [])]
+                podman = any(name.startswith("Podman") for name in names)
+                headers = {"Api-Version": "1.45", **({"Libpod-Api-Version": "4.3.1"} if podman else {})}
+                self._send(200, "OK", headers)
             elif path == "/info":
                 self._send(200, engine.info)
             elif engine.libpod_info is not None and path == f"{LIBPOD}/info":
@@ -97,9 +101,11 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         do_HEAD = do_GET
 
-        def _send(self, status: int, body: Any) -> None:
+        def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
             payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

@@ -477,9 +477,26 @@ def test_doctor_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
     assert snapshot() == before
 
 
+class _DockerdPing:
+    """The low-level API's part a ping uses, answering as dockerd does (no libpod header)."""
+
+    headers = {"Api-Version": "1.41", "Server": "Docker/27.0 (linux)"}
+
+    def _url(self, path: str, versioned_api: bool = True) -> str:
+        return path
+
+    def _get(self, url: str) -> _DockerdPing:
+        return self
+
+    def _raise_for_status(self, response: object) -> None:
+        return None
+
+
 class InfoOnly:
-    """An engine client stand-in that answers `info()` and a dockerd `version()` (the client is injected by
+    """An engine client stand-in that answers `info()` and a dockerd `/_ping` (the client is injected by
     design)."""
+
+    api = _DockerdPing()
 
     def __init__(self, **info: Any) -> None:
         self._info = {"ServerVersion": "27.0", "Runtimes": {"runc": {}, "runsc": {}},
@@ -487,9 +504,6 @@ class InfoOnly:
 
     def info(self) -> dict[str, Any]:
         return self._info
-
-    def version(self) -> dict[str, Any]:
-        return {"Components": [{"Name": "Engine"}]}
 
 
 def _capability_error(runtime: str, **facts: Any) -> EngineError:

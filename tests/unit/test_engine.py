@@ -42,6 +42,7 @@ from host._engine import (
     container_spec,
     engine_errors,
     engine_facts,
+    engine_kind,
     facts_from,
     owner_alive,
     owner_token,
@@ -474,8 +475,8 @@ def engine() -> Iterator[FakeEngine]:
 def test_connect_pings_the_engine_named_by_docker_host(engine: FakeEngine) -> None:
     client = connect({"DOCKER_HOST": engine.docker_host})
     try:
-        # The API version is negotiated: unversioned /version first, then the server's version.
-        assert engine.raw_paths == ["/version", "/v1.45/_ping"]
+        # The API version is negotiated as `docker` does it: one unversioned /_ping names the server's.
+        assert engine.raw_paths == ["/_ping"]
         facts = engine_facts(client)
     finally:
         client.close()
@@ -662,14 +663,15 @@ def test_pids_probe_finds_a_pids_events_file_for_a_live_process() -> None:
 def test_one_connection_serves_requests_for_every_container() -> None:
     """docker-py keys its Unix-socket pools by the whole URL: each container's requests opened a fresh
     connection (and pool). Ours share one pool, so consecutive calls about different containers reuse the
-    connection the ping opened; and no request reads proxy settings from the environment."""
+    connection the first one opened; and no request reads proxy settings from the environment."""
     with FakeEngine() as engine:
         client = connect({"DOCKER_HOST": engine.docker_host})
         try:
-            opened = engine.connections
+            opened = None
             for n in range(6):
                 with pytest.raises(docker.errors.NotFound):
                     client.api.inspect_container(f"{n:064x}")
+                opened = opened or engine.connections
             assert engine.paths[-6:] == [f"/containers/{n:064x}/json" for n in range(6)]
             assert engine.connections == opened
             assert client.api.trust_env is False
@@ -716,7 +718,10 @@ DOCKERD_INFO = {
     "Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "runc": {"path": "runc"},
                  "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}},
 }  # fmt: skip
-DOCKERD_VERSION = {"Components": [{"Name": "Engine"}, {"Name": "containerd"}, {"Name": "runc"}]}
+DOCKERD_PING = {"Api-Version": "1.41", "Docker-Experimental": "false", "Ostype": "linux",
+                "Server": "Docker/20.10.24+dfsg1 (linux)"}  # fmt: skip
+PODMAN_PING = {"Api-Version": "1.41", "Docker-Experimental": "true", "Libpod-Api-Version": "4.3.1",
+               "Libpod-Buildah-Version": "1.28.2", "Server": "Libpod/4.3.1 (linux)"}  # fmt: skip
 PODMAN_INFO = {
     "Architecture": "amd64", "OSType": "linux", "CgroupVersion": "1", "CgroupDriver": "cgroupfs",
     "SecurityOptions": ["name=seccomp,profile=default"], "MemoryLimit": True, "SwapLimit": True,
@@ -739,9 +744,16 @@ PODMAN_VERSION = {
 }
 
 
+def test_the_engine_is_told_by_its_ping_headers_in_any_case() -> None:
+    assert engine_kind(DOCKERD_PING) is EngineKind.DOCKER and engine_kind({}) is EngineKind.DOCKER
+    assert engine_kind(PODMAN_PING) is EngineKind.PODMAN
+    assert engine_kind({"libpod-api-version": "5.0.0"}) is EngineKind.PODMAN
+    assert engine_kind({"Libpod-Api-Version": ""}) is EngineKind.DOCKER
+
+
 def test_both_engines_answers_normalize_to_the_same_terms() -> None:
-    docker_facts = facts_from(DOCKERD_INFO, DOCKERD_VERSION)
-    podman_facts = facts_from(PODMAN_INFO, PODMAN_VERSION, PODMAN_LIBPOD)
+    docker_facts = facts_from(DOCKERD_INFO, EngineKind.DOCKER)
+    podman_facts = facts_from(PODMAN_INFO, EngineKind.PODMAN, PODMAN_LIBPOD)
     assert (docker_facts.kind, podman_facts.kind) == (EngineKind.DOCKER, EngineKind.PODMAN)
     for facts in (docker_facts, podman_facts):
         assert (facts.architecture, facts.os, facts.cgroup_version) == ("x86_64", "linux", "1")
@@ -756,7 +768,7 @@ def test_both_engines_answers_normalize_to_the_same_terms() -> None:
 
 def test_rootless_podman_without_delegated_controllers_is_refused() -> None:
     """Its compatible /info claims every limit; the run would have none. Refused, naming delegation."""
-    facts = facts_from(PODMAN_INFO, PODMAN_VERSION, ROOTLESS_V1_LIBPOD)
+    facts = facts_from(PODMAN_INFO, EngineKind.PODMAN, ROOTLESS_V1_LIBPOD)
     assert facts.rootless and "rootless" in facts.security_options
     assert not (facts.memory_limit or facts.swap_limit or facts.pids_limit)
     err = refusal(facts, "crun")
@@ -764,18 +776,18 @@ def test_rootless_podman_without_delegated_controllers_is_refused() -> None:
     delegated = {
         "host": {**ROOTLESS_V1_LIBPOD["host"], "cgroupVersion": "v2", "cgroupControllers": ["memory", "pids"]}
     }
-    require_capable(facts_from({**PODMAN_INFO, "CgroupVersion": "2"}, PODMAN_VERSION, delegated), "crun")
+    require_capable(facts_from({**PODMAN_INFO, "CgroupVersion": "2"}, EngineKind.PODMAN, delegated), "crun")
 
 
 def test_rootless_and_security_options_are_read_by_name() -> None:
     """Rootless dockerd says so among its security options (Podman's own /libpod/info decides there)."""
     options = ["name=seccomp,profile=default", "name=rootless", "name=cgroupns"]
-    facts = facts_from({**DOCKERD_INFO, "SecurityOptions": options}, DOCKERD_VERSION)
+    facts = facts_from({**DOCKERD_INFO, "SecurityOptions": options}, EngineKind.DOCKER)
     assert facts.rootless and facts.security_options == frozenset({"seccomp", "rootless", "cgroupns"})
 
 
 def test_podman_offers_only_its_default_runtime() -> None:
-    facts = facts_from({**PODMAN_INFO, "DefaultRuntime": "runc"}, PODMAN_VERSION, PODMAN_LIBPOD)
+    facts = facts_from({**PODMAN_INFO, "DefaultRuntime": "runc"}, EngineKind.PODMAN, PODMAN_LIBPOD)
     require_capable(facts, "runc")
     for runtime, says in (("runsc", "--host-uds=open"), ("crun", 'runtime = "crun"')):
         err = refusal(facts, runtime)
@@ -785,7 +797,7 @@ def test_podman_offers_only_its_default_runtime() -> None:
 
 def test_an_engine_without_pids_accounting_is_refused() -> None:
     facts = dataclasses.replace(
-        facts_from(PODMAN_INFO, PODMAN_VERSION, PODMAN_LIBPOD), pids_limit=False, rootless=True
+        facts_from(PODMAN_INFO, EngineKind.PODMAN, PODMAN_LIBPOD), pids_limit=False, rootless=True
     )
     err = refusal(facts, "crun")
     assert err.reason is AuditReason.MEMORY_LIMIT_UNSUPPORTED and "pids" in err.message
@@ -800,7 +812,7 @@ def test_engine_facts_reads_which_engine_answers() -> None:
         finally:
             client.close()
         assert "/v4.0.0/libpod/info" in fake.paths  # Podman's own answer is asked for
-    assert facts == facts_from(PODMAN_INFO, PODMAN_VERSION, ROOTLESS_V1_LIBPOD) and facts.rootless
+    assert facts == facts_from(PODMAN_INFO, EngineKind.PODMAN, ROOTLESS_V1_LIBPOD) and facts.rootless
 
 
 @pytest.mark.parametrize("used", ["runc", "crun"])
