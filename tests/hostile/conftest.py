@@ -492,6 +492,7 @@ class Lab:
         for name in self.volumes:
             with contextlib.suppress(docker.errors.APIError):
                 self.client.volumes.get(name).remove()
+        self.state.remove_volumes()  # those installed another way (the CLI) as well
         return self.sightings, leftovers
 
 

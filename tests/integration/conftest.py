@@ -25,8 +25,10 @@ def _no_leftover_containers(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture
-def host_state(tmp_path: Path, pinned_image: str, docker_client: docker.DockerClient) -> HostState:
-    return HostState(tmp_path, pinned_image, docker_client)
+def host_state(tmp_path: Path, pinned_image: str, docker_client: docker.DockerClient) -> Iterator[HostState]:
+    state = HostState(tmp_path, pinned_image, docker_client)
+    yield state
+    state.remove_volumes()  # the engine would keep every test's pack volumes for good
 
 
 @pytest.fixture

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
 from host._config import load_config
+from host._lockfile import Lockfile
 from host._packs import LockEntry, install_pack
 from host._runner import SandboxHost
 
@@ -45,6 +48,19 @@ class HostState:
 
     def host(self, **kwargs: Any) -> SandboxHost:
         return SandboxHost(env=self.env, client_factory=lambda: self.client, **kwargs)
+
+    def remove_volumes(self) -> list[str]:
+        """Remove the pack volumes this host's lockfile names, however they were installed (API, CLI, via a
+        serve host): each test's packs are its own, and the engine keeps a volume until told. A volume still
+        in use, or already gone, is left; returns the names removed."""
+        removed = []
+        lock = self.dir / "agentnode.lock"
+        names = {e.sandbox_volume for e in Lockfile(lock).entries().values()} if lock.is_file() else set()
+        for name in sorted(n for n in names if n):
+            with contextlib.suppress(docker.errors.APIError):
+                self.client.volumes.get(name).remove()
+                removed.append(name)
+        return removed
 
     def audit(self) -> list[dict[str, Any]]:
         """The runs' end records (`agent_run`), oldest first; `audit_all` includes the start records."""
