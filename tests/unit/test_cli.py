@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -480,7 +480,7 @@ def test_doctor_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
 class _DockerdPing:
     """The low-level API's part a ping uses, answering as dockerd does (no libpod header)."""
 
-    headers = {"Api-Version": "1.41", "Server": "Docker/27.0 (linux)"}
+    headers: ClassVar[dict[str, str]] = {"Api-Version": "1.41", "Server": "Docker/27.0 (linux)"}
 
     def _url(self, path: str, versioned_api: bool = True) -> str:
         return path
