@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import enum
 import errno
@@ -341,10 +342,14 @@ def engine_errors() -> Iterator[None]:
 def engine_facts(client: docker.DockerClient) -> EngineFacts:
     """Read what the engine is and supports; an unreachable engine is classified, never raised raw."""
     with engine_errors():
-        info: dict[str, Any] = client.info()
         kind = engine_kind(ping(client))
-        libpod = _libpod_get(client, "/info") if kind is EngineKind.PODMAN else None
-    return facts_from(info, kind, libpod)
+        if kind is EngineKind.DOCKER:
+            return facts_from(client.info(), kind)
+        # Podman takes ~0.4 s over each of its two answers (4.3, rootful): ask for both at once.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="libpod-info") as other:
+            libpod = other.submit(_libpod_get, client, "/info")
+            info: dict[str, Any] = client.info()
+            return facts_from(info, kind, libpod.result())
 
 
 def ping(client: docker.DockerClient) -> Mapping[str, str]:

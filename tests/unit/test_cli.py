@@ -538,7 +538,16 @@ def test_capability_checks_show_both_problems_at_once() -> None:
 
 
 def test_capability_checks_classify_an_engine_that_stops_answering() -> None:
-    class Gone:
+    class Gone(_DockerdPing):
+        """Every request meets a closed socket: the ping as much as /info."""
+
+        def _get(self, url: str) -> _DockerdPing:
+            raise ConnectionRefusedError("gone")
+
+        @property
+        def api(self) -> Gone:
+            return self
+
         def info(self) -> dict[str, Any]:
             raise ConnectionRefusedError("gone")
 
