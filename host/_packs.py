@@ -81,9 +81,9 @@ LABEL_PACK_VERSION = "io.agentnode.sandbox.pack-version"
 MAX_PACK_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES = 32 * 1024 * 1024
 MAX_PACK_ENTRIES = 10_000
-#: How much of an engine's own error text an install failure quotes (escaped, one line).
-ENGINE_TEXT_LIMIT = 200
 """Directory entries an install looks at (files, directories, skipped debris): bounds the walk and the tar."""
+ENGINE_TEXT_LIMIT = 200
+"""How much of an engine's own error text an install failure quotes (escaped, on one line)."""
 MAX_PACK_DEPTH = 32
 _CHUNK = 1 << 20
 SKIP_DIRS = frozenset(
