@@ -44,7 +44,9 @@ class WarmPools:
     exited, outlived the idle TTL, or belong to a pool nobody asked for are destroyed by the filler.
     Every `CURRENT_CHECK_SECONDS` the filler asks `is_current(spec)` (is that pack version still the
     installed one?); a pool whose pack was uninstalled or replaced stops refilling, its members are
-    destroyed and `retired(spec)` lets the owner drop what only that pool used (its pack volume).
+    destroyed and `retired(spec)` lets the owner drop what only that pool used (its pack volume). Closing
+    offers every pool to `retired` too, once its members are gone: a pack uninstalled while its members
+    were still up (their volume in use, so kept) is dropped then, not left on the engine for good.
     """
 
     CURRENT_CHECK_SECONDS = 1.0
@@ -130,16 +132,21 @@ class WarmPools:
             return sum(len(v) for v in self._members.values()) + sum(self._launching.values())
 
     def close(self) -> None:
-        """Destroy every member; no member survives the pool."""
+        """Destroy every member; no member survives the pool. Then offer each pool to `retired`."""
         with self._cond:
             self._closed = True
             doomed = [b for v in self._members.values() for b in v]
             self._members.clear()
+            specs = list(self._specs.values())
             self._cond.notify_all()
         self._filler.join(timeout=60)
         for box in doomed:
             with contextlib.suppress(Exception):
                 self._destroy(box)
+        if self._retired is not None:
+            for spec in specs:
+                with contextlib.suppress(Exception):
+                    self._retired(spec)
 
     # -- filler -------------------------------------------------------------------------------------
 

@@ -171,7 +171,7 @@ def test_run_via_a_socket_nobody_serves(host_state: HostState) -> None:
 
 
 def test_pack_and_inspection_commands_run_on_the_serve_host_via_its_socket(
-    host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path
+    host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
     pack = make_agent("remote-agent", """
         def run(context, **kwargs):
@@ -211,3 +211,5 @@ def test_pack_and_inspection_commands_run_on_the_serve_host_via_its_socket(
         _, err = serve.communicate(timeout=120)
     assert serve.returncode == 0, err
     assert [r["reason"] for r in host_state.audit()] == ["agent_completed"]
+    # Uninstalled while the host's warm members used its volume: the host drops it once they are gone.
+    assert [v.name for v in docker_client.volumes.list(filters={"name": entry["sandbox_volume"]})] == []

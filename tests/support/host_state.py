@@ -13,7 +13,7 @@ import docker.errors
 
 from host._config import load_config
 from host._lockfile import Lockfile
-from host._packs import LockEntry, install_pack
+from host._packs import LABEL_PACK, LockEntry, install_pack
 from host._runner import SandboxHost
 
 
@@ -35,6 +35,8 @@ class HostState:
         if os.environ.get("DOCKER_HOST"):  # the engine under test (Podman's pass names its socket)
             self.env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
         self.write_config({})
+        # A pack volume's name is its content's: one already there (the demo's hello-agent) is shared.
+        self._volumes_before = {v.name for v in client.volumes.list(filters={"label": LABEL_PACK})}
 
     def write_config(self, agent_sandbox: dict[str, Any]) -> None:
         section = {"image": self.image, **agent_sandbox}
@@ -50,13 +52,14 @@ class HostState:
         return SandboxHost(env=self.env, client_factory=lambda: self.client, **kwargs)
 
     def remove_volumes(self) -> list[str]:
-        """Remove the pack volumes this host's lockfile names, however they were installed (API, CLI, via a
-        serve host): each test's packs are its own, and the engine keeps a volume until told. A volume still
-        in use, or already gone, is left; returns the names removed."""
+        """Remove the pack volumes this host's lockfile names that were not on the engine when it was made,
+        however they were installed (API, CLI, via a serve host): the engine keeps a volume until told, and
+        one that was there before may be another config's (same pack, same content, same name). A volume
+        still in use, or already gone, is left; returns the names removed."""
         removed = []
         lock = self.dir / "agentnode.lock"
         names = {e.sandbox_volume for e in Lockfile(lock).entries().values()} if lock.is_file() else set()
-        for name in sorted(n for n in names if n):
+        for name in sorted(n for n in names if n and n not in self._volumes_before):
             with contextlib.suppress(docker.errors.APIError):
                 self.client.volumes.get(name).remove()
                 removed.append(name)

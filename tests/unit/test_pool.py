@@ -556,6 +556,26 @@ def test_close_destroys_every_member_and_stops_the_filler(
     assert engine.started == started
 
 
+def test_close_offers_every_pool_to_retired_once_its_members_are_gone(
+    engine: Engine, make_pools: Callable[..., ObservedPools]
+) -> None:
+    """A pack uninstalled while its members ran kept its volume (in use): closing is its last chance."""
+    offered: list[tuple[SandboxSpec, list[int]]] = []
+
+    def on_retired(s: SandboxSpec) -> None:
+        offered.append((s, [b.destroyed for b in engine.of(s)]))
+        raise OSError("volume busy")  # one failing offer does not stop the others
+
+    pools = make_pools(PoolSettings(size=1), retired=on_retired)
+    a, b = spec("agent-a"), spec("agent-b")
+    pools.want(a)
+    pools.want(b)
+    until(lambda: pools.total() == 2)
+    pools.close()
+    assert sorted((s.slug, d) for s, d in offered) == [("agent-a", [1]), ("agent-b", [1])]
+    assert pools.retired_pools == 0  # nothing was found stale: the count stays the filler's
+
+
 def test_a_member_launched_while_closing_is_destroyed() -> None:
     engine = Engine(permits=1)
     pools = ObservedPools(engine.launch, PoolSettings(size=2), destroy=engine.destroy)
