@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._drive import drive, say
-from bench._plan import FULL, SMOKE, Plan, parse_sections
+from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
 from bench._report import IMAGE_ROOT, REPO, finish, machine_facts, render, render_compare
 from bench._sections import measure_one
 from bench._state import BenchState
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny counts, 2 repetitions, runc unless --runtimes: proves the code runs")
     parser.add_argument("--runtimes", default=None, help="comma-separated (default: runc,runsc; smoke: runc)")
     parser.add_argument("--sections", default=None,
-                        help="comma-separated subset of: broker_tools, cold, calls, tool_sandbox, broker, "
-                             "warm, concurrency (default: all, in that order)")
+                        help=f"comma-separated subset of: {', '.join(SECTION_NAMES)} (default: all, in that "
+                             "order)")
     parser.add_argument("--reps", type=int, default=None,
                         help="repetitions of each section (default: full 3, smoke 2)")
     parser.add_argument("--compare", metavar="REV", default=None,
