@@ -509,7 +509,8 @@ def _upload(client: docker.DockerClient, holder: str, archive: IO[bytes], what: 
 
     An engine failure (5xx) is tried once more: Podman's upload fails now and then on a sound archive
     (containers/buildah#6573), and a second copy of the same tar writes the same files. A refusal (4xx),
-    or a second failure, ends the install.
+    a holder that vanished (EngineNotFound, which the engine may answer with a 500), or a second failure
+    ends the install.
     """
     for attempt in (1, 2):
         archive.seek(0)
