@@ -259,12 +259,19 @@ class _OpenAiAdapter:
         self._timeouts: tuple[type[Exception], ...] = (openai.APITimeoutError, httpx2.TimeoutException)
         self._rate_limited = openai.RateLimitError
 
-    def _bounds(self, max_tokens: int) -> dict[str, Any]:
-        return {"max_completion_tokens": max_tokens} if self._completion_bound else {"max_tokens": max_tokens}
+    def _body(self, request: Prepared, max_tokens: int) -> dict[str, Any]:
+        """The request's fields as sent, passed as `extra_body`: the SDK's `create` walks every typed argument
+        against its parameter TypedDicts (for aliases and formats) before sending, ~0.35 ms for one message,
+        ~0.8 ms for 8 tools and a 2 KiB schema and ~2.4 ms for a 12-message tool loop, on every call. What
+        openai_request builds is plain JSON that walk leaves as it is (tests/unit/test_broker_tools.py checks
+        it against the installed SDK), so skipping it sends the same body. `messages` is a required
+        argument: it is given empty and the body's own replaces it (extra_body wins over typed fields)."""
+        bound = "max_completion_tokens" if self._completion_bound else "max_tokens"
+        return {**openai_request(request), bound: max_tokens}
 
     def complete(self, request: Prepared, max_tokens: int) -> Completion:
         resp = self._client.chat.completions.create(
-            model=self._model, **_as_any(openai_request(request)), **self._bounds(max_tokens)
+            model=self._model, messages=[], extra_body=self._body(request, max_tokens)
         )
         choice = resp.choices[0]
         taken: set[str] = set()
@@ -283,10 +290,10 @@ class _OpenAiAdapter:
         calls = CallStream(request)
         with self._client.chat.completions.create(
             model=self._model,
-            **_as_any(openai_request(request)),
+            messages=[],
             stream=True,
             stream_options={"include_usage": True},
-            **self._bounds(max_tokens),
+            extra_body=self._body(request, max_tokens),
         ) as chunks:
             for chunk in chunks:
                 usage = chunk.usage or usage
@@ -425,11 +432,6 @@ class _AnthropicAdapter:
         if isinstance(exc, self._rate_limited):
             return WireReason.LLM_RATE_LIMITED
         return WireReason.LLM_UNAVAILABLE
-
-
-def _as_any(request: dict[str, Any]) -> Any:
-    """Our validated request fields are exactly the SDKs' parameter TypedDicts."""
-    return request
 
 
 # --- .env: parsed, never executed --------------------------------------------------------------------

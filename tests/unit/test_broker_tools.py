@@ -787,6 +787,59 @@ def test_a_call_without_tools_is_unchanged_on_the_wire(srv: FakeLlmServer) -> No
     assert set(anthropic_body) == {"model", "messages", "max_tokens"}
 
 
+SDK_SHAPES = [
+    LlmCall([USER]),
+    LlmCall(LOOP, tools=[REVERSE, COUNT], tool_choice="required"),
+    LlmCall(LOOP, tools=[COUNT, REVERSE], tool_choice="auto", response_format={"type": "json_object"}),
+    LlmCall([USER], response_format={"type": "json_object"}),
+    LlmCall(
+        [USER],
+        tools=[COUNT],
+        response_format={
+            "type": "json_schema",
+            "name": "answer",
+            "schema": json.dumps(
+                {
+                    "type": "object",
+                    "properties": {"n": {"type": "integer", "minimum": 0}},
+                    "required": ["n"],
+                    "additionalProperties": False,
+                }
+            ),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("call", SDK_SHAPES)
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_openai_body_is_what_the_sdks_create_would_send(call: LlmCall, streaming: bool) -> None:
+    """The adapter hands its body to `create` as extra_body, skipping the SDK's walk over typed arguments:
+    that is sound only while the walk would leave every field as it is, checked here against the SDK
+    installed (a change there fails this test, not the wire)."""
+    from openai._utils import maybe_transform
+    from openai.types.chat import completion_create_params as params
+
+    body = {"model": "m", **openai_request(prepared(call)), "max_completion_tokens": 64}
+    shape = params.CompletionCreateParamsStreaming if streaming else params.CompletionCreateParamsNonStreaming
+    assert maybe_transform(body, shape) == body
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_openai_wire_body_is_the_request_as_built(streaming: bool, srv: FakeLlmServer) -> None:
+    """`messages=[]` goes to create only because it is required: the body's own messages replace it."""
+    srv.default = Behaviour(json_value={"n": 1})
+    call = SDK_SHAPES[-1]
+    complete(session("openai", srv), call, streaming)
+    [request] = srv.requests
+    sent = dict(request.body)
+    assert sent.pop("model") and sent.pop("max_completion_tokens") > 0
+    if streaming:
+        assert (sent.pop("stream"), sent.pop("stream_options")) == (True, {"include_usage": True})
+    assert sent == openai_request(prepared(call))
+    assert sent["messages"] and srv.problems == []
+
+
 def test_screen_refuses_too_many_tools_before_decoding(srv: FakeLlmServer) -> None:
     sess = session("openai", srv)
     sess.screen(tool_count=MAX_TOOLS)  # passes, counts nothing
