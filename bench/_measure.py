@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import struct
@@ -47,14 +48,28 @@ from sandbox_wrapper._proto.agentnode.sandbox.v1 import tools_pb2
 n, warmup = int(sys.argv[1]), int(sys.argv[2])
 payload = tools_pb2.RunToolRequest(package_slug=sys.argv[3], tool_name="noop", arguments_json="{}")
 payload = payload.SerializeToString()
-echo = open_channel(os.environ["AGENTNODE_SOCKET"]).unary_unary(sys.argv[4])
+channel = open_channel(os.environ["AGENTNODE_SOCKET"])
+if sys.argv[5:] == ["stream"]:  # time to the first message of a server stream, which is then read out
+    stream = channel.unary_stream(sys.argv[4])
+
+    def echo(request, **kwargs):
+        t = time.perf_counter()
+        answers = stream(request, **kwargs)
+        next(answers)
+        first = time.perf_counter() - t
+        for _ in answers:
+            pass
+        return first
+else:
+    unary = channel.unary_unary(sys.argv[4])
+
+    def echo(request, **kwargs):
+        t = time.perf_counter()
+        unary(request, **kwargs)
+        return time.perf_counter() - t
 for _ in range(warmup):
     echo(payload, wait_for_ready=True, timeout=60)
-ms = []
-for _ in range(n):
-    t = time.perf_counter()
-    echo(payload)
-    ms.append((time.perf_counter() - t) * 1000)
+ms = [echo(payload) * 1000 for _ in range(n)]
 print(json.dumps({"ms": ms}))
 """
 
@@ -442,6 +457,36 @@ def _echo_server(socket_path: str) -> grpc.Server:
     return server
 
 
+RELAY_CALL = "/bench.Relay/Call"
+RELAY_STREAM = "/bench.Relay/Stream"
+
+
+def _relay_server(call: Callable[[], Any],
+                  stream: Callable[[], Iterable[str | None]]) -> Callable[[str], grpc.Server]:
+    """A bare server (configured as _echo_server) whose handlers make the direct SDK call: `Call` waits for
+    `call()` and answers empty, `Stream` relays `stream()`'s text chunks as they come. From the sandbox,
+    it is the hop of a brokered call, waiting on the provider as that one does, without the broker: a
+    handler that waits milliseconds costs more than an echo (the threads on both sides wake from idle)."""
+
+    def build(socket_path: str) -> grpc.Server:
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
+            maximum_concurrent_rpcs=64,
+        )
+        handler = grpc.method_handlers_generic_handler("bench.Relay", {
+            "Call": grpc.unary_unary_rpc_method_handler(lambda _request, _ctx: (call(), b"")[1]),
+            "Stream": grpc.unary_stream_rpc_method_handler(
+                lambda _request, _ctx: (chunk.encode() for chunk in stream() if chunk)),
+        })
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix:{socket_path}")
+        return server
+
+    return build
+
+
 class _FreeRunner(ToolRunner):
     """Tools that cost nothing: what remains of a call is gRPC, the servicer and the gate's admission."""
 
@@ -469,9 +514,10 @@ def _servicer_server(pack: InstalledToolpack, runner: ToolRunner) -> Callable[[s
 
 
 def rpc_from_container(state: BenchState, runtime: str, serve_on: Callable[[str], grpc.Server], *,
-                       method: str, n: int, warmup: int) -> list[float]:
+                       method: str, n: int, warmup: int, stream: bool = False) -> list[float]:
     """Time `n` unary calls of `method` (a RunTool request as raw bytes) made from inside a sandbox-like
-    container over a per-run bind-mounted socket, against the server `serve_on(socket_path)` builds."""
+    container over a per-run bind-mounted socket, against the server `serve_on(socket_path)` builds;
+    `stream`: server-streaming calls, timed to their first message."""
     rundir = make_run_dir(uuid.uuid4().hex, state.owner, state.env)
     server = serve_on(str(rundir.socket_path))
     container = None
@@ -480,7 +526,8 @@ def rpc_from_container(state: BenchState, runtime: str, serve_on: Callable[[str]
         rundir.grant(SANDBOX_UID, SANDBOX_GID)
         container = _bench_container(
             state, runtime, rundir.path,
-            ["/usr/bin/python3", "-s", "-c", RPC_CLIENT, str(n), str(warmup), state.tools, method],
+            ["/usr/bin/python3", "-s", "-c", RPC_CLIENT, str(n), str(warmup), state.tools, method,
+             *(["stream"] if stream else [])],
         )
         container.start()
         status = container.wait(timeout=600)
@@ -729,11 +776,18 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
         "direct_tools_ms": lambda: _timed(lambda: sdk.chat.completions.create(model=model, **tools.sent)),
         "direct_tools_first_chunk_ms": lambda: _first_chunk(lambda: direct_stream(**tools.sent)),
     }
+    relays = {  # the same direct calls, each behind a bare gRPC hop from the sandbox (_relay_server)
+        "relay_ms": (RELAY_CALL, False, plain), "relay_first_chunk_ms": (RELAY_STREAM, True, plain),
+        "relay_tools_ms": (RELAY_CALL, False, tools.sent),
+        "relay_tools_first_chunk_ms": (RELAY_STREAM, True, tools.sent),
+    }
     # what the agent's run reports -> the figure it feeds, for the plain call and the broker_tools call
     inside = {"call_ms": "sandbox_ms", "first_chunk_ms": "sandbox_first_chunk_ms",
               "rpc_floor_ms": "sandbox_rpc_floor_ms"}
     inside_tools = {"call_ms": "sandbox_tools_ms", "first_chunk_ms": "sandbox_tools_first_chunk_ms"}
-    samples: dict[str, list[float]] = {key: [] for key in [*paths, *inside.values(), *inside_tools.values()]}
+    samples: dict[str, list[float]] = {
+        key: [] for key in [*paths, *inside.values(), *inside_tools.values(), *relays]
+    }
     host = SandboxHost(env=state.env)
     try:
         for _ in range(rounds):
@@ -744,6 +798,11 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
                 reported = _ok(host.run(state.llm_caller, runtime=runtime, kwargs=run_kwargs)).result
                 for key, name in figures.items():
                     samples[name] += reported[key]
+            for key, (method, streamed, request) in relays.items():
+                relay = _relay_server(functools.partial(sdk.chat.completions.create, model=model, **request),
+                                      functools.partial(direct_stream, **request))
+                samples[key] += rpc_from_container(state, runtime, relay, method=method, n=per_round,
+                                                   warmup=warmup, stream=streamed)
     finally:
         sdk.close()
         host.close()
@@ -758,6 +817,13 @@ def broker(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, An
     out["session_overhead_ms"] = over("session_ms", "direct_ms")
     out["tools_overhead_ms"] = over("sandbox_tools_ms", "direct_tools_ms")
     out["tools_first_chunk_overhead_ms"] = over("sandbox_tools_first_chunk_ms", "direct_tools_first_chunk_ms")
+    # The floor of each overhead: the same direct call behind a bare hop from the sandbox (no broker); what
+    # that hop costs over the direct call, and what the brokered call costs beyond it (the broker's own).
+    for kind in ("", "tools_"):
+        for what in ("ms", "first_chunk_ms"):
+            relayed, direct, sandbox = f"relay_{kind}{what}", f"direct_{kind}{what}", f"sandbox_{kind}{what}"
+            out[f"{relayed}_over_direct"] = over(relayed, direct)
+            out[f"{sandbox}_over_relay"] = over(sandbox, relayed)
     hop = med(out["sandbox_rpc_floor_ms"])  # the sandbox-to-host hop alone, measured in the same runs
     for key in ("overhead_ms", "tools_overhead_ms"):
         if out[key] is not None and hop is not None:

@@ -40,9 +40,12 @@ def check_smoke(data: dict[str, Any], text: str) -> None:
     broker = data["broker"]["runc"]
     for key in ("direct_ms", "session_ms", "sandbox_ms", "direct_first_chunk_ms", "sandbox_first_chunk_ms",
                 "direct_tools_ms", "sandbox_tools_ms", "direct_tools_first_chunk_ms",
-                "sandbox_tools_first_chunk_ms"):
+                "sandbox_tools_first_chunk_ms", "relay_ms", "relay_first_chunk_ms", "relay_tools_ms",
+                "relay_tools_first_chunk_ms"):
         assert broker[key]["n"] == reps * plan.broker
     assert broker["overhead_ms"]["n"] == broker["first_chunk_overhead_ms"]["n"] == reps
+    for key in ("relay_ms_over_direct", "sandbox_ms_over_relay", "sandbox_tools_first_chunk_ms_over_relay"):
+        assert broker[key]["n"] == reps
     tools = data["broker_tools"]["host"]
     assert (tools["tools"], tools["schema_bytes"] >= 2048) == (8, True)
     for key in ("direct_ms", "session_ms", "direct_first_chunk_ms", "session_first_chunk_ms"):
