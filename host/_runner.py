@@ -174,13 +174,16 @@ class SandboxHost:
         on_log: Callable[[str], None] | None = None,
         caller: CallerInfo | None = None,
         limits: RunOverrides | None = None,
+        defer: Callable[[Callable[[], None]], None] | None = None,
     ) -> RunResult:
         """Run an installed agent; every path, refusals included, ends with exactly one audit record.
 
         `on_start(run_id)` is called once the workload serves the run; `on_stage(name)` as it passes
         each stage; `on_log(line)` for each line of the agent's output as it is written (within the log
         cap). `caller` (host/_caller.py, validated) goes into the audit record; `limits` can only tighten
-        the run's effective policy.
+        the run's effective policy. `defer(work)` takes the engine-heavy work that follows the result (a warm
+        member's replacement may start, a background teardown is queued) to run once the result has reached
+        its caller; by default it runs as the result is returned.
         """
         run = RunFacts(started=time.monotonic(), on_stage=on_stage, on_log=on_log,
                        caller=caller or NO_CALLER)  # fmt: skip
@@ -220,16 +223,24 @@ class SandboxHost:
                     observer.run_ended(run, reason=reason, success=result.success,
                                        duration_ms=result.duration_ms)  # fmt: skip
         finally:
-            if run.warm and self.pools is not None:
-                self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
-            if run.after_result is not None:
-                try:
-                    run.after_result()  # inline once the host closes: a failure keeps the result
-                except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
-                    self.teardowns.failures += 1
-                    logger.warning("teardown of run %s failed: %s", run.run_id, type(exc).__name__)
+            after = functools.partial(self._after_result, run)
+            if defer is None:
+                after()
+            else:
+                defer(after)
             set_run_id("")  # this thread's work for the run is over
         return result
+
+    def _after_result(self, run: RunFacts) -> None:
+        """What follows a run's result; never raises (it may run on a gRPC thread after the answer left)."""
+        if run.warm and self.pools is not None:
+            self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
+        if run.after_result is not None:
+            try:
+                run.after_result()  # inline once the host closes: a failure keeps the result
+            except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
+                self.teardowns.failures += 1
+                logger.warning("teardown of run %s failed: %s", run.run_id, type(exc).__name__)
 
     def _execute(
         self,

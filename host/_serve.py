@@ -176,6 +176,12 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             for run_id in run_ids:
                 self.host.cancel(run_id)
 
+        def after_the_answer(work: Callable[[], None]) -> None:
+            # The run's follow-up (a pool refill, a teardown: engine-heavy) waits until the answer has left,
+            # so it does not compete with the caller receiving it; at once if the call is already over.
+            if not context.add_callback(work):
+                work()
+
         context.add_callback(cancel_on_disconnect)
         return self.host.run(
             request.slug,
@@ -187,6 +193,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             on_log=on_log,
             caller=caller,
             limits=None if limits.empty else limits,
+            defer=after_the_answer,
         )
 
     def SubmitRun(

@@ -29,6 +29,9 @@ class FakeHost:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.runs: list[dict[str, Any]] = []
         self.cancelled = threading.Event()
+        self.returned: list[float] = []
+        self.followed: list[float] = []
+        """When each run returned its result, and when the follow-up it deferred ran."""
         self.env = env or {}
         self.config = SimpleNamespace(paths=SimpleNamespace(dir=Path(tempfile.gettempdir())))
 
@@ -44,8 +47,15 @@ class FakeHost:
                 kwargs["on_log"](line)
         if slug == "slow":  # until the caller goes away
             self.cancelled.wait(30)
-            return RunResult(success=False, error="cancelled", error_code="cancelled", run_id="run-1")
-        return RunResult(success=True, result={"ok": True}, run_id="run-1")
+            return self._result(kwargs, RunResult(success=False, error="cancelled", error_code="cancelled",
+                                                  run_id="run-1"))
+        return self._result(kwargs, RunResult(success=True, result={"ok": True}, run_id="run-1"))
+
+    def _result(self, kwargs: dict[str, Any], result: RunResult) -> RunResult:
+        """As SandboxHost.run ends: the follow-up handed to `defer`, then the result returned."""
+        kwargs["defer"](lambda: self.followed.append(time.monotonic()))
+        self.returned.append(time.monotonic())
+        return result
 
     def cancel(self, run_id: str) -> bool:
         self.cancelled.set()
@@ -126,6 +136,34 @@ def test_a_valid_request_runs_and_streams_started_then_the_report(admin: tuple[F
     limits = runner_pb2.RunLimitOverrides(max_tool_calls=0, max_cost_usd=0.5)
     _submit(stub, {"limits": limits})
     assert host.runs[2]["limits"] == RunOverrides(max_tool_calls=0, max_cost_usd=0.5)
+
+
+def _followed(host: FakeHost, n: int) -> list[float]:
+    deadline = time.monotonic() + 10
+    while len(host.followed) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return host.followed
+
+
+def test_a_runs_follow_up_waits_until_its_answer_has_left(admin: tuple[FakeHost, Any]) -> None:
+    """The engine-heavy work after a result (a pool refill, a teardown) is deferred to the call's end, so
+    it never competes with the answer on its way; it runs for unary and streamed calls alike."""
+    host, stub = admin
+    _submit(stub, {})
+    _stream(stub, {})
+    followed = _followed(host, 2)
+    assert len(followed) == 2
+    assert all(after >= returned for after, returned in zip(followed, host.returned, strict=True))
+
+
+def test_a_runs_follow_up_runs_when_its_caller_left(admin: tuple[FakeHost, Any]) -> None:
+    host, stub = admin
+    call = stub.SubmitRun.future(runner_pb2.SubmitRunRequest(slug="slow"), timeout=10)
+    deadline = time.monotonic() + 10
+    while not host.runs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    call.cancel()  # the run ends on the cancel (FakeHost.cancel), after its call is over
+    assert len(_followed(host, 1)) == 1  # nothing to wait for: it ran as the run ended, not never
 
 
 def test_cancel_of_an_unknown_run_is_an_answer_not_an_error(admin: tuple[FakeHost, Any]) -> None:
