@@ -126,18 +126,23 @@ class _LiveCollector(Collector):
         pools = self._pools()
         members = GaugeMetricFamily("agentnode_warm_pool_members", "Ready or starting warm pool members, by "
                                     "pool (agent slug/version/runtime).", labels=["pool"])  # fmt: skip
+        ready = GaugeMetricFamily("agentnode_warm_pool_ready", "Warm pool members connected and waiting for "
+                                  "a task (of the members: the rest are starting), by pool.", labels=["pool"])
         hits = CounterMetricFamily("agentnode_warm_pool_hits", "Runs of a pooled agent that got a member.")
         misses = CounterMetricFamily("agentnode_warm_pool_misses", "Runs of a pooled agent that found no "
                                      "member and started cold.")  # fmt: skip
         if pools is not None:
             for pool, count in sorted(pools.counts().items()):
                 members.add_metric([pool], count)
+            for pool, count in sorted(pools.ready_counts().items()):
+                ready.add_metric([pool], count)
             hits.add_metric([], pools.hits)
             misses.add_metric([], pools.misses)
         else:
             hits.add_metric([], 0)
             misses.add_metric([], 0)
         yield members
+        yield ready
         yield hits
         yield misses
 

@@ -127,6 +127,11 @@ class WarmPools:
         with self._cond:
             return {"/".join(k[:3]): len(v) for k, v in self._members.items()}
 
+    def ready_counts(self) -> dict[str, int]:
+        """Of counts(), the members whose wrapper is connected and waiting for its task (the rest start)."""
+        with self._cond:
+            return {"/".join(k[:3]): sum(1 for b in v if b.ready) for k, v in self._members.items()}
+
     def total(self) -> int:
         with self._cond:
             return sum(len(v) for v in self._members.values()) + sum(self._launching.values())

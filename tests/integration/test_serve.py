@@ -391,3 +391,38 @@ def test_metrics_and_health_agree_with_the_audit_after_runs_of_every_outcome(
     assert samples[("agentnode_active_runs", ())] == 0
     assert samples[("agentnode_run_stage_seconds_count", (("stage", "agent_done"),))] >= 5
     assert samples[("agentnode_run_stage_seconds_count", (("stage", "done"),))] == 7  # every run ends
+
+
+def _pool_samples(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str
+) -> dict[str, float]:
+    return {dict(labels)["pool"]: value for (n, labels), value in samples.items() if n == name}
+
+
+def test_the_pool_gauges_tell_ready_members_from_starting_ones(
+    host_state: HostState,
+    make_agent: Callable[..., Path],
+    served: Callable[..., Served],
+) -> None:
+    """`agentnode_warm_pool_ready` counts members whose wrapper waits for a task, which is what makes a
+    run warm: an operator (and the benchmark) can wait for it rather than guess from container states."""
+    host_state.install(make_agent("gauged", "def run(context, **kwargs):\n    return {'ok': True}\n"))
+    port = _free_port()
+    s = served(["gauged"], pool_size=2, metrics=f"127.0.0.1:{port}")
+
+    def gauges() -> tuple[dict[str, float], dict[str, float]]:
+        samples = _scrape(port)
+        return (_pool_samples(samples, "agentnode_warm_pool_members"),
+                _pool_samples(samples, "agentnode_warm_pool_ready"))
+
+    _wait_for(lambda: list(gauges()[1].values()) == [2.0], timeout=120)
+    members, ready = gauges()
+    assert list(members) == list(ready) and all(p.startswith("gauged/") for p in members)
+    assert members == ready  # all up: each member counted once as a member, once as ready
+    result = s.client.submit("gauged")
+    assert result.success and result.warm
+    members, ready = gauges()
+    assert all(ready[p] <= members[p] <= 2 for p in members)
+    samples = _scrape(port)
+    assert samples[("agentnode_warm_pool_hits_total", ())] == 1
+    _wait_for(lambda: list(gauges()[1].values()) == [2.0], timeout=120)  # the refill becomes ready

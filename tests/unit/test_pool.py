@@ -242,6 +242,7 @@ def test_a_claim_prefers_a_ready_member_then_a_live_one_never_an_exited_one() ->
         pools.want(s)
         until(lambda: pools.counts() == {name(s): 3})
         first, second, third = engine.launched
+        assert pools.ready_counts() == {name(s): 1}  # of the three, the one whose wrapper waits for a task
         assert pools.claim(s.pool_key) is second  # the ready one, though launched after a live one
         engine.wait(lambda: engine.started == 4)  # the refill has begun and waits: the filler is frozen
         first.exited = True
