@@ -7,11 +7,13 @@ import contextlib
 import functools
 import json
 import math
+import socket as socket_module
 import struct
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
@@ -896,17 +898,52 @@ def broker_tools(state: BenchState, n: int, warmup: int) -> dict[str, Any]:
 # -- warm pools ------------------------------------------------------------------------------------
 
 
-def _pool_ready(state: BenchState, used: set[str], size: int, timeout: float = 180.0) -> bool:
-    """Wait until `size` unused members of the trivial agent's pool run (the filler launched them)."""
+def _pool_ready(state: BenchState, used: set[str], size: int, timeout: float = 180.0, *,
+                ready: Callable[[], int | None] | None = None) -> bool:
+    """Wait until `size` unused members of the trivial agent's pool run (the filler launched them), then,
+    given `ready` (how many members' wrappers wait for a task; None when the revision cannot tell), until
+    that many are ready: a member still starting would share the machine with the run measured."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         members = state.client.api.containers(
             filters={"label": f"{LABEL_SLUG}={state.trivial}", "status": "running"}
         )
         if sum((c.get("Labels") or {}).get(LABEL_RUN) not in used for c in members) >= size:
-            return True
+            break
         time.sleep(0.1)
-    return False
+    else:
+        return False
+    while ready is not None and time.monotonic() < deadline:
+        count = ready()
+        if count is None or count >= size:
+            return True
+        time.sleep(0.02)
+    return ready is None
+
+
+def _scraped_ready(state: BenchState, port: int) -> int | None:
+    """serve's agentnode_warm_pool_ready for the trivial agent's pools; None without that gauge."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "agentnode_warm_pool_ready":
+            return int(sum(s.value for s in family.samples
+                           if s.labels.get("pool", "").startswith(f"{state.trivial}/")))
+    return None
+
+
+def _in_process_ready(host: SandboxHost, state: BenchState) -> Callable[[], int | None]:
+    """The in-process twin of _scraped_ready (None for a revision without WarmPools.ready_counts)."""
+
+    def count() -> int | None:
+        counts = getattr(host.pools, "ready_counts", None)
+        if counts is None:
+            return None
+        return int(sum(n for pool, n in counts().items() if pool.startswith(f"{state.trivial}/")))
+
+    return count
 
 
 def _audit_append(state: BenchState, n: int) -> dict[str, float]:
@@ -935,13 +972,14 @@ def _filler_probe(state: BenchState, runtime: str, n: int, settle: float) -> dic
         done: list[float] = []
         try:
             host.prewarm(state.trivial, runtime)
-            _pool_ready(state, used, size)
-            time.sleep(1.0)  # every member reaches FetchTask
+            ready = _in_process_ready(host, state)
+            _pool_ready(state, used, size, ready=ready)
+            time.sleep(1.0)  # every member reaches FetchTask (a revision that cannot tell)
             if mode == "paused" and host.pools is not None:
                 host.pools.settings = PoolSettings(size=0, idle_ttl_seconds=3600)
             for _ in range(n):
                 if mode == "refilling":
-                    _pool_ready(state, used, size)
+                    _pool_ready(state, used, size, ready=ready)
                     time.sleep(settle)
                 result = _ok(host.run(state.trivial, runtime=runtime))
                 used.add(result.run_id)
@@ -959,11 +997,15 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
     alternating the blocking client and host.aio's (same socket, same pool), so their request-to-result
     times are interleaved in one run. Then the filler probe, `filler` runs with the filler on and off.
 
-    `settle` lets the newest member's wrapper reach FetchTask; the claim prefers ready members anyway.
+    Before each run, every member is ready (serve's agentnode_warm_pool_ready gauge; for a revision without
+    it, running), then `settle` more seconds pass, so the newest member's start-up has calmed down.
     (The speed-up over a cold run is derived from the cold section afterwards: bench._report.aggregate.)
     """
     state.configure(runtime, pool={"size": pool_size, "idle_ttl_seconds": 3600})
     socket = state.root / "admin.sock"
+    with contextlib.closing(socket_module.socket()) as probe:  # a free port for serve's metrics
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
     server_ms: list[float] = []
     client_ms: list[float] = []
     aio_ms: list[float] = []
@@ -990,12 +1032,13 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
         serving.callback(loop.close)  # (last: callbacks run in reverse, after serve has stopped)
         serving.callback(loop_thread.join, 30)
         serving.callback(loop.call_soon_threadsafe, loop.stop)
-        serving.enter_context(_serving(state, runtime, "--socket", str(socket), "--warm", state.trivial))
+        serving.enter_context(_serving(state, runtime, "--socket", str(socket), "--warm", state.trivial,
+                                       "--metrics", f"127.0.0.1:{port}"))
         aclient = AsyncRunnerClient(socket)  # its channel opens in `loop`, on first use
         with RunnerClient(socket) as client:
             for i in range(2 * reps + 2):
                 through_aio = i % 2 == 1
-                _pool_ready(state, used, pool_size)
+                _pool_ready(state, used, pool_size, ready=functools.partial(_scraped_ready, state, port))
                 time.sleep(settle)
                 if through_aio:
                     result, elapsed = in_loop(awaited(aclient.submit(state.trivial, timeout=600)))

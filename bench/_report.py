@@ -425,7 +425,9 @@ _CONCURRENCY = (
 _WARM = (
     "`serve` (its own process) with a warm pool, one persistent `RunnerClient` over the admin socket, runs "
     "submitted one "
-    "at a time after the pool refilled. Server side = `stages['done']` (request received -> result); "
+    "at a time after the pool refilled and its members are ready (their wrappers wait for a task: serve's "
+    "`agentnode_warm_pool_ready`), then a short settle. Server side = `stages['done']` (request received -> "
+    "result); "
     "client side = around `submit`; the host.aio client (`AsyncRunnerClient.submit`, awaited, timed in its "
     "event loop) takes every "
     "other run, interleaved with the blocking one; host.aio over blocking = the difference of their client "
