@@ -443,20 +443,24 @@ def _timings(text: str) -> list[float]:
     raise RuntimeError(f"no timings in the container's output: {text[-2000:]}")
 
 
-def _echo_server(socket_path: str) -> grpc.Server:
-    """A bare echo, configured like the run server (same pool size, message caps, concurrency cap)."""
+def _bare_server(socket_path: str, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> grpc.Server:
+    """A bare gRPC server on `socket_path`, configured like the run server (same pool size, message caps,
+    concurrency cap), serving `methods` (raw bytes in and out) as `service`."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
         maximum_concurrent_rpcs=64,
     )
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(lambda request, _ctx: request)}
-    )
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
     server.add_insecure_port(f"unix:{socket_path}")
     return server
+
+
+def _echo_server(socket_path: str) -> grpc.Server:
+    """A bare echo: the floor of any unary call on a per-run socket."""
+    return _bare_server(socket_path, "bench.Echo",
+                        {"Echo": grpc.unary_unary_rpc_method_handler(lambda request, _ctx: request)})
 
 
 RELAY_CALL = "/bench.Relay/Call"
@@ -465,26 +469,17 @@ RELAY_STREAM = "/bench.Relay/Stream"
 
 def _relay_server(call: Callable[[], Any],
                   stream: Callable[[], Iterable[str | None]]) -> Callable[[str], grpc.Server]:
-    """A bare server (configured as _echo_server) whose handlers make the direct SDK call: `Call` waits for
+    """A bare server whose handlers make the direct SDK call: `Call` waits for
     `call()` and answers empty, `Stream` relays `stream()`'s text chunks as they come. From the sandbox,
     it is the hop of a brokered call, waiting on the provider as that one does, without the broker: a
     handler that waits milliseconds costs more than an echo (the threads on both sides wake from idle)."""
 
     def build(socket_path: str) -> grpc.Server:
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8),
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-            maximum_concurrent_rpcs=64,
-        )
-        handler = grpc.method_handlers_generic_handler("bench.Relay", {
+        return _bare_server(socket_path, "bench.Relay", {
             "Call": grpc.unary_unary_rpc_method_handler(lambda _request, _ctx: (call(), b"")[1]),
             "Stream": grpc.unary_stream_rpc_method_handler(
                 lambda _request, _ctx: (chunk.encode() for chunk in stream() if chunk)),
         })
-        server.add_generic_rpc_handlers((handler,))
-        server.add_insecure_port(f"unix:{socket_path}")
-        return server
 
     return build
 
