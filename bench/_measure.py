@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -924,8 +924,7 @@ def _scraped_ready(state: BenchState, port: int) -> int | None:
         text = response.read().decode()
     for family in text_string_to_metric_families(text):
         if family.name == "agentnode_warm_pool_ready":
-            return int(sum(s.value for s in family.samples
-                           if s.labels.get("pool", "").startswith(f"{state.trivial}/")))
+            return _trivial_members(state, {s.labels.get("pool", ""): s.value for s in family.samples})
     return None
 
 
@@ -934,11 +933,14 @@ def _in_process_ready(host: SandboxHost, state: BenchState) -> Callable[[], int 
 
     def count() -> int | None:
         counts = getattr(host.pools, "ready_counts", None)
-        if counts is None:
-            return None
-        return int(sum(n for pool, n in counts().items() if pool.startswith(f"{state.trivial}/")))
+        return None if counts is None else _trivial_members(state, counts())
 
     return count
+
+
+def _trivial_members(state: BenchState, by_pool: Mapping[str, float]) -> int:
+    """The trivial agent's share of counts by pool name (`slug/...`, as WarmPools names its pools)."""
+    return int(sum(n for pool, n in by_pool.items() if pool.startswith(f"{state.trivial}/")))
 
 
 def _audit_append(state: BenchState, n: int) -> dict[str, float]:

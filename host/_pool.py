@@ -37,6 +37,11 @@ class PoolSettings:
         return max(0, self.memory_budget_bytes // max(1, member_memory_bytes))
 
 
+def _pool_name(key: PoolKey) -> str:
+    """A pool as counts() and the metrics name it: slug/artifact hash/runtime (the image pin left out)."""
+    return "/".join(key[:3])
+
+
 class WarmPools:
     """Pools per (pack version, runtime, image); a background filler keeps each at its size.
 
@@ -125,12 +130,12 @@ class WarmPools:
 
     def counts(self) -> dict[str, int]:
         with self._cond:
-            return {"/".join(k[:3]): len(v) for k, v in self._members.items()}
+            return {_pool_name(k): len(v) for k, v in self._members.items()}
 
     def ready_counts(self) -> dict[str, int]:
         """Of counts(), the members whose wrapper is connected and waiting for its task (the rest start)."""
         with self._cond:
-            return {"/".join(k[:3]): sum(1 for b in v if b.ready) for k, v in self._members.items()}
+            return {_pool_name(k): sum(1 for b in v if b.ready) for k, v in self._members.items()}
 
     def total(self) -> int:
         with self._cond:
