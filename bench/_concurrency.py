@@ -141,7 +141,7 @@ class _Sampler:
         self.cpu_ms = round(time.thread_time() * 1000, 1)
 
     def _engine_side(self) -> None:
-        listed = self.host.client().api.containers(filters={"label": f"{LABEL_OWNER}={self.host.owner}"})
+        listed = self.host.client().containers(labels=[f"{LABEL_OWNER}={self.host.owner}"], stopped=False)
         ids = {c["Id"] for c in listed}
         if not ids or len(ids) < self.containers_seen:
             return
@@ -164,7 +164,7 @@ def batch(host: SandboxHost, slug: str, runtime: str, n: int, base_rss: int) -> 
         results: list[RunResult] = list(pool.map(lambda _i: host.run(slug, runtime=runtime), range(n)))
         wall = time.perf_counter() - t
         cpu_ms = _cpu_per_run(cpu, _cpu_seconds(), n)
-    leftovers = host.client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={host.owner}"})
+    leftovers = host.client().containers(labels=[f"{LABEL_OWNER}={host.owner}"])
     failed = [r for r in results if not r.success]
     return {
         "wall_s": round(wall, 3),

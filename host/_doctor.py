@@ -13,20 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-
 from host._config import HostConfig, load_config, sandbox_enabled
 from host._engine import (
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_WARM,
     EngineFacts,
-    connect,
     engine_errors,
     engine_facts,
+    open_engine,
     owner_alive,
     require_capable,
 )
+from host._engine_http import EngineClient
 from host._errors import AuditReason, ConfigError, EngineError, SandboxError
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host._image import image_status, verify_pinned_image
@@ -85,7 +84,7 @@ def describe_engine(facts: EngineFacts) -> str:
     return f"{facts.kind} {facts.server_version}{mode}{cgroup}"
 
 
-def capability_checks(client: docker.DockerClient, runtime: str) -> list[Check]:
+def capability_checks(client: EngineClient, runtime: str) -> list[Check]:
     """The memory-ceiling and runtime rows, each judged by the runner's own `require_capable`.
 
     `require_capable` stops at its first refusal, so each condition is probed alone: the other
@@ -112,7 +111,7 @@ def capability_checks(client: docker.DockerClient, runtime: str) -> list[Check]:
     return rows
 
 
-def image_checks(client: docker.DockerClient, pin: str | None) -> list[Check]:
+def image_checks(client: EngineClient, pin: str | None) -> list[Check]:
     """One row per refusal of `verify_pinned_image`; rows after the first failing one are not judged."""
     passed_detail = {
         "image_pinned": f"agent_sandbox.image = {pin}",
@@ -138,11 +137,11 @@ def image_checks(client: docker.DockerClient, pin: str | None) -> list[Check]:
     return [Check(name, True, passed_detail[name]) for name, _ in IMAGE_ROWS]
 
 
-def leftover_check(client: docker.DockerClient) -> Check:
+def leftover_check(client: EngineClient) -> Check:
     """Informational: run containers whose owning host process is gone (the next run sweeps them)."""
     try:
         with engine_errors():
-            found = client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]})
+            found = client.containers(labels=[LABEL_RUN, LABEL_OWNER])
     except EngineError as exc:
         return _failed("leftover_containers", exc)
     dead = sum(1 for c in found if not owner_alive((c.get("Labels") or {}).get(LABEL_OWNER, "")))
@@ -228,7 +227,7 @@ def run_doctor(
     slug: str | None = None,
     *,
     env: Mapping[str, str] | None = None,
-    client_factory: Callable[[], docker.DockerClient] | None = None,
+    client_factory: Callable[[], EngineClient] | None = None,
 ) -> DoctorReport:
     """Check config, flag, engine, memory ceiling, runtime, image and (with `slug`) that agent's run path."""
     environ = dict(os.environ if env is None else env)
@@ -249,7 +248,7 @@ def run_doctor(
             pack.rows.append(_failed("host_copy", host_copy_error(pack.entry.slug)))
         return DoctorReport(slug, (*rows, *pack.rows))
     try:
-        client = (client_factory or (lambda: connect(environ)))()
+        client = (client_factory or (lambda: open_engine(environ)))()
     except SandboxError as exc:
         return DoctorReport(slug, (*rows, _failed("engine", exc), *pack.rows))
     try:
@@ -261,7 +260,7 @@ def run_doctor(
 
 
 def _engine_rows(
-    client: docker.DockerClient, cfg: HostConfig, env: Mapping[str, str], pack: _Pack
+    client: EngineClient, cfg: HostConfig, env: Mapping[str, str], pack: _Pack
 ) -> list[Check]:
     """Everything judged through an engine that answers, in the documented row order."""
     rows = [Check("engine", True, f"the engine answers at {env.get('DOCKER_HOST') or 'the default socket'}")]

@@ -1,4 +1,4 @@
-"""Engine access through the docker SDK: classified failures, the hardened spec as data, teardown."""
+"""Engine access on the run path: classified failures, the hardened spec as data, teardown."""
 
 from __future__ import annotations
 
@@ -6,28 +6,25 @@ import concurrent.futures
 import contextlib
 import enum
 import errno
+import http.client
 import logging
 import os
-import queue
 import re
 import socket
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import docker
-import docker.constants
-import docker.errors
-import urllib3.exceptions
-from docker.models.containers import _create_container_args
-from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
-from docker.types import CancellableStream, LogConfig, Mount, Ulimit
-
+from host._engine_http import EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host._vocab import Runtime
 from host._wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
+
+if TYPE_CHECKING:
+    import docker
 
 logger = logging.getLogger("agentnode.sandbox.engine")
 
@@ -47,10 +44,6 @@ LABEL_WARM = "io.agentnode.sandbox.warm"
 LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
 """On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
 
-LIBPOD = "/v4.0.0/libpod"
-"""Podman's own API, beside its compatible one on the same socket: it answers what the compatible one does
-not say truly (the runtime a container got, rootless mode, usable cgroup controllers)."""
-
 NPROC_LIMIT = 32768
 """RLIMIT_NPROC of a sandbox (see `container_spec`): Podman's own service limit on hosts where it cannot
 raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
@@ -60,12 +53,10 @@ ENGINE_SHARED_POOL_SIZE = 16
 """Idle connections the one Unix-socket pool keeps (`_OneUnixPool`). Every live run holds two streams (its
 logs and its exit) besides its short calls; connections past this many are opened while needed and closed
 when returned, so a burst of runs leaves no crowd of idle connections (each also holds one in dockerd)."""
-ENGINE_FAILURES: tuple[type[Exception], ...] = (
-    docker.errors.DockerException,
-    OSError,  # requests' exceptions are OSErrors too
-    urllib3.exceptions.HTTPError,  # a streamed answer (pull, build) cut off mid-read
-)
-"""What a call through the SDK raises when the engine fails or refuses: classified by `engine_errors`."""
+ENGINE_FAILURES: tuple[type[Exception], ...] = (EngineApiError, OSError, http.client.HTTPException)
+"""What an engine call of `EngineClient` raises when the engine fails or refuses: classified by
+`engine_errors` (which also classifies the docker SDK's failures, where the SDK is in use)."""
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 _FIX_ENGINE = (
     "start the engine (as root on Debian: scripts/provision-engine), or point DOCKER_HOST at a "
@@ -187,79 +178,35 @@ def facts_from(
     )
 
 
-class _IdleBoundedPool(UnixHTTPConnectionPool):  # type: ignore[misc]
-    """docker-py's Unix socket pool keeping at most `maxsize` idle connections: more are opened while runs
-    need them, and one returned to a full pool is closed quietly (urllib3 logs a warning for each)."""
-
-    def _put_conn(self, conn: Any) -> None:
-        try:
-            self.pool.put(conn, block=False)  # AttributeError: the pool was closed (self.pool is None)
-        except (AttributeError, queue.Full):
-            if conn is not None:
-                conn.close()
-
-
-class _OneUnixPool(UnixHTTPAdapter):  # type: ignore[misc]
-    """docker-py's Unix socket adapter with one connection pool for the socket. The SDK keys its pools by
-    the whole request URL and keeps 10: every container's requests opened fresh connections through a
-    fresh pool (filling a queue of `max_pool_size` slots each time), ~6 per run and more under concurrency,
-    where the pools also evicted each other. All URLs reach the same socket, so one pool serves them all."""
-
-    def get_connection(self, url: str, proxies: Any = None) -> Any:
-        key = "http+docker://localhost"
-        with self.pools.lock:
-            pool = self.pools.get(key)
-            if pool is None:
-                pool = _IdleBoundedPool(key, self.socket_path, self.timeout, maxsize=self.max_pool_size)
-                self.pools[key] = pool
-        return pool
-
-
-def _share_one_pool(client: docker.DockerClient, timeout: int) -> None:
-    """Swap a Unix-socket client's adapter for `_OneUnixPool`, and stop the HTTP session from reading proxy
-    settings from the environment on every request (a Unix socket goes through no proxy)."""
-    api = client.api
-    current: Any = getattr(api, "_custom_adapter", None)
-    if type(current) is not UnixHTTPAdapter:  # a TCP, SSH or named-pipe engine keeps the SDK's own
-        return
-    shared = _OneUnixPool(
-        "http+unix://" + current.socket_path, timeout=timeout, max_pool_size=ENGINE_SHARED_POOL_SIZE
-    )
-    api.mount("http+docker://", shared)
-    api._custom_adapter = shared
-    api.trust_env = False
-    current.close()
+def open_engine(env: Mapping[str, str] | None = None, *, timeout: float = 60) -> EngineClient:
+    """The host's client of the engine named by DOCKER_HOST (or the default socket), proven to answer and
+    speaking the API version the engine names (as `docker` itself negotiates it)."""
+    environment = dict(os.environ if env is None else env)
+    docker_host = environment.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    try:
+        client = EngineClient(docker_host, timeout=timeout, env=environment)
+    except UnsupportedEngineHost:
+        raise EngineError(
+            f"DOCKER_HOST {docker_host[:64]!r} is not an engine address this host speaks",
+            hint="point DOCKER_HOST at the engine's socket (unix://...) or a tcp:// address; an ssh:// "
+            "engine can be reached through a forwarded socket (ssh -L /tmp/docker.sock:/var/run/docker.sock)",
+            check="engine",
+        ) from None
+    try:
+        with engine_errors():
+            client.negotiate()
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
-    """Connect to the engine named by DOCKER_HOST (or the default socket) and prove it answers."""
-    environment = dict(os.environ if env is None else env)
-    clients: list[docker.DockerClient] = []
+    """A docker SDK client of the engine (pack volumes, image builds, pulls); the run path uses
+    `open_engine`. The SDK is imported here, on first use, never by a run."""
+    from host._engine_sdk import connect_sdk  # noqa: PLC0415 (the SDK only when asked for)
 
-    def client_for(version: str) -> docker.DockerClient:
-        # A pool as large as the concurrency we serve: the default (10) overflows under parallel runs.
-        opened = docker.DockerClient.from_env(
-            environment=environment, version=version, timeout=timeout, max_pool_size=ENGINE_POOL_SIZE
-        )
-        clients.append(opened)
-        return opened
-
-    try:
-        # The SDK leaves a socket open when a Unix connect fails, and its own version probe ("auto") cannot
-        # be closed when it fails; so reach the socket and negotiate the version here, closing what we open.
-        _reach_unix_socket(environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock", timeout)
-        probe = client_for(docker.constants.MINIMUM_DOCKER_API_VERSION)
-        api_version = _header(ping(probe), "Api-Version")  # what `docker` itself negotiates with
-        if not api_version:  # an engine older than API 1.25 does not say it there
-            api_version = str(probe.api.version(api_version=False)["ApiVersion"])
-        client = client_for(api_version)
-        _share_one_pool(client, timeout)
-    except Exception as exc:  # noqa: BLE001 (the SDK raises many types; all are classified)
-        for opened in clients:
-            opened.close()
-        raise classify_engine_exception(exc) from None
-    clients[0].close()
-    return client
+    return connect_sdk(env, timeout=timeout)
 
 
 def _reach_unix_socket(docker_host: str, timeout: float) -> None:
@@ -288,7 +235,7 @@ def _diagnosis(exc: BaseException) -> tuple[str, AuditReason, str]:
                 "or set DOCKER_HOST to a socket you may use; check with: agentnode-sandbox doctor",
             )
     # The SDK wraps a refused version probe (`from_env`) in a plain DockerException: look down the chain.
-    if any(isinstance(item, docker.errors.APIError) and item.status_code in (401, 403) for item in chain):
+    if any((_answer(item) or (0, "", False))[0] in (401, 403) for item in chain):
         return (
             "the container engine refused the request",
             AuditReason.ENGINE_PERMISSION_DENIED,
@@ -297,76 +244,93 @@ def _diagnosis(exc: BaseException) -> tuple[str, AuditReason, str]:
     return "no container engine answers", AuditReason.ENGINE_UNAVAILABLE, _FIX_ENGINE
 
 
-def container_vanished(exc: docker.errors.APIError) -> bool:
+def _sdk_errors() -> Any:
+    """The docker SDK's error module where the SDK is in use (a run never imports it), else None."""
+    return sys.modules.get("docker.errors")
+
+
+def _answer(exc: BaseException) -> tuple[int, str, bool] | None:
+    """(status, the engine's explanation, whether the 404 names an image) of an answer with an error
+    status, from our client (EngineApiError) or the SDK (APIError); None for any other failure."""
+    if isinstance(exc, EngineApiError):
+        return exc.status, exc.explanation, exc.image_missing
+    sdk = _sdk_errors()
+    if sdk is not None and isinstance(exc, sdk.APIError):
+        status = int(exc.status_code) if exc.status_code is not None else 0
+        return status, str(exc.explanation or "").strip(), isinstance(exc, sdk.ImageNotFound)
+    return None
+
+
+def container_vanished(exc: BaseException) -> bool:
     """The engine's answer says the container does not exist: Docker's and Podman's 404, or the 500 Podman
     gives once for a container removed while it is asked ("... does not exist in database: no such
     container"), which is the same fact and must not read as a failing engine."""
-    if isinstance(exc, docker.errors.NotFound):
-        return True
-    return exc.status_code == 500 and str(exc.explanation or "").rstrip().endswith("no such container")
+    answer = _answer(exc)
+    if answer is None:
+        return False
+    status, explanation, _ = answer
+    return status == 404 or (status == 500 and explanation.rstrip().endswith("no such container"))
 
 
 def classify_engine_exception(exc: BaseException) -> EngineError:
-    """The one classification of engine failures: an SDK or connection exception in, its EngineError out.
+    """The one classification of engine failures: a client, SDK or connection exception in, its
+    EngineError out.
 
     The reason (permission denied or unavailable) and the way out are fixed; the exception's text is never
-    copied. An answer with an error status (the SDK's APIError) comes back as EngineRejected carrying the
-    status, as EngineNotFound for a 404 and as EngineImageNotFound when the 404 names an image, so a caller
-    can tell "absent" from "failing"; uncaught, each reads like any other engine failure.
+    copied. An answer with an error status comes back as EngineRejected carrying the status, as
+    EngineNotFound for a 404 and as EngineImageNotFound when the 404 names an image, so a caller can tell
+    "absent" from "failing"; uncaught, each reads like any other engine failure.
     """
     message, reason, hint = _diagnosis(exc)
-    if not isinstance(exc, docker.errors.APIError):
+    answer = _answer(exc)
+    if answer is None:
         return EngineError(message, reason=reason, hint=hint, check="engine")
+    status, explanation, image_missing = answer
     kind = (
         EngineImageNotFound
-        if isinstance(exc, docker.errors.ImageNotFound)
+        if image_missing
         else EngineNotFound
         if container_vanished(exc)
         else EngineRejected
     )
-    explanation = str(exc.explanation or "").strip()
-    return kind(message, status=exc.status_code, explanation=explanation, reason=reason, hint=hint)
+    return kind(message, status=status or None, explanation=explanation, reason=reason, hint=hint)
+
+
+def _engine_failure(exc: BaseException) -> bool:
+    if isinstance(exc, ENGINE_FAILURES):
+        return True
+    sdk = _sdk_errors()
+    urllib3_errors = sys.modules.get("urllib3.exceptions")
+    return (sdk is not None and isinstance(exc, sdk.DockerException)) or (
+        # a streamed SDK answer (pull, build) cut off mid-read
+        urllib3_errors is not None and isinstance(exc, urllib3_errors.HTTPError)
+    )
 
 
 @contextlib.contextmanager
 def engine_errors() -> Iterator[None]:
-    """The engine boundary: an SDK or connection failure (ENGINE_FAILURES) raised in the block leaves it as
+    """The engine boundary: an engine client, SDK or connection failure raised in the block leaves it as
     its classified EngineError, without the chain. The host's own errors pass unchanged, and so does any
     other exception: that is a bug, not an engine failure."""
     try:
         yield
-    except ENGINE_FAILURES as exc:
+    except Exception as exc:
+        if not _engine_failure(exc):
+            raise
         raise classify_engine_exception(exc) from None
 
 
-def engine_facts(client: docker.DockerClient) -> EngineFacts:
+def engine_facts(client: EngineClient) -> EngineFacts:
     """Read what the engine is and supports; an unreachable engine is classified, never raised raw."""
     with engine_errors():
-        kind = engine_kind(ping(client))
+        kind = engine_kind(client.ping())
         if kind is EngineKind.DOCKER:
             return facts_from(client.info(), kind)
         # Podman takes ~0.4 s over each of its two answers (4.3, rootful): ask for both at once.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="libpod-info") as other:
-            libpod = other.submit(_libpod_get, client, "/info")
+            libpod = other.submit(client.libpod, "/info")
             info: dict[str, Any] = client.info()
             return facts_from(info, kind, libpod.result())
-
-
-def ping(client: docker.DockerClient) -> Mapping[str, str]:
-    """`GET /_ping` (unversioned): its headers name the engine's API version and, on Podman, libpod's.
-    Call inside `engine_errors()`."""
-    api = client.api
-    response = api._get(api._url("/_ping", versioned_api=False))
-    api._raise_for_status(response)
-    headers: Mapping[str, str] = response.headers
-    return headers
-
-
-def _libpod_get(client: docker.DockerClient, path: str) -> dict[str, Any]:
-    """GET `path` from Podman's own API (LIBPOD) on the client's socket; call inside `engine_errors()`."""
-    api = client.api
-    answer: dict[str, Any] = api._result(api._get(f"{api.base_url}{LIBPOD}{path}"), True)
-    return answer
 
 
 def _runtime_hint(facts: EngineFacts, runtime: str) -> str:
@@ -453,7 +417,8 @@ def container_spec(
     engine: EngineKind = EngineKind.DOCKER,
     seccomp_profile: str = "",
 ) -> dict[str, Any]:
-    """The `containers.create` keyword arguments of one run: every hardening decision, as plain data.
+    """The `containers.create` keyword arguments of one run (the docker SDK's names, which `create_body`
+    turns into the engine's request): every hardening decision, as plain data.
 
     `warm` marks a warm pool member (LABEL_WARM: counted by doctor, swept like any run container); it is
     the only difference between a warm and a cold spec. `tool_for` (a run id) makes it a tool sandbox of
@@ -503,13 +468,13 @@ def container_spec(
             **podman_sealed,
         },
         "ulimits": [
-            Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
-            Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes),
-            Ulimit(name="core", soft=0, hard=0),
+            _ulimit("nofile", limits.nofile),
+            _ulimit("fsize", limits.fsize_bytes),
+            _ulimit("core", 0),
             # Named so that no engine picks its own: Podman otherwise asks for 1048576, which a host
             # without CAP_SYS_RESOURCE refuses. RLIMIT_NPROC counts the uid's processes machine-wide, so
             # it stays far above the pids ceiling, which is what bounds a run.
-            Ulimit(name="nproc", soft=NPROC_LIMIT, hard=NPROC_LIMIT),
+            _ulimit("nproc", NPROC_LIMIT),
         ],
         "environment": wrapper_env(
             home=HOME_IN_CONTAINER,
@@ -520,15 +485,20 @@ def container_spec(
             preload="" if tool_for else preload,
         ),
         "mounts": [
-            Mount(
-                target=PACK_DIR_IN_CONTAINER, source=pack_volume, type="volume", read_only=True, no_copy=True
-            ),
-            Mount(target=SOCKET_DIR_IN_CONTAINER, source=socket_dir, type="bind", read_only=True),
+            {
+                "Target": PACK_DIR_IN_CONTAINER,
+                "Source": pack_volume,
+                "Type": "volume",
+                "ReadOnly": True,
+                "VolumeOptions": {"NoCopy": True},
+            },
+            {"Target": SOCKET_DIR_IN_CONTAINER, "Source": socket_dir, "Type": "bind", "ReadOnly": True},
         ],
         "working_dir": HOME_IN_CONTAINER,
-        "log_config": LogConfig(
-            type="json-file", config={"max-size": str(limits.log_max_bytes), "max-file": "1"}
-        ),
+        "log_config": {
+            "Type": "json-file",
+            "Config": {"max-size": str(limits.log_max_bytes), "max-file": "1"},
+        },
         "stdin_open": False,
         "tty": False,
         "detach": True,
@@ -538,6 +508,75 @@ def container_spec(
         # outside /tmp and HOME (gVisor provides its own /dev/shm, so both are overmounted read-only).
         "ipc_mode": "none",
     }
+
+
+def _ulimit(name: str, value: int) -> dict[str, Any]:
+    return {"Name": name, "Soft": value, "Hard": value}
+
+
+_HOST_CONFIG_KEYS = {
+    "network_mode": "NetworkMode",
+    "read_only": "ReadonlyRootfs",
+    "cap_drop": "CapDrop",
+    "security_opt": "SecurityOpt",
+    "init": "Init",
+    "pids_limit": "PidsLimit",
+    "mem_limit": "Memory",
+    "memswap_limit": "MemorySwap",
+    "nano_cpus": "NanoCpus",
+    "tmpfs": "Tmpfs",
+    "ulimits": "Ulimits",
+    "mounts": "Mounts",
+    "log_config": "LogConfig",
+    "ipc_mode": "IpcMode",
+    "runtime": "Runtime",
+    "privileged": "Privileged",
+    "auto_remove": "AutoRemove",
+}
+"""`container_spec` keywords that belong to the request's HostConfig, with the engine API's names."""
+_CONFIG_KEYS = {
+    "image": "Image",
+    "entrypoint": "Entrypoint",
+    "command": "Cmd",
+    "labels": "Labels",
+    "user": "User",
+    "working_dir": "WorkingDir",
+    "tty": "Tty",
+    "stdin_open": "OpenStdin",
+}
+"""`container_spec` keywords that are the container's own config, with the engine API's names."""
+
+
+_FALSE_IS_DEFAULT = frozenset({"privileged", "auto_remove", "read_only"})
+
+
+def create_body(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The container's name and the `POST /containers/create` body of a `container_spec` (pure): the
+    request the docker SDK's `containers.create` sends for the same keywords (a unit test holds the two
+    equal). A keyword with no mapping here is refused, so no hardening decision is ever dropped silently."""
+    unknown = set(spec) - set(_HOST_CONFIG_KEYS) - set(_CONFIG_KEYS) - {"name", "environment", "detach"}
+    if unknown:
+        raise ValueError(f"container_spec keywords with no engine mapping: {sorted(unknown)}")
+    host_config = {
+        api: spec[key]
+        for key, api in _HOST_CONFIG_KEYS.items()
+        # as the SDK does, false flags are left out: the engine's default is the same
+        if key in spec and spec[key] is not None and not (spec[key] is False and key in _FALSE_IS_DEFAULT)
+    }
+    body: dict[str, Any] = {api: spec[key] for key, api in _CONFIG_KEYS.items() if key in spec}
+    detached = bool(spec.get("detach"))
+    body.update(
+        {
+            "Env": [f"{k}={v}" for k, v in (spec.get("environment") or {}).items()],
+            "AttachStdin": False,
+            "AttachStdout": not detached,
+            "AttachStderr": not detached,
+            "StdinOnce": False,
+            "NetworkDisabled": False,
+            "HostConfig": host_config,
+        }
+    )
+    return str(spec["name"]), body
 
 
 def _cgroup_dir(pid: int, controller: str, marker: str) -> Path | None:
@@ -677,26 +716,23 @@ def owner_alive(token: str) -> bool:
     return _process_start_time(int(pid_text)) == start
 
 
-def create_container(client: docker.DockerClient, spec: Mapping[str, Any]) -> str:
-    """Create a container from its spec (`containers.create`'s keywords, from container_spec) and return
-    its id. This is the engine call `containers.create` makes, without the inspect it adds to build a
-    Container object nothing here uses: one engine round trip less per run. The keywords are converted by
-    the SDK's own function for them, so both ways create the very same container."""
-    args = _create_container_args({**spec, "version": client.api.api_version})
-    return str(client.api.create_container(**args)["Id"])
+def create_container(client: EngineClient, spec: Mapping[str, Any]) -> str:
+    """Create a container from its spec (`container_spec`) and return its id: one engine round trip."""
+    name, body = create_body(spec)
+    return client.create_container(body, name)
 
 
-def container_runtime(client: docker.DockerClient, container_id: str, kind: EngineKind) -> str:
+def container_runtime(client: EngineClient, container_id: str, kind: EngineKind) -> str:
     """The runtime a created container will run under, as its engine records it. Podman's compatible
     inspect says only "oci" there, so Podman is asked through its own (libpod) inspect."""
     with engine_errors():
         if kind is EngineKind.PODMAN:
-            return str(_libpod_get(client, f"/containers/{container_id}/json").get("OCIRuntime", ""))[:64]
-        inspected = client.api.inspect_container(container_id)
+            return str(client.libpod(f"/containers/{container_id}/json").get("OCIRuntime", ""))[:64]
+        inspected = client.inspect_container(container_id)
         return str((inspected.get("HostConfig") or {}).get("Runtime", ""))[:64]
 
 
-def verify_runtime(client: docker.DockerClient, container_id: str, runtime: str, kind: EngineKind) -> None:
+def verify_runtime(client: EngineClient, container_id: str, runtime: str, kind: EngineKind) -> None:
     """Refuse a created container whose runtime is not the one asked for, before it starts.
 
     dockerd runs what the request names, or refuses it, so nothing is asked there. Podman's compatible API
@@ -718,18 +754,14 @@ def verify_runtime(client: docker.DockerClient, container_id: str, runtime: str,
         )
 
 
-def follow_logs(client: docker.DockerClient, container_id: str) -> CancellableStream:
-    """The container's stdout and stderr from the start, followed until it exits, as the SDK's `logs(...,
-    stream=True, follow=True)` gives them, without the SDK's container inspect per call (it asks whether the
-    container has a TTY; ours never do: `container_spec` sets none). One engine round trip less per run."""
-    api = client.api
-    params = {"stdout": 1, "stderr": 1, "timestamps": 0, "follow": 1, "tail": "all"}
-    response = api._get(api._url("/containers/{0}/logs", container_id), params=params, stream=True)
-    return CancellableStream(api._get_result_tty(True, response, False), response)
+def follow_logs(client: EngineClient, container_id: str) -> LogStream:
+    """The container's stdout and stderr from the start, followed until it exits (ours have no TTY:
+    `container_spec` sets none, so the engine frames the two streams)."""
+    return client.logs(container_id)
 
 
 def remove_and_verify(
-    client: docker.DockerClient, container_id: str, name: str, *, timeout: float = 30.0
+    client: EngineClient, container_id: str, name: str, *, timeout: float = 30.0
 ) -> None:
     """Kill and remove a container, then prove it is gone; raise if it is not. Only `container_id` is
     checked: known by its id, a container made later under its name is not ours; known only by name (its
@@ -738,7 +770,7 @@ def remove_and_verify(
     while True:
         try:
             with engine_errors():
-                client.api.remove_container(container_id, force=True, v=False)
+                client.remove_container(container_id, force=True)
         except EngineNotFound:
             pass
         except EngineRejected as exc:
@@ -756,20 +788,20 @@ def remove_and_verify(
         time.sleep(0.05)
 
 
-def _exists(client: docker.DockerClient, ref: str) -> bool:
+def _exists(client: EngineClient, ref: str) -> bool:
     try:
         with engine_errors():
-            client.api.inspect_container(ref)
+            client.inspect_container(ref)
     except EngineNotFound:
         return False
     return True
 
 
-def sweep_containers(client: docker.DockerClient) -> list[str]:
+def sweep_containers(client: EngineClient) -> list[str]:
     """Remove run containers whose owning host process is gone; nothing without our labels is touched."""
     removed: list[str] = []
     with engine_errors():
-        found = client.api.containers(all=True, filters={"label": [LABEL_RUN, LABEL_OWNER]})
+        found = client.containers(labels=[LABEL_RUN, LABEL_OWNER])
     for c in found:
         labels = c.get("Labels") or {}
         owner = labels.get(LABEL_OWNER, "")
@@ -785,6 +817,7 @@ def sweep_containers(client: docker.DockerClient) -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_DOCKER_HOST",
     "ENGINE_FAILURES",
     "ContainerLimits",
     "EngineFacts",
@@ -797,15 +830,16 @@ __all__ = [
     "container_runtime",
     "container_spec",
     "container_vanished",
+    "create_body",
     "create_container",
     "engine_errors",
     "engine_facts",
     "engine_kind",
     "facts_from",
     "follow_logs",
+    "open_engine",
     "owner_alive",
     "owner_token",
-    "ping",
     "remove_and_verify",
     "require_capable",
     "sweep_containers",

@@ -21,14 +21,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import docker
-from docker.models.images import Image
-
-from host._engine import LABEL_PROTOCOL, engine_errors, engine_facts
+from host._engine import LABEL_PROTOCOL, EngineKind, engine_errors, facts_from
+from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, EngineRejected
 from sandbox_wrapper import PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    import docker
+
+AnyClient: TypeAlias = "EngineClient | docker.DockerClient"
+"""Image lookups serve the run path (our client) and the build and pull commands (the SDK's)."""
 
 Progress = Callable[[str], None]
 
@@ -285,16 +289,30 @@ def _build_failed(message: str, hint: str = BUILD_HINT) -> EngineError:
     return EngineError(message, reason=AuditReason.IMAGE_MISSING, hint=hint, check="image")
 
 
-def _get_image(client: docker.DockerClient, ref: str) -> Image | None:
+@dataclass(frozen=True)
+class Image:
+    """An image as the engine describes it: its inspect answer."""
+
+    attrs: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.attrs.get("Id", ""))
+
+
+def _get_image(client: AnyClient, ref: str) -> Image | None:
     """The local image for `ref`, or None when absent (or `ref` is not a valid reference); never pulls."""
     try:
         with engine_errors():
-            image: Image = client.images.get(ref)
+            if isinstance(client, EngineClient):
+                attrs = client.inspect_image(ref)
+            else:
+                attrs = client.api.inspect_image(ref)
     except EngineRejected as exc:
         if exc.status in (400, 404):
             return None
         raise
-    return image
+    return Image(dict(attrs))
 
 
 def _labels(image: Image) -> dict[str, str]:
@@ -304,7 +322,8 @@ def _labels(image: Image) -> dict[str, str]:
 def daemon_arch(client: docker.DockerClient) -> str:
     """The engine's CPU architecture in wheel terms (`EngineFacts.architecture`, normalized from either
     engine's answer); refuses ones the image has no wheels for."""
-    arch = engine_facts(client).architecture
+    with engine_errors():
+        arch = facts_from(client.info(), EngineKind.DOCKER).architecture  # the kind changes no architecture
     if arch not in DEBIAN_ARCH:
         raise _build_failed(
             f"no sandbox image recipe for engine architecture {arch!r}",
@@ -530,7 +549,7 @@ def build_image(
         existing = _get_image(client, tag)
         if existing is not None and not force and _labels(existing).get(LABEL_INPUTS_HASH) == inputs_hash:
             with engine_errors():
-                existing.tag(REPOSITORY, "latest")
+                client.api.tag(existing.id, REPOSITORY, "latest")
             progress(f"build: {tag} is up to date ({existing.id})")
             return BuildResult(image_id=existing.id, tag=tag, inputs_hash=inputs_hash, built=False)
         image_id = _build(
@@ -603,7 +622,7 @@ def _protocol(labels: dict[str, str]) -> int | None:
 
 
 def image_status(
-    client: docker.DockerClient, pin: str | None, *, repo_root: Path | None = None
+    client: AnyClient, pin: str | None, *, repo_root: Path | None = None
 ) -> ImageStatus:
     """Describe the pinned image (or `agentnode-sandbox:latest` when nothing is pinned) from its labels."""
     root = repo_root or default_repo_root()
@@ -633,7 +652,7 @@ def pinned_image_missing(pin: str) -> EngineError:
     )  # fmt: skip
 
 
-def verify_pinned_image(client: docker.DockerClient, pin: str | None) -> Image:
+def verify_pinned_image(client: AnyClient, pin: str | None) -> Image:
     """The pinned image, or an EngineError saying why a sandboxed run cannot use it; never pulls."""
     if not pin:
         raise EngineError(

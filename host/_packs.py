@@ -21,14 +21,11 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
-
-import docker
-import docker.types
-from docker.models.volumes import Volume
+from typing import IO, TYPE_CHECKING, Any
 
 from host._config import ConfigPaths
 from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
+from host._engine_http import EngineClient
 from host._errors import (
     AuditReason,
     EngineError,
@@ -75,6 +72,10 @@ from host._requirements import (
 from host._tararchive import upload_tar
 from host._terminal import safe_line
 from host._vocab import HOST_TRUST, Trust
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.volumes import Volume
 
 LABEL_PACK = "io.agentnode.sandbox.pack"
 LABEL_PACK_VERSION = "io.agentnode.sandbox.pack-version"
@@ -467,7 +468,7 @@ def populate_volume(
                     network_disabled=True,
                     labels={LABEL_PACK: slug},
                     host_config=client.api.create_host_config(
-                        mounts=[docker.types.Mount(target=PACK_DIR_IN_CONTAINER, source=name, type="volume")],
+                        mounts=[{"Target": PACK_DIR_IN_CONTAINER, "Source": name, "Type": "volume"}],
                         network_mode="none",
                     ),
                 )
@@ -781,7 +782,18 @@ def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient
     return entry
 
 
-def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
+def _volume_attrs(client: EngineClient | docker.DockerClient, name: str) -> dict[str, Any] | None:
+    """The engine's description of volume `name` (from either client), or None when it has none."""
+    try:
+        with engine_errors():
+            if isinstance(client, EngineClient):
+                return client.inspect_volume(name)
+            return dict(client.api.inspect_volume(name))
+    except EngineNotFound:
+        return None
+
+
+def verify_volume(client: EngineClient | docker.DockerClient, entry: LockEntry) -> str:
     """Return the run's pack volume only if it exists and its label matches the lockfile; never create one.
 
     The label is what the volume holds: the artifact, plus the wheels the lockfile records for it
@@ -795,14 +807,14 @@ def verify_volume(client: docker.DockerClient, entry: LockEntry) -> str:
             reason=AuditReason.VOLUME_STALE if entry.sandbox_volume else AuditReason.VOLUME_MISSING,
             hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
         )
-    vol = _volume(client, expected)
+    vol = _volume_attrs(client, expected)
     if vol is None:
         raise PackError(
             f"the sandbox volume of {entry.slug} is missing",
             reason=AuditReason.VOLUME_MISSING,
             hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
         )
-    if (vol.attrs.get("Labels") or {}).get(LABEL_ARTIFACT) != digest:
+    if (vol.get("Labels") or {}).get(LABEL_ARTIFACT) != digest:
         raise PackError(
             f"the sandbox volume of {entry.slug} does not match the installed artifact",
             reason=AuditReason.VOLUME_STALE,

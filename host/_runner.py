@@ -12,14 +12,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import docker
-
 from host._admission import Admission, admit
 from host._audit import AuditLog
 from host._broker import LlmBroker
 from host._caller import NO_CALLER, CallerInfo, RunOverrides
 from host._config import HostConfig, load_config
-from host._engine import ContainerLimits, connect, owner_token, sweep_containers
+from host._engine import ContainerLimits, open_engine, owner_token, sweep_containers
+from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, SandboxError
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
@@ -60,7 +59,7 @@ class SandboxHost:
         *,
         config: HostConfig | None = None,
         env: Mapping[str, str] | None = None,
-        client_factory: Callable[[], docker.DockerClient] | None = None,
+        client_factory: Callable[[], EngineClient] | None = None,
         broker: LlmBroker | None = None,
         tool_runner: ToolRunner | None = None,
         limits: ContainerLimits | None = None,
@@ -85,7 +84,7 @@ class SandboxHost:
         self.lockfile = Lockfile(self.config.paths.lockfile)
         self.owner = owner_token()
         self.docker = DockerBackend(
-            client_factory or (lambda: connect(self.env)),
+            client_factory or (lambda: open_engine(self.env)),
             owner=self.owner,
             env=self.env,
             lockfile=self.lockfile,
@@ -116,7 +115,7 @@ class SandboxHost:
     def pools(self) -> WarmPools | None:
         return self.docker.pools
 
-    def client(self) -> docker.DockerClient:
+    def client(self) -> EngineClient:
         return self.docker.client()
 
     def startup_sweep(self) -> list[str]:

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-import docker
-
 from host._admission import Admission
 from host._config import config_paths
 from host._engine import (
@@ -33,6 +31,7 @@ from host._engine import (
     require_capable,
     verify_runtime,
 )
+from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host._image import pinned_image_missing, verify_pinned_image
 from host._manifest import AgentManifest
@@ -85,7 +84,7 @@ class Sandbox(Workload):
     """A started container wired to its own socket; it serves exactly one run and is then destroyed."""
 
     spec: SandboxSpec
-    client: docker.DockerClient
+    client: EngineClient
     container_id: str | None = None
     probes: list[PidsProbe] = field(default_factory=list)
     memory: list[MemoryProbe] = field(default_factory=list)
@@ -99,7 +98,7 @@ class Sandbox(Workload):
     @classmethod
     def launch(
         cls,
-        client: docker.DockerClient,
+        client: EngineClient,
         spec: SandboxSpec,
         *,
         run_id: str,
@@ -159,7 +158,7 @@ class Sandbox(Workload):
                     box.container_id = create_container(client, kwargs)
                     box.mark("created")
                     verify_runtime(client, box.container_id, spec.runtime, spec.engine)
-                    client.api.start(box.container_id)
+                    client.start(box.container_id)
                     box.mark("started")
             except EngineImageNotFound:
                 # The backend verifies the pin once in a while, not per run: an image removed since then
@@ -184,12 +183,12 @@ class Sandbox(Workload):
         with contextlib.suppress(Exception):
             memory, pids = MemoryProbe(container_id=cid or ""), PidsProbe(container_id=cid or "")
             if not (memory.found and pids.path is not None):  # not where the engine's drivers put them
-                pid = int(self.client.api.inspect_container(cid)["State"]["Pid"])
+                pid = int(self.client.inspect_container(cid or "")["State"]["Pid"])
                 memory, pids = MemoryProbe(pid), PidsProbe(pid)
             self.memory.append(memory)
             self.probes.append(pids)
         with contextlib.suppress(Exception):
-            self.exit_info.update(self.client.api.wait(cid))
+            self.exit_info.update(self.client.wait(cid or ""))
         self.exited_with(-1)
 
     def _log_stream(self) -> Any:
@@ -214,7 +213,7 @@ class Sandbox(Workload):
         if self.exit_info.get("StatusCode") == 137 and any(m.hit_the_limit for m in self.memory):
             return True
         with contextlib.suppress(Exception):  # no verdict from the engine: the exit is named without it
-            return bool(self.client.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
+            return bool(self.client.inspect_container(self.container_id or "")["State"].get("OOMKilled"))
         return False
 
     def _kill(self) -> None:
@@ -242,7 +241,7 @@ class DockerBackend:
 
     def __init__(
         self,
-        client_factory: Callable[[], docker.DockerClient],
+        client_factory: Callable[[], EngineClient],
         *,
         owner: str,
         env: Mapping[str, str],
@@ -253,7 +252,7 @@ class DockerBackend:
         before_member: Callable[[], None] = lambda: None,
     ) -> None:
         self._client_factory = client_factory
-        self._client: docker.DockerClient | None = None
+        self._client: EngineClient | None = None
         self._facts: tuple[float, EngineFacts] | None = None
         self._profile: str | None = None
         self._image: tuple[str | None, float, str] | None = None  # (pin, verified at, image id)
@@ -272,7 +271,7 @@ class DockerBackend:
             else None
         )
 
-    def client(self) -> docker.DockerClient:
+    def client(self) -> EngineClient:
         with self._lock:
             if self._client is None:
                 self._client = self._client_factory()
@@ -318,7 +317,7 @@ class DockerBackend:
             self._profile = str(podman_profile(directory, base))
         return self._profile
 
-    def _verified_image(self, client: docker.DockerClient) -> str:
+    def _verified_image(self, client: EngineClient) -> str:
         """The pinned image's id, verified (present, ours, our protocol) at most _IMAGE_TTL ago."""
         now, pin = time.monotonic(), self.image_pin
         cached = self._image
@@ -437,7 +436,7 @@ class DockerBackend:
                     continue
                 try:
                     with engine_errors():
-                        client.volumes.get(name).remove()
+                        client.remove_volume(name)
                 except EngineNotFound:
                     pass
                 except EngineError:

@@ -47,6 +47,7 @@ from tests.support.engine import (
     TEST_RUNTIMES,
     containers_with,
     docker_client,
+    engine_client,
     engine_kind,
     leftover_containers,
     pinned_image,
@@ -58,7 +59,8 @@ from tests.support.host_state import HostState
 from tests.support.packs import write_agent
 from tests.support.paths import REPO
 
-__all__ = ["docker_client", "engine_kind", "pinned_image", "runtime"]  # fixtures from tests.support.engine
+# fixtures from tests.support.engine
+__all__ = ["docker_client", "engine_client", "engine_kind", "pinned_image", "runtime"]
 
 CANARY = "sk-canary-hostile-4c1f9e07d2b8a6"
 """The host's API key in every hostile test: any sighting outside the provider request is a leak."""
@@ -493,6 +495,7 @@ class Lab:
             with contextlib.suppress(docker.errors.APIError):
                 self.client.volumes.get(name).remove()
         self.state.remove_volumes()  # those installed another way (the CLI) as well
+        self.state.engine.close()
         return self.sightings, leftovers
 
 

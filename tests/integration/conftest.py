@@ -9,11 +9,19 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.support.engine import docker_client, engine_kind, leftover_containers, pinned_image, runtime
+from tests.support.engine import (
+    docker_client,
+    engine_client,
+    engine_kind,
+    leftover_containers,
+    pinned_image,
+    runtime,
+)
 from tests.support.host_state import HostState
 from tests.support.packs import write_agent
 
-__all__ = ["docker_client", "engine_kind", "pinned_image", "runtime"]  # fixtures from tests.support.engine
+# fixtures from tests.support.engine
+__all__ = ["docker_client", "engine_client", "engine_kind", "pinned_image", "runtime"]
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +37,7 @@ def host_state(tmp_path: Path, pinned_image: str, docker_client: docker.DockerCl
     state = HostState(tmp_path, pinned_image, docker_client)
     yield state
     state.remove_volumes()  # the engine would keep every test's pack volumes for good
+    state.engine.close()
 
 
 @pytest.fixture

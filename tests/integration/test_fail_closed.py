@@ -23,6 +23,7 @@ import pytest
 from host._broker import LlmBroker, LlmSession
 from host._config import load_config
 from host._engine import LABEL_SLUG, ContainerLimits, EngineKind
+from host._engine_http import EngineClient
 from host._image import LABEL_INPUTS_HASH
 from host._packs import LABEL_ARTIFACT, Lockfile
 from host._policy import LlmPolicy
@@ -136,7 +137,7 @@ class InfoOverride:
     """The real engine client whose `info()` reports a missing capability: the host takes its client
     injected, so this is how an engine without that capability looks to it."""
 
-    def __init__(self, client: docker.DockerClient, change: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, client: EngineClient, change: Callable[[dict[str, Any]], None]) -> None:
         self._client = client
         self._change = change
 
@@ -174,7 +175,7 @@ def test_engine_permission_denied(case: Callable[..., Case]) -> None:
 def test_memory_ceiling_unsupported(case: Callable[..., Case], key: str, engine_kind: EngineKind) -> None:
     c = case(f"fc-no-{key.lower()}")
     c.install()
-    client = InfoOverride(c.client, lambda info: info.update({key: False}))
+    client = InfoOverride(c.state.engine, lambda info: info.update({key: False}))
     result = c.run(_host(c, client))
     check = "docker info --format" if engine_kind is EngineKind.DOCKER else "podman info --format"
     c.assert_fail_closed(result, "memory_limit_unsupported", check)
@@ -187,7 +188,7 @@ def _host(c: Case, client: Any) -> SandboxHost:
 def test_runtime_not_registered(case: Callable[..., Case], engine_kind: EngineKind) -> None:
     c = case("fc-no-runsc")
     c.install()
-    client = InfoOverride(c.client, lambda info: (info.get("Runtimes") or {}).pop("runsc", None))
+    client = InfoOverride(c.state.engine, lambda info: (info.get("Runtimes") or {}).pop("runsc", None))
     result = c.run(_host(c, client), runtime="runsc")
     hint = "docker info" if engine_kind is EngineKind.DOCKER else "gVisor (runsc) needs Docker"
     record = c.assert_fail_closed(result, "runtime_not_registered", hint)

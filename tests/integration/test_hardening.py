@@ -10,6 +10,7 @@ import docker
 import pytest
 
 from host._engine import EngineKind, container_runtime
+from host._engine_http import EngineClient
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 
@@ -156,8 +157,8 @@ def test_boundary_seen_from_inside(
 
 
 def test_host_side_cgroup_limits(
-    host_state: HostState, make_agent: Callable[..., Path], runtime: str, docker_client: docker.DockerClient,
-    engine_kind: EngineKind,
+    *, host_state: HostState, make_agent: Callable[..., Path], runtime: str,
+    docker_client: docker.DockerClient, engine_kind: EngineKind, engine_client: EngineClient,
 ) -> None:  # fmt: skip
     """Under gVisor the cgroup files are hidden inside; the engine's view of the container proves them."""
     sleeper = make_agent(
@@ -182,7 +183,7 @@ def test_host_side_cgroup_limits(
             running = docker_client.containers.list(filters={"label": "io.agentnode.sandbox.slug=sleeper"})
             if running:
                 seen.update(running[0].attrs["HostConfig"])
-                seen["runtime"] = container_runtime(docker_client, running[0].id, engine_kind)
+                seen["runtime"] = container_runtime(engine_client, running[0].id, engine_kind)
                 return
             time.sleep(0.1)
 

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from host._client import RunnerClient
 from host._doctor import leftover_check
 from host._engine import LABEL_OWNER, LABEL_RUN
+from host._engine_http import EngineClient
 from host._events import RunFinished, RunLog, RunStarted
 from host._serve import serve
 from host.aio import AsyncRunnerClient, CallerInfo
@@ -102,6 +103,7 @@ def test_warm_runs_never_share_state(
     make_agent: Callable[..., Path],
     served: Callable[..., Served],
     docker_client: docker.DockerClient,
+    engine_client: EngineClient,
 ) -> None:
     agent = make_agent(
         "stateful",
@@ -118,7 +120,7 @@ def test_warm_runs_never_share_state(
     s = served(["stateful"], pool_size=2)
     _wait_for(lambda: len(_ours(docker_client, "stateful")) >= 2)
     time.sleep(2)  # let both members reach FetchTask
-    assert "2 warm pool member(s)" in leftover_check(docker_client).detail  # doctor counts them
+    assert "2 warm pool member(s)" in leftover_check(engine_client).detail  # doctor counts them
     results = [s.client.submit("stateful") for _ in range(4)]
     assert all(r.success for r in results), [(r.error_code, r.error) for r in results]
     assert sum(r.warm for r in results) >= 2

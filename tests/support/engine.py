@@ -10,7 +10,16 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import LABEL_OWNER, EngineKind, connect, container_vanished, engine_facts, owner_token
+from host._engine import (
+    LABEL_OWNER,
+    EngineKind,
+    connect,
+    container_vanished,
+    engine_facts,
+    open_engine,
+    owner_token,
+)
+from host._engine_http import EngineClient
 from host._errors import SandboxError
 from host._image import build_image
 from tests.conftest import REQUIRE_DOCKER
@@ -47,6 +56,14 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 
 @pytest.fixture(scope="session")
+def engine_client(docker_client: docker.DockerClient) -> Iterator[EngineClient]:
+    """The host's own client of the same engine (the run path's: SandboxHost, doctor, the sweep)."""
+    client = open_engine()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
 def pinned_image(docker_client: docker.DockerClient) -> str:
     return build_image(docker_client, repo_root=REPO, progress=lambda _line: None).image_id
 
@@ -60,9 +77,9 @@ def runtime(request: pytest.FixtureRequest, docker_client: docker.DockerClient) 
 
 
 @pytest.fixture(scope="session")
-def engine_kind(docker_client: docker.DockerClient) -> EngineKind:
+def engine_kind(engine_client: EngineClient) -> EngineKind:
     """Which engine the suite runs against (Docker, or Podman's pass)."""
-    return engine_facts(docker_client).kind
+    return engine_facts(engine_client).kind
 
 
 ENGINE_ENV = {EngineKind.DOCKER: {}, EngineKind.PODMAN: {"container": "podman", "TERM": "xterm"}}

@@ -12,6 +12,7 @@ import docker
 import docker.errors
 
 from host._config import load_config
+from host._engine import open_engine
 from host._lockfile import Lockfile
 from host._packs import LABEL_PACK, LockEntry, install_pack
 from host._runner import SandboxHost
@@ -35,6 +36,8 @@ class HostState:
         if os.environ.get("DOCKER_HOST"):  # the engine under test (Podman's pass names its socket)
             self.env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
         self.write_config({})
+        self.engine = open_engine(self.env)
+        """The host's own engine client (what a SandboxHost made here uses); `client` is the SDK's."""
         # A pack volume's name is its content's: one already there (the demo's hello-agent) is shared.
         self._volumes_before = {v.name for v in client.volumes.list(filters={"label": LABEL_PACK})}
 
@@ -49,7 +52,7 @@ class HostState:
         )
 
     def host(self, **kwargs: Any) -> SandboxHost:
-        return SandboxHost(env=self.env, client_factory=lambda: self.client, **kwargs)
+        return SandboxHost(env=self.env, client_factory=lambda: self.engine, **kwargs)
 
     def remove_volumes(self) -> list[str]:
         """Remove the pack volumes this host's lockfile names that were not on the engine when it was made,

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import yaml
@@ -477,26 +477,9 @@ def test_doctor_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
     assert snapshot() == before
 
 
-class _DockerdPing:
-    """The low-level API's part a ping uses, answering as dockerd does (no libpod header)."""
-
-    headers: ClassVar[dict[str, str]] = {"Api-Version": "1.41", "Server": "Docker/27.0 (linux)"}
-
-    def _url(self, path: str, versioned_api: bool = True) -> str:
-        return path
-
-    def _get(self, url: str) -> _DockerdPing:
-        return self
-
-    def _raise_for_status(self, response: object) -> None:
-        return None
-
-
 class InfoOnly:
     """An engine client stand-in that answers `info()` and a dockerd `/_ping` (the client is injected by
     design)."""
-
-    api = _DockerdPing()
 
     def __init__(self, **info: Any) -> None:
         self._info = {"ServerVersion": "27.0", "Runtimes": {"runc": {}, "runsc": {}},
@@ -504,6 +487,9 @@ class InfoOnly:
 
     def info(self) -> dict[str, Any]:
         return self._info
+
+    def ping(self) -> dict[str, str]:
+        return {"Api-Version": "1.41", "Server": "Docker/27.0 (linux)"}  # as dockerd answers: no libpod
 
 
 def _capability_error(runtime: str, **facts: Any) -> EngineError:
@@ -538,15 +524,11 @@ def test_capability_checks_show_both_problems_at_once() -> None:
 
 
 def test_capability_checks_classify_an_engine_that_stops_answering() -> None:
-    class Gone(_DockerdPing):
+    class Gone:
         """Every request meets a closed socket: the ping as much as /info."""
 
-        def _get(self, url: str) -> _DockerdPing:
+        def ping(self) -> dict[str, str]:
             raise ConnectionRefusedError("gone")
-
-        @property
-        def api(self) -> Gone:
-            return self
 
         def info(self) -> dict[str, Any]:
             raise ConnectionRefusedError("gone")
@@ -562,13 +544,10 @@ def test_image_checks_refuse_a_missing_or_unusable_pin_before_asking_the_engine(
 
 
 def test_leftover_check_counts_only_containers_of_dead_hosts() -> None:
-    class Api:
-        def containers(self, **kwargs: Any) -> list[dict[str, Any]]:
-            assert kwargs == {"all": True, "filters": {"label": [LABEL_RUN, LABEL_OWNER]}}
-            return [{"Labels": {LABEL_OWNER: owner_token()}}, {"Labels": {LABEL_OWNER: "999999999:1"}}]
-
     class Client:
-        api = Api()
+        def containers(self, **kwargs: Any) -> list[dict[str, Any]]:
+            assert kwargs == {"labels": [LABEL_RUN, LABEL_OWNER]}
+            return [{"Labels": {LABEL_OWNER: owner_token()}}, {"Labels": {LABEL_OWNER: "999999999:1"}}]
 
     row = leftover_check(Client())  # type: ignore[arg-type]
     assert row.ok and row.detail.startswith("1 ") and row.fix == LEFTOVER_FIX

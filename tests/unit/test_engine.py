@@ -40,15 +40,18 @@ from host._engine import (
     connect,
     container_cgroup_dir,
     container_spec,
+    create_body,
     engine_errors,
     engine_facts,
     engine_kind,
     facts_from,
+    open_engine,
     owner_alive,
     owner_token,
     require_capable,
     verify_runtime,
 )
+from host._engine_http import IDLE_CONNECTIONS, EngineApiError
 from host._errors import (
     AuditReason,
     EngineError,
@@ -213,8 +216,47 @@ def test_spec_labels_and_bounded_logs() -> None:
     s = spec(slug="x" * 64)
     assert s["labels"] == {LABEL_RUN: "run123", LABEL_OWNER: "4242:777", LABEL_SLUG: "x" * 63}
     log = s["log_config"]
-    assert log.type == "json-file" and log.config == {"max-size": str(MiB), "max-file": "1"}
-    assert spec(limits=ContainerLimits(log_max_bytes=4096))["log_config"].config["max-size"] == "4096"
+    assert log == {"Type": "json-file", "Config": {"max-size": str(MiB), "max-file": "1"}}
+    assert spec(limits=ContainerLimits(log_max_bytes=4096))["log_config"]["Config"]["max-size"] == "4096"
+
+
+def _sdk_request(keywords: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The name and body the docker SDK's `containers.create` sends for these keywords."""
+    from docker.models.containers import _create_container_args
+    from docker.types import ContainerConfig
+
+    args = _create_container_args({**keywords, "version": "1.41"})
+    host_config, name = args.pop("host_config"), args.pop("name")
+    body = dict(ContainerConfig("1.41", **args))
+    body["HostConfig"] = dict(host_config)
+    return name, {k: v for k, v in body.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"runtime": "runsc", "warm": True, "preload": "agents.main"},
+        {"tool_for": "r" * 32},
+        {"engine": EngineKind.PODMAN, "seccomp_profile": "/cfg/seccomp/seccomp-1.json"},
+        {"limits": ContainerLimits(memory_bytes=64 * MiB, pids=32, cpus=0.5, nofile=64, fsize_bytes=MiB)},
+    ],
+    ids=["cold", "warm-runsc", "tool", "podman", "limits"],
+)
+def test_the_create_request_is_the_one_the_sdk_would_send(overrides: dict[str, Any]) -> None:
+    """The host sends the create request itself (the SDK is not imported by a run): for every kind of spec
+    it is, to the byte of its JSON, the one the SDK's `containers.create` sends for the same keywords."""
+    keywords = spec(**overrides)
+    name, body = create_body(keywords)
+    sdk_name, sdk_body = _sdk_request(keywords)
+    assert name == sdk_name
+    assert json.dumps(body, sort_keys=True) == json.dumps(sdk_body, sort_keys=True)
+
+
+def test_a_spec_keyword_without_a_mapping_is_refused() -> None:
+    """A new hardening keyword in container_spec must be mapped into the request, never dropped."""
+    with pytest.raises(ValueError, match="devices"):
+        create_body({**spec(), "devices": ["/dev/kmsg"]})
 
 
 def test_spec_is_pure() -> None:
@@ -393,6 +435,13 @@ REFUSED = ("the container engine refused the request", AuditReason.ENGINE_PERMIS
         (api_error(docker.errors.APIError, 403, "authorization denied"), EngineRejected, 403, REFUSED),
         (api_error(docker.errors.APIError, 401), EngineRejected, 401, REFUSED),
         (api_error(docker.errors.APIError, None), EngineRejected, None, UNAVAILABLE),
+        # the same answers through the host's own client
+        (EngineApiError(404, "no such container: 5a"), EngineNotFound, 404, UNAVAILABLE),
+        (EngineApiError(404, "No such image: sha256:ab"), EngineImageNotFound, 404, UNAVAILABLE),
+        (EngineApiError(500, "container 5a does not exist in database: no such container"),
+         EngineNotFound, 500, UNAVAILABLE),
+        (EngineApiError(409, "removal in progress"), EngineRejected, 409, UNAVAILABLE),
+        (EngineApiError(403, "authorization denied"), EngineRejected, 403, REFUSED),
     ],
 )  # fmt: skip
 def test_the_classifier_as_data(
@@ -472,8 +521,18 @@ def engine() -> Iterator[FakeEngine]:
         yield fake
 
 
+CONNECTS = pytest.mark.parametrize("opener", [open_engine, connect], ids=["engine_client", "sdk"])
+"""Both ways to reach the engine: the host's own client (the run path) and the SDK's (volumes, images)."""
+
+
+@CONNECTS
+def test_either_client_negotiates_with_one_unversioned_ping(engine: FakeEngine, opener: Any) -> None:
+    opener({"DOCKER_HOST": engine.docker_host}).close()
+    assert engine.raw_paths == ["/_ping"]
+
+
 def test_connect_pings_the_engine_named_by_docker_host(engine: FakeEngine) -> None:
-    client = connect({"DOCKER_HOST": engine.docker_host})
+    client = open_engine({"DOCKER_HOST": engine.docker_host})
     try:
         # The API version is negotiated as `docker` does it: one unversioned /_ping names the server's.
         assert engine.raw_paths == ["/_ping"]
@@ -483,20 +542,25 @@ def test_connect_pings_the_engine_named_by_docker_host(engine: FakeEngine) -> No
     assert facts == EngineFacts("27.1", frozenset({"runc", "runsc"}), memory_limit=True, swap_limit=False)
 
 
-def test_connect_ignores_the_process_environment(engine: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+@CONNECTS
+def test_connect_ignores_the_process_environment(
+    engine: FakeEngine, monkeypatch: pytest.MonkeyPatch, opener: Any
+) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    connect({"DOCKER_HOST": engine.docker_host}).close()
+    opener({"DOCKER_HOST": engine.docker_host}).close()
     assert engine.paths
 
 
-def test_connect_to_a_missing_socket_is_engine_unavailable() -> None:
+@CONNECTS
+def test_connect_to_a_missing_socket_is_engine_unavailable(opener: Any) -> None:
     with pytest.raises(EngineError) as info:
-        connect({"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, timeout=5)
+        opener({"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, timeout=5)
     assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
-def test_connect_to_a_dead_socket_is_engine_unavailable(tmp_path: Path) -> None:
+@CONNECTS
+def test_connect_to_a_dead_socket_is_engine_unavailable(tmp_path: Path, opener: Any) -> None:
     d = tempfile.mkdtemp(dir="/tmp")
     try:
         path = f"{d}/dead.sock"
@@ -504,22 +568,23 @@ def test_connect_to_a_dead_socket_is_engine_unavailable(tmp_path: Path) -> None:
         sock.bind(path)
         sock.close()  # the file stays; nobody listens
         with pytest.raises(EngineError) as info:
-            connect({"DOCKER_HOST": f"unix://{path}"}, timeout=5)
+            opener({"DOCKER_HOST": f"unix://{path}"}, timeout=5)
     finally:
         shutil.rmtree(d)
     assert info.value.reason is AuditReason.ENGINE_UNAVAILABLE
 
 
+@CONNECTS
 @pytest.mark.parametrize("status", [401, 403])
-def test_connect_refused_by_the_engine_is_permission_denied(status: int) -> None:
+def test_connect_refused_by_the_engine_is_permission_denied(status: int, opener: Any) -> None:
     with FakeEngine(status=status) as fake, pytest.raises(EngineError) as info:
-        connect({"DOCKER_HOST": fake.docker_host}, timeout=5)
+        opener({"DOCKER_HOST": fake.docker_host}, timeout=5)
     assert info.value.reason is AuditReason.ENGINE_PERMISSION_DENIED
     assert "authorization denied" not in info.value.message  # the engine's text never crosses
 
 
 def test_engine_facts_classifies_a_failing_engine(engine: FakeEngine) -> None:
-    client = connect({"DOCKER_HOST": engine.docker_host})
+    client = open_engine({"DOCKER_HOST": engine.docker_host})
     try:
         engine.status = 500
         with pytest.raises(EngineError) as info:
@@ -531,7 +596,7 @@ def test_engine_facts_classifies_a_failing_engine(engine: FakeEngine) -> None:
 
 def test_engine_facts_tolerates_missing_fields(engine: FakeEngine) -> None:
     engine.info = {"Runtimes": None}
-    client = connect({"DOCKER_HOST": engine.docker_host})
+    client = open_engine({"DOCKER_HOST": engine.docker_host})
     try:
         facts = engine_facts(client)
     finally:
@@ -542,15 +607,17 @@ def test_engine_facts_tolerates_missing_fields(engine: FakeEngine) -> None:
 
 
 def failing_connects_leave_no_open_socket() -> list[str]:
-    """Connect failures of every kind; returns the ResourceWarnings the garbage they left produced."""
+    """Connect failures of every kind, with either client; returns the ResourceWarnings the garbage they
+    left produced."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        for host in ("unix:///nonexistent/docker.sock", "unix:///"):
-            with pytest.raises(EngineError):
-                connect({"DOCKER_HOST": host}, timeout=5)
-        for status in (403, 500):
-            with FakeEngine(status=status) as fake, pytest.raises(EngineError):
-                connect({"DOCKER_HOST": fake.docker_host}, timeout=5)
+        for opener in (connect, open_engine):
+            for host in ("unix:///nonexistent/docker.sock", "unix:///"):
+                with pytest.raises(EngineError):
+                    opener({"DOCKER_HOST": host}, timeout=5)
+            for status in (403, 500):
+                with FakeEngine(status=status) as fake, pytest.raises(EngineError):
+                    opener({"DOCKER_HOST": fake.docker_host}, timeout=5)
         gc.collect()
     return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
 
@@ -675,6 +742,56 @@ def test_one_connection_serves_requests_for_every_container() -> None:
             assert engine.paths[-6:] == [f"/containers/{n:064x}/json" for n in range(6)]
             assert engine.connections == opened
             assert client.api.trust_env is False
+        finally:
+            client.close()
+
+
+def test_the_host_client_reuses_one_connection_for_consecutive_calls() -> None:
+    with FakeEngine() as engine:
+        client = open_engine({"DOCKER_HOST": engine.docker_host})
+        try:
+            for n in range(6):
+                with pytest.raises(EngineApiError) as info:
+                    client.inspect_container(f"{n:064x}")
+                assert info.value.status == 404
+            assert engine.paths[-6:] == [f"/containers/{n:064x}/json" for n in range(6)]
+            assert engine.connections == 1  # the ping's connection served every call
+        finally:
+            client.close()
+
+
+def test_the_host_client_keeps_a_bounded_number_of_idle_connections() -> None:
+    """A burst of runs needs more connections than are worth keeping: the client keeps IDLE_CONNECTIONS and
+    closes the rest as they come back; closing the client closes the kept ones."""
+
+    class Conn:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    with FakeEngine() as engine:
+        client = open_engine({"DOCKER_HOST": engine.docker_host})
+        client.close()
+        client._closed = False  # reopened, empty: the burst's connections come back to it
+        returned = [Conn() for _ in range(IDLE_CONNECTIONS + 5)]
+        for conn in returned:
+            client._give_back(conn)  # type: ignore[arg-type]
+        assert len(client._idle) == IDLE_CONNECTIONS and sum(c.closed for c in returned) == 5
+        client.close()
+    assert client._idle == [] and all(c.closed for c in returned)
+
+
+def test_a_kept_connection_the_engine_closed_is_replaced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine may close a kept-alive connection while it sits idle: the next request opens a new one."""
+    with FakeEngine() as engine:
+        client = open_engine({"DOCKER_HOST": engine.docker_host})
+        try:
+            stale = client._idle[-1]
+            assert stale.sock is not None
+            stale.sock.shutdown(socket.SHUT_RDWR)  # as if the engine had closed it
+            assert client.ping()
+            assert engine.connections == 2
         finally:
             client.close()
 
@@ -806,7 +923,7 @@ def test_an_engine_without_pids_accounting_is_refused() -> None:
 
 def test_engine_facts_reads_which_engine_answers() -> None:
     with FakeEngine(info=PODMAN_INFO, version=PODMAN_VERSION, libpod_info=ROOTLESS_V1_LIBPOD) as fake:
-        client = connect({"DOCKER_HOST": fake.docker_host})
+        client = open_engine({"DOCKER_HOST": fake.docker_host})
         try:
             facts = engine_facts(client)
         finally:
@@ -819,7 +936,7 @@ def test_engine_facts_reads_which_engine_answers() -> None:
 def test_a_container_under_another_runtime_than_asked_is_refused(used: str) -> None:
     """Podman's compatible API ignores the requested runtime: the created container's own is checked."""
     with FakeEngine(info=PODMAN_INFO, version=PODMAN_VERSION, oci_runtime=used) as fake:
-        client = connect({"DOCKER_HOST": fake.docker_host})
+        client = open_engine({"DOCKER_HOST": fake.docker_host})
         try:
             if used == "runc":
                 verify_runtime(client, "c" * 64, "runc", EngineKind.PODMAN)
@@ -835,7 +952,7 @@ def test_a_container_under_another_runtime_than_asked_is_refused(used: str) -> N
 
 def test_dockerd_runs_what_it_is_asked_so_nothing_is_inspected() -> None:
     with FakeEngine(info=DOCKERD_INFO) as fake:
-        client = connect({"DOCKER_HOST": fake.docker_host})
+        client = open_engine({"DOCKER_HOST": fake.docker_host})
         try:
             before = list(fake.paths)
             verify_runtime(client, "c" * 64, "runsc", EngineKind.DOCKER)

@@ -23,7 +23,6 @@ import docker.errors
 import pytest
 import requests
 import requests.exceptions
-from docker.models.images import Image
 
 from host import _image
 from host._engine import connect
@@ -451,7 +450,7 @@ class _FakeResponse(requests.Response):
 
 
 class _StubPullClient:
-    """Just what pull_image asks of an SDK client: `api.pull` (streamed events) and `images.get`."""
+    """Just what pull_image asks of an SDK client: `api.pull` (streamed events) and `api.inspect_image`."""
 
     def __init__(
         self, events: list[dict[str, Any]] | None = None, error: BaseException | None = None
@@ -465,10 +464,10 @@ class _StubPullClient:
             raise self.error
         yield from self.events
 
-    def get(self, ref: str) -> Image:
+    def inspect_image(self, ref: str) -> dict[str, Any]:
         if ref not in IMAGES:
             raise docker.errors.ImageNotFound("no such image", response=_FakeResponse(404))
-        return Image(attrs=IMAGES[ref])
+        return IMAGES[ref]
 
 
 PULL_EVENTS: list[dict[str, Any]] = [
