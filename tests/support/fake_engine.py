@@ -21,19 +21,21 @@ class FakeEngine:
     like an engine (`info` is the /info body, `version` adds to the /version body: Podman's names itself
     in `Components`, and its /_ping then says libpod's API version, as Podman's does); Podman's own
     /libpod/info answers `libpod_info` and its container inspect answers with `oci_runtime` as the
-    container's runtime.
+    container's runtime; a container's logs answer `log_chunks` (the engine's framed stream), if given.
     """
 
     def __init__(
         self, *, status: int | None = None, info: dict[str, Any] | None = None,
         version: dict[str, Any] | None = None, oci_runtime: str = "",
-        libpod_info: dict[str, Any] | None = None,
+        libpod_info: dict[str, Any] | None = None, log_chunks: list[bytes] | None = None,
     ) -> None:  # fmt: skip
         self.status = status
         self.info = info or {}
         self.version = version or {}
         self.oci_runtime = oci_runtime
         self.libpod_info = libpod_info
+        self.log_chunks = log_chunks
+        """A container's followed log, as the chunks of its chunked answer (then the stream ends)."""
         self.paths: list[str] = []  # without the /v1.NN prefix
         self.raw_paths: list[str] = []
         self.connections = 0  # accepted client connections (each may carry many requests)
@@ -94,12 +96,24 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(200, engine.info)
             elif engine.libpod_info is not None and path == f"{LIBPOD}/info":
                 self._send(200, engine.libpod_info)
+            elif engine.log_chunks is not None and path.startswith("/containers/") and path.endswith("/logs"):
+                self._send_chunked(engine.log_chunks)
             elif engine.oci_runtime and path.startswith(f"{LIBPOD}/containers/") and path.endswith("/json"):
                 self._send(200, {"OCIRuntime": engine.oci_runtime, "HostConfig": {"Runtime": "oci"}})
             else:
                 self._send(404, {"message": "no such route"})
 
         do_HEAD = do_GET
+
+        def _send_chunked(self, chunks: list[bytes]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.docker.multiplexed-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for chunk in chunks:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
 
         def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
             payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()

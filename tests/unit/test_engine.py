@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import itertools
 import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import warnings
@@ -45,6 +47,7 @@ from host._engine import (
     engine_facts,
     engine_kind,
     facts_from,
+    follow_logs,
     open_engine,
     owner_alive,
     owner_token,
@@ -794,6 +797,27 @@ def test_a_kept_connection_the_engine_closed_is_replaced_once(monkeypatch: pytes
             assert engine.connections == 2
         finally:
             client.close()
+
+
+def _frame(stream: int, data: bytes) -> bytes:
+    """One frame of the engine's multiplexed log stream: stream (1 stdout, 2 stderr), size, payload."""
+    return struct.pack(">BxxxL", stream, len(data)) + data
+
+
+def test_a_followed_log_yields_both_streams_whatever_the_chunking() -> None:
+    """The engine's frames arrive cut anywhere (inside a header, inside a payload): the output comes back
+    whole and in order, stdout and stderr alike, and the stream ends with the answer."""
+    body = _frame(1, b"hello ") + _frame(2, b"warn\n") + _frame(1, b"x" * 70_000) + _frame(1, b"end\n")
+    cuts = [0, 3, 9, 20, 30, 50_000, len(body)]
+    chunks = [body[a:b] for a, b in itertools.pairwise(cuts)]
+    with FakeEngine(log_chunks=chunks) as engine:
+        client = open_engine({"DOCKER_HOST": engine.docker_host})
+        try:
+            out = b"".join(follow_logs(client, "c" * 64))
+        finally:
+            client.close()
+        assert engine.paths[-1] == f"/containers/{'c' * 64}/logs"
+    assert out == b"hello warn\n" + b"x" * 70_000 + b"end\n"
 
 
 def test_the_engine_pool_keeps_a_bounded_number_of_idle_connections(caplog: pytest.LogCaptureFixture) -> None:
