@@ -21,18 +21,27 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from host._engine import LABEL_PROTOCOL, EngineKind, engine_errors, facts_from
-from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, EngineRejected
+from host._pin import (
+    _ID_PIN,
+    BUILD_HINT,
+    LABEL_INPUTS_HASH,
+    AnyClient,
+    _get_image,
+    _labels,
+    _matches_pin,
+    _protocol,
+    pinned_image_missing,
+    verify_pinned_image,
+)
 from sandbox_wrapper import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
     import docker
 
-AnyClient: TypeAlias = "EngineClient | docker.DockerClient"
-"""Image lookups serve the run path (our client) and the build and pull commands (the SDK's)."""
 
 Progress = Callable[[str], None]
 
@@ -41,9 +50,7 @@ DISTRIBUTION = "agentnode-sandbox"
 """The project's distribution name (its metadata labels an image built from an installed wheel)."""
 BASE_REPOSITORY = "agentnode-sandbox-base"
 LATEST_TAG = f"{REPOSITORY}:latest"
-LABEL_INPUTS_HASH = "io.agentnode.sandbox.inputs-hash"
 LABEL_ROOTFS_HASH = "io.agentnode.sandbox.rootfs-hash"
-BUILD_HINT = "run `agentnode-sandbox image build` (it records the new pin)"
 PULL_HINT = (
     "check the reference and that the engine can reach its registry (docker pull REF); "
     "without a registry, build the image here: agentnode-sandbox image build"
@@ -87,8 +94,7 @@ DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 WHEEL_PYTHON = "3.11"
 BYTECODE_VERSION = (3, 11)
 
-_ID_PIN = re.compile(r"sha256:[0-9a-f]{64}")
-_DIGEST_PIN = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+
 
 
 @dataclass(frozen=True)
@@ -287,36 +293,6 @@ def _stream(cmd: list[str], progress: Progress, stage: str) -> int:
 
 def _build_failed(message: str, hint: str = BUILD_HINT) -> EngineError:
     return EngineError(message, reason=AuditReason.IMAGE_MISSING, hint=hint, check="image")
-
-
-@dataclass(frozen=True)
-class Image:
-    """An image as the engine describes it: its inspect answer."""
-
-    attrs: dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return str(self.attrs.get("Id", ""))
-
-
-def _get_image(client: AnyClient, ref: str) -> Image | None:
-    """The local image for `ref`, or None when absent (or `ref` is not a valid reference); never pulls."""
-    try:
-        with engine_errors():
-            if isinstance(client, EngineClient):
-                attrs = client.inspect_image(ref)
-            else:
-                attrs = client.api.inspect_image(ref)
-    except EngineRejected as exc:
-        if exc.status in (400, 404):
-            return None
-        raise
-    return Image(dict(attrs))
-
-
-def _labels(image: Image) -> dict[str, str]:
-    return dict((image.attrs.get("Config") or {}).get("Labels") or {})
 
 
 def daemon_arch(client: docker.DockerClient) -> str:
@@ -610,17 +586,6 @@ def _build(
     return image_id
 
 
-def _matches_pin(image: Image, pin: str) -> bool:
-    if _ID_PIN.fullmatch(pin):
-        return bool(image.id == pin)
-    return pin in (image.attrs.get("RepoDigests") or [])
-
-
-def _protocol(labels: dict[str, str]) -> int | None:
-    value = labels.get(LABEL_PROTOCOL, "")
-    return int(value) if value.isdigit() else None
-
-
 def image_status(
     client: AnyClient, pin: str | None, *, repo_root: Path | None = None
 ) -> ImageStatus:
@@ -642,44 +607,6 @@ def image_status(
         current_inputs_hash=current,
         up_to_date=current is not None and inputs_hash == current and protocol == PROTOCOL_VERSION,
     )
-
-
-def pinned_image_missing(pin: str) -> EngineError:
-    """The refusal for a pinned image the engine does not have, found at verification or at create."""
-    return EngineError(
-        f"the pinned sandbox image {pin} is not present in the engine",
-        reason=AuditReason.IMAGE_MISSING, hint=BUILD_HINT, check="image",
-    )  # fmt: skip
-
-
-def verify_pinned_image(client: AnyClient, pin: str | None) -> Image:
-    """The pinned image, or an EngineError saying why a sandboxed run cannot use it; never pulls."""
-    if not pin:
-        raise EngineError(
-            "no sandbox image is pinned (agent_sandbox.image is not set)",
-            reason=AuditReason.IMAGE_NOT_PINNED, hint=BUILD_HINT, check="image",
-        )  # fmt: skip
-    if not (_ID_PIN.fullmatch(pin) or _DIGEST_PIN.fullmatch(pin)):
-        raise EngineError(
-            f"agent_sandbox.image must be 'sha256:<image id>' or '<repo>@sha256:<digest>', got {pin!r}",
-            reason=AuditReason.IMAGE_NOT_PINNED, hint=BUILD_HINT, check="image",
-        )  # fmt: skip
-    image = _get_image(client, pin)
-    if image is None:
-        raise pinned_image_missing(pin)
-    labels = _labels(image)
-    if not _matches_pin(image, pin) or LABEL_INPUTS_HASH not in labels:
-        raise EngineError(
-            f"the image found for {pin} is not the pinned agentnode-sandbox image",
-            reason=AuditReason.IMAGE_MISMATCH, hint=BUILD_HINT, check="image",
-        )  # fmt: skip
-    protocol = _protocol(labels)
-    if protocol != PROTOCOL_VERSION:
-        raise EngineError(
-            f"the pinned image speaks sandbox protocol {protocol}, this host speaks {PROTOCOL_VERSION}",
-            reason=AuditReason.PROTOCOL_MISMATCH, hint=BUILD_HINT, check="image",
-        )  # fmt: skip
-    return image
 
 
 def _pull_failed(message: str) -> EngineError:

@@ -21,11 +21,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from host._config import ConfigPaths
 from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
-from host._engine_http import EngineClient
 from host._errors import (
     AuditReason,
     EngineError,
@@ -72,6 +71,7 @@ from host._requirements import (
 from host._tararchive import upload_tar
 from host._terminal import safe_line
 from host._vocab import HOST_TRUST, Trust
+from host._volumes import verify_volume, volume_name
 
 if TYPE_CHECKING:
     import docker
@@ -386,12 +386,6 @@ def _archive(root_fd: int, scan: _Scan, archive: IO[bytes]) -> str:
             finally:
                 os.close(fd)
     return h.hexdigest()
-
-
-def volume_name(slug: str, version: str, digest: str) -> str:
-    """Per-version volume name: slug + version + artifact hash prefix (the full hash is a label)."""
-    safe_version = re.sub(r"[^A-Za-z0-9_.-]", "-", version)[:40]
-    return f"agentnode-pack-{slug}-{safe_version}-{digest[:16]}"
 
 
 def _is_pack_volume(name: str | None) -> bool:
@@ -780,47 +774,6 @@ def uninstall_pack(slug: str, *, paths: ConfigPaths, client: docker.DockerClient
     if copy is not None:
         shutil.rmtree(copy, ignore_errors=True)
     return entry
-
-
-def _volume_attrs(client: EngineClient | docker.DockerClient, name: str) -> dict[str, Any] | None:
-    """The engine's description of volume `name` (from either client), or None when it has none."""
-    try:
-        with engine_errors():
-            if isinstance(client, EngineClient):
-                return client.inspect_volume(name)
-            return dict(client.api.inspect_volume(name))
-    except EngineNotFound:
-        return None
-
-
-def verify_volume(client: EngineClient | docker.DockerClient, entry: LockEntry) -> str:
-    """Return the run's pack volume only if it exists and its label matches the lockfile; never create one.
-
-    The label is what the volume holds: the artifact, plus the wheels the lockfile records for it
-    (LockEntry.volume_digest), so a volume filled with other wheels, or an edited record, is stale.
-    """
-    digest = entry.volume_digest
-    expected = volume_name(entry.slug, entry.version, digest)
-    if not digest or not entry.sandbox_volume or entry.sandbox_volume != expected:
-        raise PackError(
-            f"the sandbox volume of {entry.slug} is missing or stale in the lockfile",
-            reason=AuditReason.VOLUME_STALE if entry.sandbox_volume else AuditReason.VOLUME_MISSING,
-            hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
-        )
-    vol = _volume_attrs(client, expected)
-    if vol is None:
-        raise PackError(
-            f"the sandbox volume of {entry.slug} is missing",
-            reason=AuditReason.VOLUME_MISSING,
-            hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
-        )
-    if (vol.get("Labels") or {}).get(LABEL_ARTIFACT) != digest:
-        raise PackError(
-            f"the sandbox volume of {entry.slug} does not match the installed artifact",
-            reason=AuditReason.VOLUME_STALE,
-            hint=f"reinstall it: agentnode-sandbox install <path-to-{entry.slug}>",
-        )
-    return expected
 
 
 __all__ = [

@@ -22,9 +22,9 @@ from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, SandboxError
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
+from host._lockfile import Lockfile
 from host._logs import set_run_id
 from host._outcome import Ending, conclude, watch
-from host._packs import Lockfile
 from host._pool import PoolSettings, WarmPools
 from host._result import RunResult, from_error, from_outcome, host_fault, withheld
 from host._runaudit import RunAudit, RunFacts

@@ -33,13 +33,14 @@ from host._engine import (
 )
 from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
-from host._image import pinned_image_missing, verify_pinned_image
+from host._lockfile import LockEntry, Lockfile
 from host._manifest import AgentManifest
-from host._packs import LockEntry, Lockfile, verify_volume
+from host._pin import pinned_image_missing, verify_pinned_image
 from host._pool import PoolSettings, WarmPools
 from host._seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
 from host._session import RunSession
 from host._toollink import ToolLink
+from host._volumes import verify_volume
 from host._workload import SocketServer, Workload
 
 logger = logging.getLogger("agentnode.sandbox.sandbox")

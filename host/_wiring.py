@@ -10,8 +10,8 @@ from typing import Any
 from host._broker import LlmBroker, LlmSession
 from host._json import dumps_strict
 from host._llmtools import ToolCatalog, build_catalog
+from host._lockfile import LockEntry, Lockfile
 from host._manifest import AgentManifest, ToolpackManifest, ToolSpec
-from host._packs import LockEntry, Lockfile
 from host._policy import RunPolicy
 from host._session import RunTask
 from host._tools import InstalledToolpack, ToolGate, ToolRunner

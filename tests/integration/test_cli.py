@@ -369,7 +369,8 @@ def test_per_run_limits_only_tighten_and_bind_the_sandboxed_run(
 
 
 RUN_NEEDS = ("grpc", "google.protobuf")
-RUN_NEEDS_NOT = ("docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client", "opentelemetry", "kubernetes", "kopf",
+RUN_NEEDS_NOT = ("docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
+                 "opentelemetry", "kubernetes", "kopf", "host._packs", "host._image", "host._requirements",
                  "sandbox_wrapper._context", "sandbox_wrapper._runner", "host._serve",
                  "host._client", "host._k8s_client", "host._k8s_api", "host._metrics", "host._doctor",
                  "host._scaffold", "host.aio", "yaml", "packaging.requirements")  # fmt: skip
@@ -388,8 +389,10 @@ def test_a_trivial_run_loads_only_what_it_uses(
     host_state: HostState, make_agent: Callable[..., Path]
 ) -> None:
     """A one-shot `run` of an agent that calls no tool and no model needs gRPC (the engine is spoken to with
-    the standard library: host._engine_http); not the docker SDK or its HTTP stack, the providers' SDKs, metrics, tracing, Kubernetes, the serve host or its client, doctor, the scaffolder, nor
-    the YAML and requirement parsers (the lockfile holds the validated manifest)."""
+    the standard library: host._engine_http); not the docker SDK or its HTTP stack, the install and image
+    builder machinery, the providers' SDKs, metrics, tracing, Kubernetes, the serve host or its client,
+    doctor, the scaffolder, nor the YAML and requirement parsers (the lockfile holds the validated
+    manifest)."""
     host_state.install(make_agent("trivial-imports", "def run(context, **kwargs):\n    return {'ok': 1}\n"))
     proc = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE, json.dumps(["run", "trivial-imports", "--json"]),
