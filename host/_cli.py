@@ -334,17 +334,46 @@ SERVE_PROBE_SECONDS = 1.0
 def _run_local(
     args: argparse.Namespace, kwargs: dict[str, Any], caller: Any, limits: Any
 ) -> tuple[RunResult, int]:
-    """The run in this process: (its result, how many audit writes failed)."""
-    from host._runner import SandboxHost
+    """The run in this process: (its result, how many audit writes failed).
 
-    host = SandboxHost(metrics=False)
+    The run's container is started first, with light modules only (host/_prelaunch.py), while another
+    thread imports the rest of the host: those imports then overlap the engine's start of the container
+    instead of preceding it. The host adopts the container, or the run takes the usual path."""
+    import threading
+
+    from host._engine import ContainerLimits, owner_token
+    from host._prelaunch import prelaunch
+
+    loader = threading.Thread(target=_import_the_host, daemon=True, name="host-imports")
+    early = None
+    with contextlib.suppress(Exception):  # the usual path meets (and reports) whatever failed here
+        early = prelaunch(args.slug, runtime=args.runtime, owner=owner_token(), env=os.environ,
+                          limits=ContainerLimits(), starting=loader.start)  # fmt: skip
     try:
-        host.startup_sweep()
-        result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                          on_log=_follow if args.follow else None, caller=caller, limits=limits)  # fmt: skip
+        if not loader.is_alive() and loader.ident is None:  # no container was started: import here
+            loader.start()
+        loader.join()
+        from host._runner import SandboxHost
+
+        host = SandboxHost(metrics=False)
+        try:
+            host.startup_sweep()
+            result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
+                              on_log=_follow if args.follow else None, caller=caller, limits=limits,
+                              prelaunched=early)  # fmt: skip
+        finally:
+            host.close()
     finally:
-        host.close()
+        if early is not None:
+            early.discard()  # a container the run did not adopt (adopted ones went with the run)
     return result, host.audit_failures
+
+
+def _import_the_host() -> None:
+    """Import what a local run needs beyond the prelaunch (gRPC, the session, the broker); a failure is
+    raised again, with its traceback, by the import in the main thread."""
+    with contextlib.suppress(Exception):
+        import host._runner  # noqa: F401
 
 
 def _run_on_serve(client: Any, args: argparse.Namespace, kwargs: dict[str, Any], caller: Any,

@@ -416,6 +416,7 @@ def container_spec(
     preload: str = "",
     engine: EngineKind = EngineKind.DOCKER,
     seccomp_profile: str = "",
+    socket_wait: float = 0.0,
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run (the docker SDK's names, which `create_body`
     turns into the engine's request): every hardening decision, as plain data.
@@ -424,6 +425,8 @@ def container_spec(
     the only difference between a warm and a cold spec. `tool_for` (a run id) makes it a tool sandbox of
     that run: the wrapper's tool-server mode and LABEL_TOOL_FOR are the only differences from a run's.
     `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
+    `socket_wait` > 0 lets the wrapper wait that many seconds for its socket (a container started before its
+    host serves the socket: host/_prelaunch.py).
     `engine` is Docker's or Podman's; on Podman three things differ, each proven from inside by the live
     hardening tests: the home tmpfs' ownership is spelled `U` (Podman refuses `uid=`/`gid=`), /run and
     /var/tmp are overmounted read-only (with a read-only root Podman mounts writable, executable tmpfs
@@ -483,6 +486,7 @@ def container_spec(
             socket=f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}",
             import_root=import_root,
             preload="" if tool_for else preload,
+            socket_wait=socket_wait,
         ),
         "mounts": [
             {

@@ -7,13 +7,15 @@ import http.client
 import json
 import os
 import socket
-import ssl
 import struct
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 IDLE_CONNECTIONS = 16
@@ -74,6 +76,8 @@ def _tls_context(env: Mapping[str, str]) -> ssl.SSLContext | None:
     """The TLS context `docker` itself would use for a tcp:// engine (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH)."""
     if not env.get("DOCKER_TLS_VERIFY") and not env.get("DOCKER_TLS"):
         return None
+    import ssl  # noqa: PLC0415 (a Unix-socket engine, the usual one, never needs it)
+
     certs = Path(env.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
     verify = bool(env.get("DOCKER_TLS_VERIFY"))
     context = ssl.create_default_context(cafile=str(certs / "ca.pem") if verify else None)
@@ -111,6 +115,8 @@ class EngineClient:
             self._address = (parsed.hostname or "localhost", parsed.port or 2375)
             self._tls = _tls_context(os.environ if env is None else env)
             if parsed.scheme == "https" and self._tls is None:
+                import ssl  # noqa: PLC0415
+
                 self._tls = ssl.create_default_context()
         else:
             raise UnsupportedEngineHost(f"DOCKER_HOST scheme {parsed.scheme or '(none)'!r} is not supported")

@@ -28,7 +28,7 @@ from host._engine import (
 )
 from host._manifest import SLUG_RE
 from host._vocab import Runtime
-from host._wrapper_env import WRAPPER_ARGS, wrapper_env
+from host._wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS, wrapper_env
 
 # --- the contract (docs/kubernetes.md) -------------------------------------------------------------------
 GROUP = "sandbox.agentnode.net"
@@ -56,7 +56,6 @@ CONTROLLER_AUDIT_DIR = "/var/lib/agentnode-sandbox-controller"
 """The controller's audit log (the runs it refuses) lives on its PersistentVolumeClaim."""
 CONTROLLER_AUDIT_FILE = f"{CONTROLLER_AUDIT_DIR}/audit.jsonl"
 NAMESPACE = "agentnode-system"
-SOCKET_WAIT_ENV = "AGENTNODE_SOCKET_WAIT_SECONDS"
 POD_UID_ENV = "AGENTNODE_POD_UID"
 RUN_DIR_PREFIX = "run-"
 """A run pod's socket directory is `<RUN_HOST_DIR>/run-<pod uid>`: the node agent's run root holds run

@@ -54,7 +54,7 @@ class LockEntry:
         """What the sandbox volume holds: the artifact plus the recorded sandbox wheels (the artifact hash
         when there are none). Its name and label carry it, so a volume with other wheels is stale; a
         malformed record yields "" (no volume ever matches: the run fails closed)."""
-        from host._requirements import identity, recorded_wheels  # noqa: PLC0415  (installed packs only)
+        from host._wheels import identity, recorded_wheels  # noqa: PLC0415  (installed packs only)
 
         try:
             return identity(self.artifact_hash, recorded_wheels(self.requirements, "sandbox"))

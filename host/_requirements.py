@@ -23,7 +23,6 @@ derived from them (`identity`), so a run whose volume does not hold the recorded
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import signal
@@ -47,6 +46,7 @@ from host._errors import PackError
 from host._image import sha256_file
 from host._tararchive import upload_tar
 from host._terminal import safe_line, safe_token
+from host._wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
@@ -98,7 +98,6 @@ _ENV_KEEP = frozenset(
 """What pip may see of the host's environment besides PIP_*: where its config, cache, proxy and CA are.
 API keys and PYTHON* variables stay out."""
 
-_WHEEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+!-]{0,250}\.whl")
 _PIP_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
 _NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
 _UNREACHABLE = (
@@ -431,17 +430,6 @@ def summary(output: str, limit: int = 240) -> str:
 
 
 @dataclass(frozen=True)
-class Wheel:
-    """One resolved wheel as the lockfile records it."""
-
-    filename: str
-    sha256: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"filename": self.filename, "sha256": self.sha256}
-
-
-@dataclass(frozen=True)
 class Resolved:
     """The wheels for one target, downloaded into `directory` and hashed."""
 
@@ -584,17 +572,6 @@ def resolve(
 
 
 # --- placing them --------------------------------------------------------------------------------------
-
-
-def identity(artifact_hash: str, wheels: Iterable[Wheel]) -> str:
-    """What a volume or host copy holds: the pack's files plus these wheels (the artifact hash when none)."""
-    ordered = sorted(wheels, key=lambda w: w.filename)
-    if not ordered:
-        return artifact_hash
-    h = hashlib.sha256(b"agentnode-requirements-v1\0" + artifact_hash.encode())
-    for wheel in ordered:
-        h.update(f"\0{wheel.filename}\0{wheel.sha256}".encode())
-    return h.hexdigest()
 
 
 def _unsafe_member(name: str) -> bool:
@@ -759,37 +736,6 @@ def lock_record(declared: Declared, sandbox: Resolved | None, host: Resolved | N
     if host is not None:
         record["host"] = host.to_json()
     return record
-
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def recorded_wheels(record: Any, key: str) -> tuple[Wheel, ...]:
-    """The wheels a lockfile record lists for `key` ("sandbox" or "host"); () when there are none.
-
-    Raises ValueError when the record is malformed (an edited lockfile): callers fail closed.
-    """
-    if record is None:
-        return ()
-    if not isinstance(record, dict):
-        raise ValueError("requirements is not an object")
-    part = record.get(key)
-    if part is None:
-        return ()
-    wheels = part.get("wheels") if isinstance(part, dict) else None
-    if not isinstance(wheels, list):
-        raise ValueError(f"requirements.{key}.wheels is not a list")
-    out: list[Wheel] = []
-    for item in wheels:
-        if not isinstance(item, dict):
-            raise ValueError(f"requirements.{key}.wheels holds a non-object")
-        filename, sha = item.get("filename"), item.get("sha256")
-        if not (isinstance(filename, str) and _WHEEL_NAME.fullmatch(filename)):
-            raise ValueError(f"requirements.{key}.wheels holds an invalid filename")
-        if not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
-            raise ValueError(f"requirements.{key}.wheels holds an invalid sha256")
-        out.append(Wheel(filename, sha))
-    return tuple(out)
 
 
 def reserved_name(paths: Iterable[str]) -> str | None:

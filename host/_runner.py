@@ -40,6 +40,7 @@ from host._workload import Backend, Teardowns, Workload
 
 if TYPE_CHECKING:
     from host._metrics import HostMetrics
+    from host._prelaunch import Prelaunched
 
 logger = logging.getLogger("agentnode.sandbox.runner")
 
@@ -174,6 +175,7 @@ class SandboxHost:
         caller: CallerInfo | None = None,
         limits: RunOverrides | None = None,
         defer: Callable[[Callable[[], None]], None] | None = None,
+        prelaunched: Prelaunched | None = None,
     ) -> RunResult:
         """Run an installed agent; every path, refusals included, ends with exactly one audit record.
 
@@ -182,9 +184,13 @@ class SandboxHost:
         cap). `caller` (host/_caller.py, validated) goes into the audit record; `limits` can only tighten
         the run's effective policy. `defer(work)` takes the engine-heavy work that follows the result (a warm
         member's replacement may start, a background teardown is queued) to run once the result has reached
-        its caller; by default it runs as the result is returned.
+        its caller; by default it runs as the result is returned. `prelaunched` is a container a one-shot
+        `run` started for this run before the host was built (host/_prelaunch.py): adopted if it is the
+        sandbox this run would start, else left for the caller to discard.
         """
-        run = RunFacts(started=time.monotonic(), on_stage=on_stage, on_log=on_log,
+        # a prelaunched container began the run (host/_prelaunch.py): its time counts, and the deadline's
+        started = time.monotonic() if prelaunched is None else min(time.monotonic(), prelaunched.launched_at)
+        run = RunFacts(started=started, on_stage=on_stage, on_log=on_log,
                        caller=caller or NO_CALLER)  # fmt: skip
         try:
             run.admission = admit(
@@ -197,7 +203,8 @@ class SandboxHost:
                 run.admission = dataclasses.replace(run.admission, policy=policy)
             run.mark("routed")
             with self.fds.hold():  # before anything is built: a full host refuses cleanly
-                result = self._execute(run, run.admission, goal, dict(kwargs or {}), on_start)
+                result = self._execute(run, run.admission, goal, dict(kwargs or {}), on_start,
+                                       prelaunched=prelaunched)  # fmt: skip
         except SandboxError as exc:
             result = from_error(exc)
         except Exception as exc:  # noqa: BLE001 (the host loop fails closed on anything)
@@ -248,6 +255,8 @@ class SandboxHost:
         goal: str | None,
         kwargs: dict[str, Any],
         on_start: Callable[[str], None] | None,
+        *,
+        prelaunched: Prelaunched | None = None,
     ) -> RunResult:
         """One admitted run on its backend: workload, session, watch, outcome; always torn down."""
         assert a.entry is not None and a.manifest is not None and a.policy is not None
@@ -255,10 +264,15 @@ class SandboxHost:
             self.sandbox if a.sandboxed else self.host_process
         )
         box = backend.claim(a)
-        run.fix_id(box.run_id if box is not None else uuid.uuid4().hex, warm=box is not None)
+        early = prelaunched if box is None and backend is self.docker and prelaunched is not None else None
+        if early is not None and not early.serves(a, pin=self.docker.image_pin, limits=self.limits):
+            early = None
+        run.fix_id(box.run_id if box is not None else early.run_id if early is not None else uuid.uuid4().hex,
+                   warm=box is not None)  # fmt: skip
         work: Workload | None = box
         try:
-            spec = None if box is not None else backend.prepare(a)
+            # a prelaunched sandbox was verified moments ago, by this process, on the same inputs
+            spec = None if box is not None or early is not None else backend.prepare(a)
             if a.sandboxed:
                 run.mark("claimed" if box is not None else "verified")
             deadline = run.started + a.policy.max_runtime_seconds
@@ -279,7 +293,11 @@ class SandboxHost:
                 session = RunSession(task=task, tools=run.gate, llm=run.llm)
                 session.listen_logs(run.on_log)
                 self._active[run.run_id] = session
-                work = backend.launch(spec, run_id=run.run_id, session=session, run_info=run.crash_record())
+                info = run.crash_record()
+                if early is not None:
+                    work = self.docker.adopt(early, session=session, run_info=info)
+                else:
+                    work = backend.launch(spec, run_id=run.run_id, session=session, run_info=info)
                 run.launched(work.stages, sandboxed=a.sandboxed)
             assert work is not None
             if on_start is not None:

@@ -9,11 +9,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from host._admission import Admission
-from host._config import config_paths
 from host._engine import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -22,26 +20,24 @@ from host._engine import (
     EngineKind,
     MemoryProbe,
     PidsProbe,
-    container_spec,
-    create_container,
     engine_errors,
     engine_facts,
     follow_logs,
     remove_and_verify,
-    require_capable,
-    verify_runtime,
 )
 from host._engine_http import EngineClient
-from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
+from host._errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host._launch import SandboxSpec, podman_seccomp_profile, pool_key, sandbox_spec, start_container
 from host._lockfile import LockEntry, Lockfile
 from host._manifest import AgentManifest
-from host._pin import pinned_image_missing, verify_pinned_image
+from host._pin import verify_pinned_image
 from host._pool import PoolSettings, WarmPools
-from host._seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
-from host._session import RunSession
+from host._session import RunSession, build_run_server
 from host._toollink import ToolLink
-from host._volumes import verify_volume
 from host._workload import SocketServer, Workload
+
+if TYPE_CHECKING:
+    from host._prelaunch import Prelaunched
 
 logger = logging.getLogger("agentnode.sandbox.sandbox")
 
@@ -49,35 +45,6 @@ _ENGINE_FACTS_TTL = 30.0
 _IMAGE_TTL = 30.0
 """How long a verified image pin is trusted without asking the engine again. The image is content-addressed
 by its id, so only its presence can change: a create that finds it gone refuses with IMAGE_MISSING too."""
-
-
-@dataclass(frozen=True)
-class SandboxSpec:
-    """Everything a sandbox needs that does not depend on the task: pools launch from this alone."""
-
-    slug: str
-    artifact_hash: str
-    runtime: str
-    pin: str
-    image_id: str
-    volume: str
-    import_root: str
-    limits: ContainerLimits
-    preload: str = ""
-    """The agent's entrypoint module, which the wrapper imports before its task ("" for none)."""
-    engine: EngineKind = EngineKind.DOCKER
-    """Which engine runs it (`EngineFacts.kind`): see `container_spec` for what differs on Podman."""
-    seccomp_profile: str = ""
-    """On Podman, the path of the run's seccomp profile (host._seccomp); "" on Docker (its default)."""
-
-    @property
-    def pool_key(self) -> tuple[str, str, str, str]:
-        """What a warm member is interchangeable by: the pack version, the runtime and the image pin."""
-        return pool_key(self.slug, self.artifact_hash, self.runtime, self.pin)
-
-
-def pool_key(slug: str, artifact_hash: str, runtime: str, pin: str) -> tuple[str, str, str, str]:
-    return (slug, artifact_hash, runtime, pin)
 
 
 @dataclass(kw_only=True)
@@ -137,41 +104,53 @@ class Sandbox(Workload):
             server.start()
             rundir.grant(SANDBOX_UID, SANDBOX_GID)
             box.mark("socket_ready")
-            kwargs = container_spec(
-                image=spec.image_id,
-                run_id=run_id,
-                name=box.name,
-                owner=owner,
-                slug=spec.slug,
-                runtime=spec.runtime,
-                pack_volume=spec.volume,
-                import_root=spec.import_root,
-                socket_dir=str(rundir.path),
-                limits=spec.limits,
-                warm=warm,
-                tool_for=tool_for,
-                preload=spec.preload,
-                engine=spec.engine,
-                seccomp_profile=spec.seccomp_profile,
-            )
-            try:
-                with engine_errors():
-                    box.container_id = create_container(client, kwargs)
-                    box.mark("created")
-                    verify_runtime(client, box.container_id, spec.runtime, spec.engine)
-                    client.start(box.container_id)
-                    box.mark("started")
-            except EngineImageNotFound:
-                # The backend verifies the pin once in a while, not per run: an image removed since then
-                # is found missing here, and is the same refusal as at verification.
-                raise pinned_image_missing(spec.pin or spec.image_id) from None
-            except EngineRejected as exc:
-                raise EngineError(
-                    f"the sandbox container could not be started ({exc.status})",
-                    reason=AuditReason.START_FAILED,
-                    hint="check with: agentnode-sandbox doctor",
-                    check="start",
-                ) from None
+            box.container_id = start_container(
+                client, spec, run_id=run_id, name=box.name, owner=owner, socket_dir=str(rundir.path),
+                warm=warm, tool_for=tool_for, mark=box.mark,
+                created=lambda cid: setattr(box, "container_id", cid),
+            )  # fmt: skip
+        except BaseException:
+            box.destroy()
+            raise
+        threading.Thread(target=box._watch_exit, daemon=True, name=f"exit-{box.name}").start()
+        box.start_drain(box._log_stream)
+        return box
+
+    @classmethod
+    def adopt(
+        cls,
+        early: Prelaunched,
+        *,
+        client: EngineClient,
+        session: RunSession,
+        run_info: Mapping[str, object] | None = None,
+    ) -> Self:
+        """Serve the socket of a container already started (host/_prelaunch.py), whose wrapper is waiting for
+        it: the crash record first, then the server, then the socket handed to the container's user. A
+        failure tears the container down before the error rises. `client` (the host's) serves it from here:
+        the prelaunch's own is closed."""
+        early.adopted = True
+        early.client.close()
+        rundir = early.rundir
+        if run_info is not None:
+            rundir.record_run(run_info)
+        box = cls(
+            run_id=early.run_id,
+            name=early.name,
+            spec=early.spec,
+            session=session,
+            rundir=rundir,
+            server=None,
+            client=client,
+            launched_at=early.launched_at,
+            container_id=early.container_id,
+            stages=dict(early.stages),
+        )
+        try:
+            box.server = build_run_server(session, str(rundir.socket_path))
+            box.server.start()
+            rundir.grant(SANDBOX_UID, SANDBOX_GID)
+            box.mark("socket_ready")
         except BaseException:
             box.destroy()
             raise
@@ -291,31 +270,16 @@ class DockerBackend:
         """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume); fail closed.
         `preload` (an agent's entrypoint module) is what its wrapper imports ahead of the task."""
         client = self.client()
-        facts = self.facts()
-        require_capable(facts, runtime)
-        image_id = self._verified_image(client)
-        volume = verify_volume(client, entry)
-        return SandboxSpec(
-            slug=entry.slug,
-            artifact_hash=entry.volume_digest,  # the artifact plus its wheels: what the volume holds
-            runtime=runtime,
-            pin=self.image_pin or "",
-            image_id=image_id,
-            volume=volume,
-            import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
-            limits=self.limits,
-            preload=preload,
-            engine=facts.kind,
-            seccomp_profile=self._seccomp_profile(facts) if facts.kind is EngineKind.PODMAN else "",
-        )
+        return sandbox_spec(
+            client, entry, runtime, facts=self.facts(), image_id=lambda: self._verified_image(client),
+            pin=self.image_pin, limits=self.limits, env=dict(self.env), preload=preload,
+            seccomp_profile=self._seccomp_profile,
+        )  # fmt: skip
 
     def _seccomp_profile(self, facts: EngineFacts) -> str:
-        """The Podman runs' seccomp profile, derived and written once per backend (host._seccomp) into the
-        host's own directory (beside its config: not a run's, so no run sweep ever takes it)."""
+        """The Podman runs' seccomp profile, derived and written once per backend."""
         if self._profile is None:
-            directory = config_paths(self.env).dir / "seccomp"
-            base = Path(facts.seccomp_profile_path) if facts.seccomp_profile_path else PODMAN_DEFAULT_PROFILE
-            self._profile = str(podman_profile(directory, base))
+            self._profile = podman_seccomp_profile(facts, dict(self.env))
         return self._profile
 
     def _verified_image(self, client: EngineClient) -> str:
@@ -375,6 +339,12 @@ class DockerBackend:
                 session=session,
                 run_info=run_info,
             )
+
+    def adopt(
+        self, early: Prelaunched, *, session: RunSession, run_info: Mapping[str, object] | None = None
+    ) -> Sandbox:
+        """A prelaunched container as this run's sandbox (`Prelaunched.serves` said it is the one)."""
+        return Sandbox.adopt(early, client=self.client(), session=session, run_info=run_info)
 
     @contextlib.contextmanager
     def _image_gone_forgotten(self) -> Iterator[None]:
