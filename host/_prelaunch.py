@@ -142,7 +142,7 @@ def prelaunch(
             run_id=run_id, name=name, spec=spec, container_id=container[0], rundir=rundir, client=client,
             owner=owner, launched_at=t0, stages=stages,
         )  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 (the host's path meets and reports the same failure)
+    except BaseException as exc:  # an interrupt too: nothing started here may outlive the prelaunch
         logger.debug("no prelaunch for %s: %s", slug, type(exc).__name__)
         with contextlib.suppress(Exception):
             if container:
@@ -150,7 +150,9 @@ def prelaunch(
         if rundir is not None:
             rundir.remove()
         client.close()
-        return None
+        if not isinstance(exc, Exception):
+            raise
+        return None  # the host's path meets and reports the same failure
 
 
 __all__ = ["PRELAUNCH_SOCKET_WAIT", "Prelaunched", "prelaunch"]
