@@ -112,9 +112,7 @@ class Sandbox(Workload):
         except BaseException:
             box.destroy()
             raise
-        threading.Thread(target=box._watch_exit, daemon=True, name=f"exit-{box.name}").start()
-        box.start_drain(box._log_stream)
-        return box
+        return box._watched()
 
     @classmethod
     def adopt(
@@ -154,9 +152,13 @@ class Sandbox(Workload):
         except BaseException:
             box.destroy()
             raise
-        threading.Thread(target=box._watch_exit, daemon=True, name=f"exit-{box.name}").start()
-        box.start_drain(box._log_stream)
-        return box
+        return box._watched()
+
+    def _watched(self) -> Self:
+        """Its exit watched and its output drained, each on a thread of its own: a started sandbox."""
+        threading.Thread(target=self._watch_exit, daemon=True, name=f"exit-{self.name}").start()
+        self.start_drain(self._log_stream)
+        return self
 
     def _watch_exit(self) -> None:
         cid = self.container_id
