@@ -350,7 +350,7 @@ def _run_local(
         early = prelaunch(args.slug, runtime=args.runtime, owner=owner_token(), env=os.environ,
                           limits=ContainerLimits(), starting=loader.start)  # fmt: skip
     try:
-        if not loader.is_alive() and loader.ident is None:  # no container was started: import here
+        if loader.ident is None:  # never started (no container was): import now
             loader.start()
         loader.join()
         from host._runner import SandboxHost

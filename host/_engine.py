@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from host._engine_http import EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
+from host._engine_http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
+from host._engine_http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host._vocab import Runtime
 from host._wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
@@ -49,14 +50,12 @@ NPROC_LIMIT = 32768
 raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
 
 ENGINE_POOL_SIZE = 128
-ENGINE_SHARED_POOL_SIZE = 16
-"""Idle connections the one Unix-socket pool keeps (`_OneUnixPool`). Every live run holds two streams (its
-logs and its exit) besides its short calls; connections past this many are opened while needed and closed
-when returned, so a burst of runs leaves no crowd of idle connections (each also holds one in dockerd)."""
+ENGINE_SHARED_POOL_SIZE = IDLE_CONNECTIONS
+"""Idle connections the docker SDK's one Unix-socket pool keeps (host/_engine_sdk.py): as many as the host's
+own client keeps (`IDLE_CONNECTIONS` says why)."""
 ENGINE_FAILURES: tuple[type[Exception], ...] = (EngineApiError, OSError, http.client.HTTPException)
 """What an engine call of `EngineClient` raises when the engine fails or refuses: classified by
 `engine_errors` (which also classifies the docker SDK's failures, where the SDK is in use)."""
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 _FIX_ENGINE = (
     "start the engine (as root on Debian: scripts/provision-engine), or point DOCKER_HOST at a "

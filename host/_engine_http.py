@@ -30,6 +30,8 @@ not say truly (the runtime a container got, rootless mode, usable cgroup control
 MIN_API_VERSION = "1.24"
 """The oldest Engine API spoken (what the docker SDK still supports): asked of an engine whose /_ping does
 not name its own version."""
+_EXPLANATION_BYTES = 8192
+"""How much of an error answer its explanation is read from: the engine's own text, bounded."""
 _IMAGE_MISSING = ("no such image", "repository does not exist", "not found: does not exist or no pull access")
 """How an engine's 404 says that what is missing is an image (Docker and Podman)."""
 
@@ -228,7 +230,7 @@ class EngineClient:
 
     def negotiate(self) -> Mapping[str, str]:
         """`GET /_ping`, adopting the API version it names (what `docker` itself uses); its headers."""
-        _, headers, _ = self.request("GET", "/_ping", versioned=False)
+        headers = self.ping()
         self.api_version = headers.get("api-version", "") or MIN_API_VERSION
         return headers
 
@@ -295,7 +297,7 @@ class EngineClient:
         conn, response = self._send("GET", self.url(f"/containers/{_q(container)}/logs", params), None, None)
         if response.status >= 400:
             try:
-                data = response.read(MAX_ANSWER_BYTES)
+                data = response.read(_EXPLANATION_BYTES)  # all an error's explanation is read from
             finally:
                 conn.close()
             raise EngineApiError(response.status, _explanation(data))
@@ -343,7 +345,7 @@ def _q(part: str) -> str:
 
 def _explanation(data: bytes) -> str:
     """The engine's error text: its JSON `message`, else the answer as text (bounded)."""
-    text = data[:8192].decode("utf-8", "replace")
+    text = data[:_EXPLANATION_BYTES].decode("utf-8", "replace")
     try:
         message = json.loads(text).get("message")
     except (ValueError, AttributeError):

@@ -95,8 +95,6 @@ WHEEL_PYTHON = "3.11"
 BYTECODE_VERSION = (3, 11)
 
 
-
-
 @dataclass(frozen=True)
 class BuildResult:
     """What `build_image` produced; `image_id` is what the caller records as the pin."""

@@ -3,7 +3,7 @@ the rest of the host's imports overlap the engine's start instead of preceding i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,18 +64,16 @@ def sandbox_spec(
     image_id: Callable[[], str],
     pin: str | None,
     limits: ContainerLimits,
-    env: dict[str, str] | None,
+    seccomp_profile: Callable[[EngineFacts], str],
     preload: str = "",
-    seccomp_profile: Callable[[EngineFacts], str] | None = None,
 ) -> SandboxSpec:
     """Verify everything a sandbox stands on (engine, runtime, image pin, pack volume) and assemble its spec;
-    fail closed. `image_id` verifies the pin (a caller may cache it); `preload` is the entrypoint module."""
+    fail closed. `image_id` verifies the pin and `seccomp_profile` writes Podman's (a caller may cache
+    either: `podman_seccomp_profile`); `preload` is the entrypoint module."""
     require_capable(facts, runtime)
     verified_image = image_id()
     volume = verify_volume(client, entry)
-    profile = ""
-    if facts.kind is EngineKind.PODMAN:
-        profile = (seccomp_profile or (lambda f: podman_seccomp_profile(f, env)))(facts)
+    profile = seccomp_profile(facts) if facts.kind is EngineKind.PODMAN else ""
     return SandboxSpec(
         slug=entry.slug,
         artifact_hash=entry.volume_digest,  # the artifact plus its wheels: what the volume holds
@@ -83,7 +81,7 @@ def sandbox_spec(
         pin=pin or "",
         image_id=verified_image,
         volume=volume,
-        import_root="/pack/" + entry.import_subdir if entry.import_subdir else "/pack",
+        import_root=import_root_of(entry),
         limits=limits,
         preload=preload,
         engine=facts.kind,
@@ -91,7 +89,17 @@ def sandbox_spec(
     )
 
 
-def podman_seccomp_profile(facts: EngineFacts, env: dict[str, str] | None) -> str:
+def container_name(run_id: str, *, tool_for: str = "") -> str:
+    """A sandbox container's name: what it is (a run's, or a tool sandbox) and its run id's start."""
+    return f"agentnode-{'tool' if tool_for else 'run'}-{run_id[:20]}"
+
+
+def import_root_of(entry: LockEntry) -> str:
+    """Where the pack's importable code is inside the sandbox: the volume's root, or its import subdir."""
+    return "/pack/" + entry.import_subdir if entry.import_subdir else "/pack"
+
+
+def podman_seccomp_profile(facts: EngineFacts, env: Mapping[str, str] | None) -> str:
     """The Podman runs' seccomp profile (host._seccomp), written into the host's own directory (beside its
     config: not a run's, so no run sweep ever takes it)."""
     directory = config_paths(env).dir / "seccomp"
@@ -160,4 +168,12 @@ def start_container(
     return container_id
 
 
-__all__ = ["SandboxSpec", "podman_seccomp_profile", "pool_key", "sandbox_spec", "start_container"]
+__all__ = [
+    "SandboxSpec",
+    "container_name",
+    "import_root_of",
+    "podman_seccomp_profile",
+    "pool_key",
+    "sandbox_spec",
+    "start_container",
+]

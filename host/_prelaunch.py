@@ -33,7 +33,14 @@ from host._engine import (
     remove_and_verify,
 )
 from host._engine_http import EngineClient
-from host._launch import SandboxSpec, sandbox_spec, start_container
+from host._launch import (
+    SandboxSpec,
+    container_name,
+    import_root_of,
+    podman_seccomp_profile,
+    sandbox_spec,
+    start_container,
+)
 from host._lockfile import Lockfile
 from host._pin import verify_pinned_image
 from host._rundir import RunDir, make_run_dir
@@ -56,7 +63,6 @@ class Prelaunched:
     container_id: str
     rundir: RunDir
     client: EngineClient
-    owner: str
     launched_at: float
     stages: dict[str, float] = field(default_factory=dict)
     adopted: bool = False
@@ -67,10 +73,9 @@ class Prelaunched:
         entry, manifest, mine = admission.entry, admission.manifest, self.spec
         if not admission.sandboxed or entry is None or manifest is None:
             return False
-        import_root = "/pack/" + entry.import_subdir if entry.import_subdir else "/pack"
         return (
-            entry.slug, entry.volume_digest, entry.sandbox_volume, import_root, admission.runtime, pin or "",
-            limits, manifest.entrypoint_module,
+            entry.slug, entry.volume_digest, entry.sandbox_volume, import_root_of(entry), admission.runtime,
+            pin or "", limits, manifest.entrypoint_module,
         ) == (
             mine.slug, mine.artifact_hash, mine.volume, mine.import_root, mine.runtime, mine.pin, mine.limits,
             mine.preload,
@@ -117,16 +122,18 @@ def prelaunch(
         client = open_engine(env)
     except Exception:  # noqa: BLE001 (the host's path meets and reports the same failure)
         return None
+    run_id = uuid.uuid4().hex
+    name = container_name(run_id)
     rundir: RunDir | None = None
     container: list[str] = []
     try:
         pin = config.agent_sandbox.image
         spec = sandbox_spec(
-            client, entry, chosen, facts=engine_facts(client), pin=pin, limits=limits, env=dict(env),
-            image_id=lambda: verify_pinned_image(client, pin).id, preload=manifest.entrypoint_module,
+            client, entry, chosen, facts=engine_facts(client), pin=pin, limits=limits,
+            image_id=lambda: verify_pinned_image(client, pin).id,
+            seccomp_profile=lambda facts: podman_seccomp_profile(facts, env),
+            preload=manifest.entrypoint_module,
         )  # fmt: skip
-        run_id = uuid.uuid4().hex
-        name = f"agentnode-run-{run_id[:20]}"
         rundir = make_run_dir(run_id, owner, env)
         rundir.grant(SANDBOX_UID, SANDBOX_GID)
         stages: dict[str, float] = {}
@@ -140,13 +147,13 @@ def prelaunch(
         )  # fmt: skip
         return Prelaunched(
             run_id=run_id, name=name, spec=spec, container_id=container[0], rundir=rundir, client=client,
-            owner=owner, launched_at=t0, stages=stages,
+            launched_at=t0, stages=stages,
         )  # fmt: skip
     except BaseException as exc:  # an interrupt too: nothing started here may outlive the prelaunch
         logger.debug("no prelaunch for %s: %s", slug, type(exc).__name__)
         with contextlib.suppress(Exception):
             if container:
-                remove_and_verify(client, container[0], container[0])
+                remove_and_verify(client, container[0], name)
         if rundir is not None:
             rundir.remove()
         client.close()

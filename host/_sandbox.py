@@ -27,7 +27,14 @@ from host._engine import (
 )
 from host._engine_http import EngineClient
 from host._errors import AuditReason, EngineError, EngineNotFound, EngineRejected
-from host._launch import SandboxSpec, podman_seccomp_profile, pool_key, sandbox_spec, start_container
+from host._launch import (
+    SandboxSpec,
+    container_name,
+    podman_seccomp_profile,
+    pool_key,
+    sandbox_spec,
+    start_container,
+)
 from host._lockfile import LockEntry, Lockfile
 from host._manifest import AgentManifest
 from host._pin import verify_pinned_image
@@ -92,7 +99,7 @@ class Sandbox(Workload):
         rundir, server = cls.open_socket(run_id, owner, env, session, run_info, serve=serve)
         box = cls(
             run_id=run_id,
-            name=f"agentnode-{'tool' if tool_for else 'run'}-{run_id[:20]}",
+            name=container_name(run_id, tool_for=tool_for),
             spec=spec,
             session=session,
             rundir=rundir,
@@ -274,14 +281,13 @@ class DockerBackend:
         client = self.client()
         return sandbox_spec(
             client, entry, runtime, facts=self.facts(), image_id=lambda: self._verified_image(client),
-            pin=self.image_pin, limits=self.limits, env=dict(self.env), preload=preload,
-            seccomp_profile=self._seccomp_profile,
+            pin=self.image_pin, limits=self.limits, seccomp_profile=self._seccomp_profile, preload=preload,
         )  # fmt: skip
 
     def _seccomp_profile(self, facts: EngineFacts) -> str:
         """The Podman runs' seccomp profile, derived and written once per backend."""
         if self._profile is None:
-            self._profile = podman_seccomp_profile(facts, dict(self.env))
+            self._profile = podman_seccomp_profile(facts, self.env)
         return self._profile
 
     def _verified_image(self, client: EngineClient) -> str:

@@ -74,7 +74,7 @@ def _prelaunched(admission: Admission, **changes: Any) -> Prelaunched:
     )  # fmt: skip
     return Prelaunched(
         run_id="r" * 32, name="agentnode-run-x", spec=dataclasses.replace(spec, **changes),
-        container_id="c" * 64, rundir=RunDir(Path("/nonexistent")), client=EngineClient(), owner="1:1",
+        container_id="c" * 64, rundir=RunDir(Path("/nonexistent")), client=EngineClient(),
         launched_at=0.0,
     )  # fmt: skip
 
