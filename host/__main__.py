@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from host._cli import entry
+from host._entry import entry
 
 if __name__ == "__main__":
     entry()

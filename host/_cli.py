@@ -24,6 +24,7 @@ from host._terminal import safe_block, safe_line, safe_token
 from host._vocab import Route, Runtime, Trust
 
 if TYPE_CHECKING:
+    from host._headstart import Headstart
     from host._runner import RunResult
 
 EXIT_OK = 0
@@ -348,7 +349,8 @@ def _run_local(
     early = None
     with contextlib.suppress(Exception):  # the usual path meets (and reports) whatever failed here
         early = prelaunch(args.slug, runtime=args.runtime, owner=owner_token(), env=os.environ,
-                          limits=ContainerLimits(), starting=loader.start)  # fmt: skip
+                          limits=ContainerLimits(), starting=loader.start,
+                          headstart=getattr(args, "headstart", None))  # fmt: skip
     try:
         if loader.ident is None:  # never started (no container was): import now
             loader.start()
@@ -1107,10 +1109,11 @@ ADMIN_CHILD_VARIABLE = "AGENTNODE_ADMIN_CHILD"
 """Set in the environment of a command the host runs for its admin socket: such a command never forwards."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, headstart: Headstart | None = None) -> int:
     _tolerant_streams()
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
+    args.headstart = headstart
     from host._logs import JsonFormatter, RunIdFilter
 
     handler = logging.StreamHandler()
@@ -1160,9 +1163,15 @@ class _EXIT:
     otherwise pay after its result is printed)."""
 
 
-def entry() -> NoReturn:
-    """The `agentnode-sandbox` console script (and `python -m host`): `main()`, then exit with its code."""
-    code = main()
+def entry(headstart: Headstart | None = None) -> NoReturn:
+    """The CLI's process (host/_entry.py): `main()`, then exit with its code. `headstart` is the container
+    started for this command before the CLI was imported (host/_headstart.py): the run takes it, or it is
+    removed here."""
+    try:
+        code = main(headstart=headstart)
+    finally:
+        if headstart is not None:
+            headstart.discard()  # (a no-op once the run took it)
     if _EXIT.closed:
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()

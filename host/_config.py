@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from host._errors import ConfigError
+from host._paths import ADMIN_SOCKET_NAME, config_file_location
 from host._vocab import Runtime
 
 _T = TypeVar("_T")
@@ -24,7 +25,6 @@ AGENT_CONFIG_PROVIDERS = ("openai", "anthropic", "openrouter", "gemini")
 """What agent-config.json may name (the agentnode SDK's set); gemini is accepted but unavailable (no SDK)."""
 ENV_FILE_NAME = ".env"
 AGENT_CONFIG_NAME = "agent-config.json"
-ADMIN_SOCKET_NAME = "agentnode-admin.sock"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SLUG_SHOWN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -164,13 +164,7 @@ class HostConfig:
 def config_paths(env: Mapping[str, str] | None = None) -> ConfigPaths:
     """Resolve every host-owned path so all modules agree on where state lives."""
     env = os.environ if env is None else env
-    override = env.get("AGENTNODE_CONFIG", "").strip()
-    if override:
-        target = Path(override).expanduser()
-        config_file = target if target.name.endswith(".json") else target / "config.json"
-    else:
-        home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-        config_file = home / ".agentnode" / "config.json"
+    config_file = Path(config_file_location(env))
     directory = config_file.parent
     lock_override = env.get("AGENTNODE_LOCKFILE", "").strip()
     # a node agent's config is a read-only ConfigMap; its audit log lives on the node (docs/kubernetes.md)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from host._engine_http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
 from host._engine_http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
 from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
+from host._owner import owner_alive, owner_token
 from host._vocab import Runtime
 from host._wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
 
@@ -694,29 +695,6 @@ class MemoryProbe:
     @property
     def hit_the_limit(self) -> bool:
         return self.oom_kills > 0 or self.limit_hits > 0
-
-
-def _process_start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22 (starttime) follows the parenthesised command name, which may contain spaces.
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def owner_token(pid: int | None = None) -> str:
-    """A token naming this host process that survives pid reuse: `pid:starttime`."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_process_start_time(pid) or '0'}"
-
-
-def owner_alive(token: str) -> bool:
-    """Whether the host process named by `token` is still running."""
-    pid_text, _, start = token.partition(":")
-    if not pid_text.isdigit():
-        return False
-    return _process_start_time(int(pid_text)) == start
 
 
 def create_container(client: EngineClient, spec: Mapping[str, Any]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from host._config import config_paths
 from host._engine import (
@@ -107,6 +108,39 @@ def podman_seccomp_profile(facts: EngineFacts, env: Mapping[str, str] | None) ->
     return str(podman_profile(directory, base))
 
 
+def sandbox_keywords(
+    spec: SandboxSpec,
+    *,
+    run_id: str,
+    name: str,
+    owner: str,
+    socket_dir: str,
+    warm: bool = False,
+    tool_for: str = "",
+    socket_wait: float = 0.0,
+) -> dict[str, Any]:
+    """The `container_spec` of one sandbox of `spec`: what `start_container` creates (and what a replayed
+    create request must equal: host/_prelaunch.py)."""
+    return container_spec(
+        image=spec.image_id,
+        run_id=run_id,
+        name=name,
+        owner=owner,
+        slug=spec.slug,
+        runtime=spec.runtime,
+        pack_volume=spec.volume,
+        import_root=spec.import_root,
+        socket_dir=socket_dir,
+        limits=spec.limits,
+        warm=warm,
+        tool_for=tool_for,
+        preload=spec.preload,
+        engine=spec.engine,
+        seccomp_profile=spec.seccomp_profile,
+        socket_wait=socket_wait,
+    )
+
+
 def start_container(
     client: EngineClient,
     spec: SandboxSpec,
@@ -129,24 +163,8 @@ def start_container(
 
     A pinned image removed since it was verified is the same refusal as at verification (IMAGE_MISSING);
     any other engine refusal is START_FAILED."""
-    keywords = container_spec(
-        image=spec.image_id,
-        run_id=run_id,
-        name=name,
-        owner=owner,
-        slug=spec.slug,
-        runtime=spec.runtime,
-        pack_volume=spec.volume,
-        import_root=spec.import_root,
-        socket_dir=socket_dir,
-        limits=spec.limits,
-        warm=warm,
-        tool_for=tool_for,
-        preload=spec.preload,
-        engine=spec.engine,
-        seccomp_profile=spec.seccomp_profile,
-        socket_wait=socket_wait,
-    )
+    keywords = sandbox_keywords(spec, run_id=run_id, name=name, owner=owner, socket_dir=socket_dir, warm=warm,
+                                tool_for=tool_for, socket_wait=socket_wait)  # fmt: skip
     try:
         with engine_errors():
             container_id = create_container(client, keywords)
@@ -174,6 +192,7 @@ __all__ = [
     "import_root_of",
     "podman_seccomp_profile",
     "pool_key",
+    "sandbox_keywords",
     "sandbox_spec",
     "start_container",
 ]

@@ -16,11 +16,15 @@ the usual path, which meets (and audits) the same failure.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 from host._admission import Admission, admit
 from host._config import load_config
@@ -28,22 +32,27 @@ from host._engine import (
     SANDBOX_GID,
     SANDBOX_UID,
     ContainerLimits,
+    EngineKind,
+    create_body,
     engine_facts,
     open_engine,
     remove_and_verify,
+    verify_runtime,
 )
 from host._engine_http import EngineClient
+from host._headstart import Headstart, forget, remember
 from host._launch import (
     SandboxSpec,
     container_name,
     import_root_of,
     podman_seccomp_profile,
+    sandbox_keywords,
     sandbox_spec,
     start_container,
 )
 from host._lockfile import Lockfile
 from host._pin import verify_pinned_image
-from host._rundir import RunDir, make_run_dir
+from host._rundir import RunDir, made_for, make_run_dir, run_dir_of
 
 logger = logging.getLogger("agentnode.sandbox.prelaunch")
 
@@ -73,12 +82,11 @@ class Prelaunched:
         entry, manifest, mine = admission.entry, admission.manifest, self.spec
         if not admission.sandboxed or entry is None or manifest is None:
             return False
-        return (
+        return mine.preload in ("", manifest.entrypoint_module) and (
             entry.slug, entry.volume_digest, entry.sandbox_volume, import_root_of(entry), admission.runtime,
-            pin or "", limits, manifest.entrypoint_module,
+            pin or "", limits,
         ) == (
             mine.slug, mine.artifact_hash, mine.volume, mine.import_root, mine.runtime, mine.pin, mine.limits,
-            mine.preload,
         )  # fmt: skip
 
     def discard(self) -> None:
@@ -102,6 +110,7 @@ def prelaunch(
     env: Mapping[str, str],
     limits: ContainerLimits,
     starting: Callable[[], None] = lambda: None,
+    headstart: Headstart | None = None,
 ) -> Prelaunched | None:
     """Start the sandbox of a cold run of `slug`, or None when the run is not one (refused, on the host, a
     sequential orchestration) or anything fails: the host's own path then does the run, or reports why not.
@@ -109,7 +118,28 @@ def prelaunch(
     `starting` is called as the engine is asked to start the container: work begun there overlaps the
     start. Begun earlier, it would compete with the checks and the create for the interpreter's lock, each
     engine answer waiting for it (measured: ~+50 ms before the start under runc).
+
+    `headstart` is the container this process started from the command's record (host/_headstart.py): it is
+    taken if it is exactly the sandbox verified here, else removed; either way it is settled on return.
     """
+    try:
+        return _prelaunch(slug, runtime=runtime, owner=owner, env=env, limits=limits, starting=starting,
+                          headstart=headstart)  # fmt: skip
+    finally:
+        if headstart is not None and not headstart.adopted:
+            headstart.discard()
+
+
+def _prelaunch(
+    slug: str,
+    *,
+    runtime: str | None,
+    owner: str,
+    env: Mapping[str, str],
+    limits: ContainerLimits,
+    starting: Callable[[], None],
+    headstart: Headstart | None,
+) -> Prelaunched | None:
     config = load_config(env)
     admission = admit(slug, lockfile=Lockfile(config.paths.lockfile), config=config, env=env, runtime=runtime)
     if admission.refusal is not None or not admission.sandboxed:
@@ -117,7 +147,7 @@ def prelaunch(
     entry, manifest, chosen = admission.entry, admission.manifest, admission.runtime
     if entry is None or manifest is None or chosen is None:
         return None
-    t0 = time.monotonic()
+    t0 = time.monotonic() if headstart is None else headstart.launched_at
     try:
         client = open_engine(env)
     except Exception:  # noqa: BLE001 (the host's path meets and reports the same failure)
@@ -134,17 +164,26 @@ def prelaunch(
             seccomp_profile=lambda facts: podman_seccomp_profile(facts, env),
             preload=manifest.entrypoint_module,
         )  # fmt: skip
-        rundir = make_run_dir(run_id, owner, env)
-        rundir.grant(SANDBOX_UID, SANDBOX_GID)
         stages: dict[str, float] = {}
 
         def mark(stage: str) -> None:
             stages[stage] = round((time.monotonic() - t0) * 1000, 2)
 
+        if headstart is not None:
+            taken = _take(headstart, spec, client=client, owner=owner, env=env, mark=mark, starting=starting)
+            if taken is not None:
+                taken.stages = stages
+                return taken
+            headstart.discard()
+            forget(env, slug, runtime or "")
+        rundir = make_run_dir(run_id, owner, env)
+        rundir.grant(SANDBOX_UID, SANDBOX_GID)
         start_container(
             client, spec, run_id=run_id, name=name, owner=owner, socket_dir=str(rundir.path),
             socket_wait=PRELAUNCH_SOCKET_WAIT, mark=mark, created=container.append, starting=starting,
         )  # fmt: skip
+        _remember(spec, client=client, env=env, files=(config.paths.config_file, config.paths.lockfile),
+                  command=(slug, runtime or ""), run_id=run_id, owner=owner, rundir=rundir)  # fmt: skip
         return Prelaunched(
             run_id=run_id, name=name, spec=spec, container_id=container[0], rundir=rundir, client=client,
             launched_at=t0, stages=stages,
@@ -160,6 +199,73 @@ def prelaunch(
         if not isinstance(exc, Exception):
             raise
         return None  # the host's path meets and reports the same failure
+
+
+def _replayable(spec: SandboxSpec, *, client: EngineClient, run_id: str, owner: str, rundir: RunDir,
+                name: str) -> tuple[dict[str, Any], str, str]:  # fmt: skip
+    """What a head start of `spec` sends for run `run_id` (host/_headstart.py): its create body, create
+    target and start target. No preload: nothing of the pack is imported before the host has verified it."""
+    keywords = sandbox_keywords(
+        dataclasses.replace(spec, preload=""), run_id=run_id, name=name, owner=owner,
+        socket_dir=str(rundir.path), socket_wait=PRELAUNCH_SOCKET_WAIT,
+    )  # fmt: skip
+    _, body = create_body(keywords)
+    create, start = client.url("/containers/create", {"name": name}), client.url(f"/containers/{name}/start")
+    return body, create, start
+
+
+def _volume_target(client: EngineClient, spec: SandboxSpec) -> str:
+    """The request a head start checks its pack volume with (it must exist before the create)."""
+    return client.url(f"/volumes/{quote(spec.volume, safe='')}")
+
+
+def _remember(spec: SandboxSpec, *, client: EngineClient, env: Mapping[str, str], files: tuple[Path, ...],
+              command: tuple[str, str], run_id: str, owner: str, rundir: RunDir) -> None:  # fmt: skip
+    """Keep the request a head start of this command replays next time (Docker's Unix socket only: Podman
+    must have each container's runtime checked before it starts)."""
+    if spec.engine is not EngineKind.DOCKER or client.socket_path is None:
+        return
+    name = container_name(run_id)
+    body, create, start = _replayable(spec, client=client, run_id=run_id, owner=owner, rundir=rundir,
+                                      name=name)  # fmt: skip
+    with contextlib.suppress(Exception):  # a record not kept costs the next run its head start, nothing else
+        remember(env, *command, files=[str(f) for f in files], engine_socket=client.socket_path,
+                 volume_target=_volume_target(client, spec), create_target=create, start_target=start,
+                 body=body, run_id=run_id, name=name, owner=owner, rundir=str(rundir.path),
+                 owner_file=str(rundir.owner_file))  # fmt: skip
+
+
+def _take(early: Headstart, spec: SandboxSpec, *, client: EngineClient, owner: str, env: Mapping[str, str],
+          mark: Callable[[str], None], starting: Callable[[], None]) -> Prelaunched | None:  # fmt: skip
+    """The head start as this run's sandbox, if it is exactly the one verified here (`spec`, without its
+    preload): same engine, run directory, name, create request and runtime, created and started; else None
+    (the caller removes it)."""
+    rundir = run_dir_of(early.run_id, env)
+    name = container_name(early.run_id)
+    same_engine = spec.engine is EngineKind.DOCKER and early.engine_socket == client.socket_path
+    if not same_engine or early.owner != owner:
+        return None
+    body, create, start = _replayable(spec, client=client, run_id=early.run_id, owner=owner, rundir=rundir,
+                                      name=name)  # fmt: skip
+    sent = (early.name, early.rundir, early.owner_file, early.volume_target, early.create_target,
+            early.start_target, early.body())  # fmt: skip
+    want = (name, str(rundir.path), str(rundir.owner_file), _volume_target(client, spec), create, start, body)
+    if sent != want:
+        return None
+    container_id = early.created()
+    if not container_id or not made_for(rundir, owner):
+        return None
+    mark("created")
+    verify_runtime(client, container_id, spec.runtime, spec.engine)
+    starting()
+    if not early.started():
+        return None
+    mark("started")
+    early.adopted = True
+    return Prelaunched(
+        run_id=early.run_id, name=name, spec=dataclasses.replace(spec, preload=""), container_id=container_id,
+        rundir=rundir, client=client, launched_at=early.launched_at,
+    )  # fmt: skip
 
 
 __all__ = ["PRELAUNCH_SOCKET_WAIT", "Prelaunched", "prelaunch"]

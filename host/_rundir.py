@@ -7,13 +7,15 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from host._engine import SOCKET_NAME, owner_alive
+from host._engine import SOCKET_NAME
+from host._owner import owner_alive
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
@@ -84,13 +86,33 @@ class RunDir:
         self.run_file.unlink(missing_ok=True)
 
 
+def run_dir_of(run_id: str, env: Mapping[str, str] | None = None) -> RunDir:
+    """Where the directory of run `run_id` is (made or not)."""
+    return RunDir(run_root(env) / f"{_PREFIX}{run_id}")
+
+
 def make_run_dir(run_id: str, owner: str, env: Mapping[str, str] | None = None) -> RunDir:
     """Create a fresh directory for one run, recording the owning host process for the sweep."""
-    path = run_root(env) / f"{_PREFIX}{run_id}"
-    path.mkdir(mode=0o700)
-    rundir = RunDir(path)
+    rundir = run_dir_of(run_id, env)
+    rundir.path.mkdir(mode=0o700)
     rundir.owner_file.write_text(owner)
     return rundir
+
+
+def made_for(rundir: RunDir, owner: str) -> bool:
+    """Is `rundir` a run directory as `make_run_dir` makes it for `owner`: a real directory (no link) of this
+    user's, private, holding nothing yet, and its owner file (likewise this user's) naming `owner`? A
+    directory another process made (host/_headstart.py) is served only if it is."""
+    try:
+        found, marker = os.lstat(rundir.path), os.lstat(rundir.owner_file)
+        if not (stat.S_ISDIR(found.st_mode) and stat.S_ISREG(marker.st_mode)):
+            return False
+        uid = os.geteuid()
+        if found.st_uid != uid or marker.st_uid != uid or stat.S_IMODE(found.st_mode) != 0o700:
+            return False
+        return not any(rundir.path.iterdir()) and rundir.owner_file.read_text() == owner
+    except OSError:
+        return False
 
 
 def _young(path: Path, seconds: float = 60.0) -> bool:
@@ -149,4 +171,4 @@ def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
     return removed
 
 
-__all__ = ["RunDir", "make_run_dir", "orphaned_runs", "run_root", "sweep_run_dirs"]
+__all__ = ["RunDir", "made_for", "make_run_dir", "orphaned_runs", "run_dir_of", "run_root", "sweep_run_dirs"]

@@ -36,6 +36,16 @@ class FakeEngine:
         self.libpod_info = libpod_info
         self.log_chunks = log_chunks
         """A container's followed log, as the chunks of its chunked answer (then the stream ends)."""
+        self.created: list[tuple[str, Any]] = []
+        """Each `POST /containers/create`: (its request target, its JSON body); answered 201 with an id."""
+        self.create_status = 201
+        self.start_status = 204
+        self.chunked_create = False
+        """Answer a create in chunked encoding (as an engine behind a proxy may)."""
+        self.started: list[str] = []
+        self.volumes: set[str] = set()
+        """The volumes that exist (`GET /volumes/NAME` answers 200 for these, else 404)."""
+        self.removed: list[str] = []
         self.paths: list[str] = []  # without the /v1.NN prefix
         self.raw_paths: list[str] = []
         self.connections = 0  # accepted client connections (each may carry many requests)
@@ -58,6 +68,9 @@ class FakeEngine:
         self._server.shutdown()
         self._server.server_close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_LOG_STREAM = "application/vnd.docker.multiplexed-stream"
 
 
 class _UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -92,6 +105,11 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 podman = any(name.startswith("Podman") for name in names)
                 headers = {"Api-Version": "1.45", **({"Libpod-Api-Version": "4.3.1"} if podman else {})}
                 self._send(200, "OK", headers)
+            elif path.startswith("/volumes/"):
+                if path.split("/")[2] in engine.volumes:
+                    self._send(200, {"Name": path.split("/")[2], "Labels": {}})
+                else:
+                    self._send(404, {"message": "no such volume"})
             elif path == "/info":
                 self._send(200, engine.info)
             elif engine.libpod_info is not None and path == f"{LIBPOD}/info":
@@ -105,9 +123,39 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         do_HEAD = do_GET
 
-        def _send_chunked(self, chunks: list[bytes]) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/vnd.docker.multiplexed-stream")
+        def do_POST(self) -> None:
+            engine.raw_paths.append(self.path)
+            path = "/" + self.path.split("?")[0].lstrip("/")
+            if path.startswith("/v1."):
+                path = "/" + path.split("/", 2)[2]
+            engine.paths.append(path)
+            size = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(size) if size else b""
+            if path == "/containers/create":
+                engine.created.append((self.path, json.loads(body or b"null")))
+                answer = {"Id": f"{len(engine.created):064x}", "Warnings": []}
+                if engine.chunked_create and engine.create_status == 201:
+                    self._send_chunked([json.dumps(answer).encode()], status=201, kind="application/json")
+                else:
+                    self._send(engine.create_status, answer)
+            elif path.startswith("/containers/") and path.endswith("/start"):
+                engine.started.append(path.split("/")[2])
+                self._send(engine.start_status, "")
+            else:
+                self._send(404, {"message": "no such route"})
+
+        def do_DELETE(self) -> None:
+            engine.raw_paths.append(self.path)
+            path = "/" + self.path.split("?")[0].lstrip("/")
+            if path.startswith("/v1."):
+                path = "/" + path.split("/", 2)[2]
+            engine.paths.append(path)
+            engine.removed.append(path.split("/")[2])
+            self._send(204, "")
+
+        def _send_chunked(self, chunks: list[bytes], *, status: int = 200, kind: str = _LOG_STREAM) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for chunk in chunks:
@@ -117,6 +165,11 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
             payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            if status in (204, 304):
+                payload = b""  # no body, and no Content-Length either: as an engine answers
+                self.send_response(status)
+                self.end_headers()
+                return
             self.send_response(status)
             for name, value in (headers or {}).items():
                 self.send_header(name, value)

@@ -83,6 +83,8 @@ def test_the_run_adopts_only_the_very_sandbox_it_would_start(env: dict[str, str]
     admission = _admission(env)
     pin, limits = "sha256:" + "b" * 64, ContainerLimits()
     assert _prelaunched(admission).serves(admission, pin=pin, limits=limits)
+    # a head start's container (host/_headstart.py) has no preload: its wrapper imports the entrypoint later
+    assert _prelaunched(admission, preload="").serves(admission, pin=pin, limits=limits)
     unfit: dict[str, dict[str, Any]] = {
         "pack version": {"artifact_hash": "e" * 64},
         "volume": {"volume": "agentnode-pack-other"},

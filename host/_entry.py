@@ -1,0 +1,26 @@
+"""The `agentnode-sandbox` console script (and `python -m host`): a cold run's head start, then the CLI.
+
+Only `os`, `sys` and the head start's own light modules are imported before a known `run` command's
+container is asked for (host/_headstart.py); the CLI's imports follow while the engine starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from host._headstart import begin
+
+
+def entry() -> None:
+    early = begin(sys.argv[1:], os.environ)
+    try:
+        from host._cli import entry as run_cli  # noqa: PLC0415 (after the head start: the point of it)
+    except BaseException:
+        if early is not None:
+            early.discard()
+        raise
+    run_cli(headstart=early)
+
+
+__all__ = ["entry"]
