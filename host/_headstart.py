@@ -30,7 +30,7 @@ from host._paths import ADMIN_SOCKET_NAME, config_file_location
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~3 ms to import, and this module runs before the container is asked for
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from hashlib import sha256
     from typing import Any
 else:
@@ -44,6 +44,9 @@ RECORD_VERSION = "agentnode-headstart 1"
 MAX_RECORD_BYTES = 256 * 1024
 """A create request is a few KiB; anything larger is not one of ours."""
 MAX_ANSWER_BYTES = 64 * 1024
+ASK_WAIT_SECONDS = 0.25
+"""How long `begin` waits for the start to be asked for (~15 ms: a volume check and a create); a slower
+engine goes on answering while the CLI's imports proceed."""
 ENGINE_TIMEOUT_SECONDS = 30.0
 """How long the replay waits for each of the engine's answers: a hung engine fails the usual path too."""
 RECORD_DIR = "headstart"
@@ -285,11 +288,22 @@ class Headstart:
         self.create_target, self.start_target = filled["create"], filled["start"]
         # _thread's locks as events (threading is not imported yet): each is held until its moment has come
         self._created, self._finished = _thread.allocate_lock(), _thread.allocate_lock()
-        self._created.acquire()
-        self._finished.acquire()
+        self._asked, self._was_asked = _thread.allocate_lock(), False
+        for lock in (self._created, self._finished, self._asked):
+            lock.acquire()
+
+    def _asked_now(self) -> None:
+        """The start is asked for (or never will be): `begin` may return. Called on this thread only."""
+        if not self._was_asked:
+            self._was_asked = True
+            self._asked.release()
 
     def begin(self) -> None:
+        """Start the thread, and wait until it has asked the engine to start the container (or failed): the
+        interpreter's lock, held by the caller's imports, would otherwise make each of the thread's three
+        steps wait up to a switch interval (5 ms) for it."""
         _thread.start_new_thread(self._go, ())
+        self._wait(self._asked, ASK_WAIT_SECONDS)
 
     def body(self) -> Any:
         """The create request sent, as JSON."""
@@ -317,7 +331,7 @@ class Headstart:
             self.container_id = _container_id(answer)
             self._created.release()
             created = None
-            status, _ = _call(self.engine_socket, "POST", self.start_target, None)
+            status, _ = _call(self.engine_socket, "POST", self.start_target, None, sent=self._asked_now)
             if status != 204:
                 raise OSError(f"start answered {status}")
             self.started_ok = True
@@ -326,6 +340,7 @@ class Headstart:
         finally:
             if created is not None:
                 created.release()
+            self._asked_now()
             self._finished.release()
 
     @staticmethod
@@ -404,8 +419,11 @@ def _container_id(answer: bytes) -> str:
     return found.decode()
 
 
-def _call(path: str, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
-    """One HTTP/1.1 request on the engine's Unix socket, the connection closed after it: (status, body)."""
+def _call(
+    path: str, method: str, target: str, body: bytes | None, *, sent: Callable[[], None] | None = None
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on the engine's Unix socket, the connection closed after it: (status, body).
+    `sent` is called once the request is out."""
     head = [f"{method} {target} HTTP/1.1", "Host: docker", "Connection: close"]
     if body is not None:
         head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
@@ -415,6 +433,8 @@ def _call(path: str, method: str, target: str, body: bytes | None) -> tuple[int,
         conn.settimeout(ENGINE_TIMEOUT_SECONDS)
         conn.connect(path)
         conn.sendall(request)
+        if sent is not None:
+            sent()
         chunks: list[bytes] = []
         size = 0
         while chunk := conn.recv(65536):

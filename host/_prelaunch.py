@@ -156,7 +156,14 @@ def _prelaunch(
     name = container_name(run_id)
     rundir: RunDir | None = None
     container: list[str] = []
+    starting = _once(starting)
     try:
+        if headstart is not None:
+            # The engine is starting it already: the host's imports go on meanwhile, and the checks below
+            # wait for its answer (GET /info, the costliest, would compete with the start inside the engine).
+            # Nothing serves its socket before they pass.
+            starting()
+            headstart.started()
         pin = config.agent_sandbox.image
         spec = sandbox_spec(
             client, entry, chosen, facts=engine_facts(client), pin=pin, limits=limits,
@@ -170,7 +177,7 @@ def _prelaunch(
             stages[stage] = round((time.monotonic() - t0) * 1000, 2)
 
         if headstart is not None:
-            taken = _take(headstart, spec, client=client, owner=owner, env=env, mark=mark, starting=starting)
+            taken = _take(headstart, spec, client=client, owner=owner, env=env, mark=mark)
             if taken is not None:
                 taken.stages = stages
                 return taken
@@ -199,6 +206,18 @@ def _prelaunch(
         if not isinstance(exc, Exception):
             raise
         return None  # the host's path meets and reports the same failure
+
+
+def _once(work: Callable[[], None]) -> Callable[[], None]:
+    """`work` run at its first call only (the host's imports are begun once, whichever path asks first)."""
+    done: list[bool] = []
+
+    def once() -> None:
+        if not done:
+            done.append(True)
+            work()
+
+    return once
 
 
 def _replayable(spec: SandboxSpec, *, client: EngineClient, run_id: str, owner: str, rundir: RunDir,
@@ -236,7 +255,7 @@ def _remember(spec: SandboxSpec, *, client: EngineClient, env: Mapping[str, str]
 
 
 def _take(early: Headstart, spec: SandboxSpec, *, client: EngineClient, owner: str, env: Mapping[str, str],
-          mark: Callable[[str], None], starting: Callable[[], None]) -> Prelaunched | None:  # fmt: skip
+          mark: Callable[[str], None]) -> Prelaunched | None:  # fmt: skip
     """The head start as this run's sandbox, if it is exactly the one verified here (`spec`, without its
     preload): same engine, run directory, name, create request and runtime, created and started; else None
     (the caller removes it)."""
@@ -257,7 +276,6 @@ def _take(early: Headstart, spec: SandboxSpec, *, client: EngineClient, owner: s
         return None
     mark("created")
     verify_runtime(client, container_id, spec.runtime, spec.engine)
-    starting()
     if not early.started():
         return None
     mark("started")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # not typing's: a sandbox imports typing from its boot bundle (see _boot.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from sandbox_wrapper._context import (
         AgentContext,
         AsyncLlmStream,

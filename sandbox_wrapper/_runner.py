@@ -58,16 +58,19 @@ class _Failure(Exception):
         self.code = code
 
 
-def main() -> int:
-    """Run the task the host hands out on AGENTNODE_SOCKET and return the process exit code."""
+def main(before_pack: Callable[[], None] = lambda: None) -> int:
+    """Run the task the host hands out on AGENTNODE_SOCKET and return the process exit code.
+    `before_pack` is called once the wrapper's own imports are done, before any of the pack's code."""
     socket_path = os.environ.get("AGENTNODE_SOCKET", DEFAULT_SOCKET)
     if not await_socket(socket_path, socket_wait_seconds(os.environ.get("AGENTNODE_SOCKET_WAIT_SECONDS"))):
+        before_pack()
         return _die(EXIT_NO_TASK, f"host socket {socket_path} does not exist")
+    channel = open_channel(socket_path)  # not connected yet: the first call connects
+    before_pack()
     # The agent's module is imported while the task is still to come: a warm member has its imports
     # done before a run claims it (the host names the module; a failure is reported once the task is here).
     add_import_root(os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))
     preloaded = preload(os.environ.get("AGENTNODE_PRELOAD", ""))
-    channel = open_channel(socket_path)
     try:
         session = session_pb2_grpc.SessionServiceStub(channel)  # type: ignore[no-untyped-call]
         request = session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION)
