@@ -325,6 +325,14 @@ def _cli_run(state: BenchState, runtime: str, *, path: str = "local") -> tuple[f
     return wall, float(out["duration_ms"]), str(out.get("run_id", ""))
 
 
+def _early_modules() -> str:
+    """What the revision measured imports before it asks the engine for the run's container: the head
+    start's light modules (host/_headstart.py) where it has one, else the prelaunch's."""
+    if (CODE_ROOT / "host" / "_headstart.py").is_file():
+        return "host._entry"
+    return "host._cli, host._prelaunch"
+
+
 def _has_prelaunch() -> bool:
     """Does the revision measured start a run's container before its other imports (host/_prelaunch.py)?"""
     return (CODE_ROOT / "host" / "_prelaunch.py").is_file()
@@ -394,7 +402,8 @@ def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
     """Process to process, as a user meets it: `agentnode-sandbox run --json` of the trivial agent against
     `docker run --rm ... python3 -c 'import grpc'` (the docker CLI floor), interleaved; then, a quarter as
     often, a new interpreter doing only the command's imports, one doing only those made before the run's
-    container is started (host/_prelaunch.py: the rest overlap the engine's start), and one importing only
+    container is asked for (host/_headstart.py, else host/_prelaunch.py: the rest overlap the engine's
+    work), and one importing only
     the library any host of this design needs (gRPC); then the same command while a `serve` host runs."""
     ours: list[float] = []
     runs: list[float] = []
@@ -408,7 +417,7 @@ def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
     quarter = max(1, math.ceil(reps / 4))
     imports = [_cli_imports() for _ in range(quarter)]
     libraries = [_cli_imports("grpc") for _ in range(quarter)]
-    early = [_cli_imports("host._cli, host._prelaunch") for _ in range(quarter)] if _has_prelaunch() else []
+    early = [_cli_imports(_early_modules()) for _ in range(quarter)] if _has_prelaunch() else []
     served, served_floor = _cli_served(state, runtime, reps)
     return {
         "process_ms": summary(ours),

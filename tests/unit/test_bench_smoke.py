@@ -305,7 +305,8 @@ def test_report_renders_every_section_with_spreads_and_the_unstable_list() -> No
     # issue 19's process-to-process target, with where the process's time goes beside it
     assert "| process to process: run --json / docker run | runc | 2.40x ±30% ⚠ | 2.40 / 3.12 / 2.40 " \
         "| <= 1.15x | **unstable** | docker run 380 ms, ours 900 ms: the run 450 ms, imports alone " \
-        "330 ms (before the container starts: 140 ms), a new interpreter importing only gRPC 120 ms |" in text
+        "330 ms (before the container is asked for: 140 ms), a new interpreter importing only gRPC " \
+        "120 ms |" in text
     assert "| process to process, a serve host running: run --json / docker run | runc | 0.30x ±0% " \
         "| 0.30 / 0.30 / 0.30 | <= 1.15x | **met** |  |" in text
     # a throughput miss names the CPU per run beside docker's, and the hardened-spec floor
