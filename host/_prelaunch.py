@@ -143,6 +143,8 @@ def _prelaunch(
     config = load_config(env)
     admission = admit(slug, lockfile=Lockfile(config.paths.lockfile), config=config, env=env, runtime=runtime)
     if admission.refusal is not None or not admission.sandboxed:
+        if headstart is not None:
+            forget(env, slug, runtime or "")  # a refusal that holds would start (and remove) one every time
         return None
     entry, manifest, chosen = admission.entry, admission.manifest, admission.runtime
     if entry is None or manifest is None or chosen is None:

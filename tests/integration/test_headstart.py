@@ -118,6 +118,16 @@ def test_a_head_start_for_a_run_that_is_then_refused_is_removed(
     assert prelaunch("not-installed", runtime="runc", owner=owner_token(), env=host_state.env,
                      limits=ContainerLimits(), headstart=early) is None  # fmt: skip
     assert _gone(engine_client, early.name) and not Path(early.rundir).exists()
+    # refused with the same record in place (here: the sandbox flag off for this process only)
+    assert load_record(host_state.env, "hs-refused", "runc") is not None
+    early = begin(["run", "hs-refused", "--runtime", "runc"], host_state.env)
+    assert early is not None and early.started(60)
+    off = {**host_state.env, "AGENTNODE_AGENT_SANDBOX": "0"}
+    assert prelaunch("hs-refused", runtime="runc", owner=owner_token(), env=off, limits=ContainerLimits(),
+                     headstart=early) is None  # fmt: skip
+    assert _gone(engine_client, early.name)
+    # the record is dropped: a refusal that holds does not start a container on every later run
+    assert load_record(host_state.env, "hs-refused", "runc") is None
 
 
 def test_a_removed_pack_volume_is_not_recreated_by_a_head_start(

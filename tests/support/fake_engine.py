@@ -88,12 +88,17 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             engine.connections += 1  # one handler per accepted connection
             super().setup()
 
-        def do_GET(self) -> None:
+        def _route(self) -> str:
+            """The request's path without its query and /v1.NN prefix, recorded both ways."""
             engine.raw_paths.append(self.path)
             path = "/" + self.path.split("?")[0].lstrip("/")
             if path.startswith("/v1."):
                 path = "/" + path.split("/", 2)[2]
             engine.paths.append(path)
+            return path
+
+        def do_GET(self) -> None:
+            path = self._route()
             if engine.status is not None:
                 self._send(engine.status, {"message": "authorization denied by plugin"})
             elif path == "/version":
@@ -124,11 +129,7 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
         do_HEAD = do_GET
 
         def do_POST(self) -> None:
-            engine.raw_paths.append(self.path)
-            path = "/" + self.path.split("?")[0].lstrip("/")
-            if path.startswith("/v1."):
-                path = "/" + path.split("/", 2)[2]
-            engine.paths.append(path)
+            path = self._route()
             size = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(size) if size else b""
             if path == "/containers/create":
@@ -145,11 +146,7 @@ def _engine_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"message": "no such route"})
 
         def do_DELETE(self) -> None:
-            engine.raw_paths.append(self.path)
-            path = "/" + self.path.split("?")[0].lstrip("/")
-            if path.startswith("/v1."):
-                path = "/" + path.split("/", 2)[2]
-            engine.paths.append(path)
+            path = self._route()
             engine.removed.append(path.split("/")[2])
             self._send(204, "")
 
