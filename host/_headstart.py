@@ -162,6 +162,8 @@ def load_record(env: Mapping[str, str], slug: str, runtime: str) -> dict[str, st
         record[name] = value
     if record["key"] != _key(env, slug, runtime):
         return None
+    if any(ch in record[k] for k in ("engine_socket", "volume", "create", "start") for ch in " \t\r\x00"):
+        return None  # these go into a request line: nothing that could end it early
     for line in lines[len(_FIELDS) + 1 :]:
         if not line:
             continue

@@ -144,7 +144,7 @@ def test_a_record_no_longer_holds_once_anything_it_stood_on_changed(
 
 
 @pytest.mark.parametrize("tamper", ["group-writable", "open-directory", "symlink", "oversize", "garbage",
-                                    "short"])  # fmt: skip
+                                    "short", "request-line"])  # fmt: skip
 def test_a_record_anyone_else_could_have_written_or_that_is_not_one_is_ignored(
     place: dict[str, Any], tamper: str
 ) -> None:
@@ -166,6 +166,9 @@ def test_a_record_anyone_else_could_have_written_or_that_is_not_one_is_ignored(
         path.write_bytes(b"\xff\xfe" + os.urandom(64))
     elif tamper == "short":
         path.write_text("agentnode-headstart 1\nkey x\n")
+    elif tamper == "request-line":  # a target that would end the request line and add a header
+        text = path.read_text()
+        path.write_text(text.replace("/start\n", "/start HTTP/1.1\rX-Injected: 1\n", 1))
     assert load_record(env, SLUG, "") is None
     assert begin(["run", SLUG], env) is None
 
