@@ -403,8 +403,8 @@ def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
     `docker run --rm ... python3 -c 'import grpc'` (the docker CLI floor), interleaved; then, a quarter as
     often, a new interpreter doing only the command's imports, one doing only those made before the run's
     container is asked for (host/_headstart.py, else host/_prelaunch.py: the rest overlap the engine's
-    work), and one importing only
-    the library any host of this design needs (gRPC); then the same command while a `serve` host runs."""
+    work), and one importing only the library any host of this design needs (gRPC); then the same command
+    while a `serve` host runs."""
     ours: list[float] = []
     runs: list[float] = []
     floor: list[float] = []

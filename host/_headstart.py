@@ -368,9 +368,12 @@ class Headstart:
             return
         self._settled = True
         self._wait(self._finished, 2 * ENGINE_TIMEOUT_SECONDS + 1)
-        try:
-            from host._engine import open_engine, remove_and_verify  # noqa: PLC0415 (only for a discard)
+        from pathlib import Path  # noqa: PLC0415 (only for a discard, as below)
 
+        from host._engine import open_engine, remove_and_verify  # noqa: PLC0415
+        from host._rundir import RunDir  # noqa: PLC0415
+
+        try:
             client = open_engine({**os.environ, "DOCKER_HOST": f"unix://{self.engine_socket}"})  # its engine
             try:
                 remove_and_verify(client, self.container_id or self.name, self.name)
@@ -379,13 +382,8 @@ class Headstart:
         except Exception:  # noqa: BLE001,S110 (the startup sweep removes it)
             pass
         try:
-            for entry in os.scandir(self.rundir):
-                os.unlink(entry.path)
-            os.rmdir(self.rundir)
-        except OSError:
-            pass
-        try:
-            os.unlink(self.owner_file)
+            RunDir(Path(self.rundir)).remove()
+            Path(self.owner_file).unlink(missing_ok=True)  # the owner file this thread wrote, as named
         except OSError:
             pass
 

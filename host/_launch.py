@@ -120,7 +120,8 @@ def sandbox_keywords(
     socket_wait: float = 0.0,
 ) -> dict[str, Any]:
     """The `container_spec` of one sandbox of `spec`: what `start_container` creates (and what a replayed
-    create request must equal: host/_prelaunch.py)."""
+    create request must equal: host/_prelaunch.py). `socket_wait` > 0 lets the wrapper wait that long for
+    the run's socket to appear (a container started before its host serves the socket)."""
     return container_spec(
         image=spec.image_id,
         run_id=run_id,
@@ -144,27 +145,18 @@ def sandbox_keywords(
 def start_container(
     client: EngineClient,
     spec: SandboxSpec,
+    keywords: Mapping[str, Any],
     *,
-    run_id: str,
-    name: str,
-    owner: str,
-    socket_dir: str,
-    warm: bool = False,
-    tool_for: str = "",
-    socket_wait: float = 0.0,
     mark: Callable[[str], None] = lambda _stage: None,
     created: Callable[[str], None] = lambda _id: None,
     starting: Callable[[], None] = lambda: None,
 ) -> str:
-    """Create and start a sandbox's container; its id. `created` learns the id as soon as there is one, so a
-    caller can tear down a container whose start failed; `starting` is called as the start is asked for
-    (what the caller does meanwhile overlaps the engine's work). `socket_wait` > 0 lets the wrapper wait that
-    long for the run's socket to appear (a container started before its host serves the socket).
+    """Create and start a sandbox of `spec` from its `keywords` (`sandbox_keywords`); its id. `created` learns
+    the id as soon as there is one, so a caller can tear down a container whose start failed; `starting` is
+    called as the start is asked for (what the caller does meanwhile overlaps the engine's work).
 
     A pinned image removed since it was verified is the same refusal as at verification (IMAGE_MISSING);
     any other engine refusal is START_FAILED."""
-    keywords = sandbox_keywords(spec, run_id=run_id, name=name, owner=owner, socket_dir=socket_dir, warm=warm,
-                                tool_for=tool_for, socket_wait=socket_wait)  # fmt: skip
     try:
         with engine_errors():
             container_id = create_container(client, keywords)

@@ -187,10 +187,9 @@ def _prelaunch(
             forget(env, slug, runtime or "")
         rundir = make_run_dir(run_id, owner, env)
         rundir.grant(SANDBOX_UID, SANDBOX_GID)
-        start_container(
-            client, spec, run_id=run_id, name=name, owner=owner, socket_dir=str(rundir.path),
-            socket_wait=PRELAUNCH_SOCKET_WAIT, mark=mark, created=container.append, starting=starting,
-        )  # fmt: skip
+        keywords = sandbox_keywords(spec, run_id=run_id, name=name, owner=owner, socket_dir=str(rundir.path),
+                                    socket_wait=PRELAUNCH_SOCKET_WAIT)  # fmt: skip
+        start_container(client, spec, keywords, mark=mark, created=container.append, starting=starting)
         _remember(spec, client=client, env=env, files=(config.paths.config_file, config.paths.lockfile),
                   command=(slug, runtime or ""), run_id=run_id, owner=owner, rundir=rundir)  # fmt: skip
         return Prelaunched(

@@ -32,6 +32,7 @@ from host._launch import (
     container_name,
     podman_seccomp_profile,
     pool_key,
+    sandbox_keywords,
     sandbox_spec,
     start_container,
 )
@@ -111,11 +112,13 @@ class Sandbox(Workload):
             server.start()
             rundir.grant(SANDBOX_UID, SANDBOX_GID)
             box.mark("socket_ready")
-            box.container_id = start_container(
-                client, spec, run_id=run_id, name=box.name, owner=owner, socket_dir=str(rundir.path),
-                warm=warm, tool_for=tool_for, mark=box.mark,
-                created=lambda cid: setattr(box, "container_id", cid),
+            keywords = sandbox_keywords(
+                spec, run_id=run_id, name=box.name, owner=owner, socket_dir=str(rundir.path), warm=warm,
+                tool_for=tool_for,
             )  # fmt: skip
+            box.container_id = start_container(
+                client, spec, keywords, mark=box.mark, created=lambda cid: setattr(box, "container_id", cid)
+            )
         except BaseException:
             box.destroy()
             raise
