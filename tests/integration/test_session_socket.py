@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, SOCKET_NAME
+from host._engine import (
+    LABEL_OWNER,
+    LABEL_RUN,
+    LABEL_SLUG,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    SOCKET_NAME,
+    owner_token,
+)
 from host._rundir import run_root
 from tests.support.host_state import HostState
 
@@ -92,16 +100,20 @@ def test_run_socket_is_private_to_the_container_uid(
             seen["error"] = exc
 
     def inspect() -> None:
+        # This process's own running sandbox of the slug (an engine shared with other test runs may hold
+        # someone else's), once its socket is there to be probed.
+        labels = [f"{LABEL_SLUG}={slug}", f"{LABEL_OWNER}={owner_token()}"]
+        root = run_root(host_state.env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            running = client.api.containers(filters={"label": f"{LABEL_SLUG}={slug}"})
-            if running:
+            running = client.api.containers(filters={"label": labels})
+            run_dirs = [root / f"run-{c['Labels'][LABEL_RUN]}" for c in running]
+            if run_dirs and (run_dirs[0] / SOCKET_NAME).exists():
                 break
             time.sleep(0.1)
         else:
             return
-        root = run_root(host_state.env)
-        run_dir = root / f"run-{running[0]['Labels'][LABEL_RUN]}"
+        run_dir = run_dirs[0]
         seen["root"] = root.stat()
         seen["dir"] = run_dir.stat()
         seen["sock"] = (run_dir / SOCKET_NAME).stat()
