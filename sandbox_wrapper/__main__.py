@@ -2,7 +2,8 @@
 
 `python -m sandbox_wrapper tool-server` is a tool sandbox's process instead (sandbox_wrapper/_tool_server.py).
 Its boot imports come from the image's bundle where there is one (sandbox_wrapper/_boot.py), which is put
-away before any of the pack's code is imported.
+away before any of the pack's code is imported. What grpc and protobuf import but a run never uses is
+deferred until first use (sandbox_wrapper/_defer.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,20 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":
-    from sandbox_wrapper import _boot
+    from sandbox_wrapper import _boot, _defer
 
     bundle = _boot.install()
+    _defer.defer()
+
+    def before_pack() -> None:
+        _boot.uninstall(bundle)
+        _defer.settle()
+
     if sys.argv[1:] == ["tool-server"]:
         from sandbox_wrapper._tool_server import main as serve_tools
 
-        _boot.uninstall(bundle)
+        before_pack()
         raise SystemExit(serve_tools())
     from sandbox_wrapper._runner import leave, main
 
-    leave(main(before_pack=lambda: _boot.uninstall(bundle)))
+    leave(main(before_pack=before_pack))

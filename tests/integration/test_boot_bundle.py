@@ -1,5 +1,7 @@
 """The pinned image's boot bundle (sandbox_wrapper/_boot.py), seen from inside a real sandbox: the wrapper's
-boot modules came from it, and it was put away before the agent's code was imported, under each runtime."""
+boot modules came from it, and it was put away before the agent's code was imported, under each runtime;
+what the wrapper defers (sandbox_wrapper/_defer.py) was not imported for it, and works when the agent
+uses it."""
 
 from __future__ import annotations
 
@@ -20,7 +22,16 @@ def run(context, **kwargs):
     import grpc._channel
     import typing
     import sandbox_wrapper._runner as runner
+    from google.protobuf.internal import api_implementation
+    from sandbox_wrapper import _defer
+    deferred = {name: _defer.is_deferred(name) for name in _defer.DEFERRED}
+    loaded = sorted(n for n in sys.modules if n.startswith("grpc.aio") or n.endswith("python_message"))
+    import grpc.aio._call  # a submodule first: the real package is imported for it, once
     return {
+        "deferred": deferred,
+        "loaded_before_use": loaded,
+        "aio_works": grpc.aio.AioRpcError is grpc.aio._call.AioRpcError and callable(grpc.aio.server),
+        "protobuf_backend": api_implementation.Type(),
         "grpc": type(grpc.__spec__.loader).__name__,
         "runner": type(runner.__spec__.loader).__name__,
         "channel": type(grpc._channel.__spec__.loader).__name__,  # imported as the run's channel opened
@@ -45,3 +56,20 @@ def test_the_wrapper_boots_from_the_bundle_and_puts_it_away_before_the_agent(
     assert seen["grpc"] == seen["runner"] == seen["channel"] == seen["typing"] == "_BundledLoader"
     assert "_BundleFinder" not in seen["meta_path"]
     assert seen["mine"] == "SourceFileLoader"  # the pack's own module: found and read as usual
+
+
+def test_what_the_wrapper_defers_is_not_imported_until_the_agent_uses_it(
+    host_state: HostState, make_agent: Callable[..., Path], runtime: str
+) -> None:
+    host_state.install(make_agent("boot-defer", AGENT))
+    host = host_state.host()
+    try:
+        result = host.run("boot-defer", runtime=runtime)
+    finally:
+        host.close()
+    assert result.success, (result.error, result.logs)
+    seen = result.result
+    assert seen["protobuf_backend"] == "upb"  # the backend that never calls python_message
+    assert seen["deferred"] == {"grpc.aio": True, "google.protobuf.internal.python_message": True}
+    assert seen["loaded_before_use"] == []
+    assert seen["aio_works"] is True

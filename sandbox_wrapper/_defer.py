@@ -1,0 +1,114 @@
+"""Modules a package's own `__init__` imports but a run never uses, given as placeholders that import the
+real module on first use: every process pays for them otherwise, and a one-shot run's start waits for it.
+
+- `grpc.aio`: grpc's `__init__` imports its asyncio API (~10 ms in the sandbox) for every synchronous
+  client and server; the wrapper and the host's CLI use the synchronous ones.
+- `google.protobuf.internal.python_message`: protobuf's pure-Python message classes, with text_format and
+  its decoders (~6 ms); descriptor_pool imports them unconditionally, but the upb backend (the image's and
+  the host's) never calls them.
+
+A placeholder is what the import system returns for the name (and sets on the parent package), so
+`import grpc.aio` and `from grpc import aio` still succeed without running it; the first attribute read
+from it (any name, `__path__` included) imports the real module, which replaces it in `sys.modules` and on
+the parent package. A placeholder kept by earlier code forwards every read to the real module. Only the
+entry points defer (`python -m sandbox_wrapper`, the `agentnode-sandbox` console script): the library,
+imported into someone else's process, never changes what its imports mean.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+DEFERRED = ("grpc.aio", "google.protobuf.internal.python_message")
+"""What the entry points defer; each is imported, on first use, as it would have been."""
+
+_swap = _thread.allocate_lock()
+
+
+class _Placeholder(ModuleType):
+    """Stands for a deferred module until something reads from it."""
+
+    def __getattr__(self, attr: str) -> object:
+        if attr == "__path__":  # the import system's probe while it makes the placeholder: not a use
+            raise AttributeError(attr)
+        return getattr(_real(self), attr)
+
+
+def _real(placeholder: _Placeholder) -> ModuleType:
+    """The module `placeholder` stands for, imported now unless it is already (or is being, by another
+    thread: the import waits for it)."""
+    name = placeholder.__name__
+    with _swap:  # only the swap: the import itself may read another placeholder
+        if sys.modules.get(name) is placeholder:
+            del sys.modules[name]
+    __import__(name)
+    return sys.modules[name]
+
+
+class _DeferringFinder:
+    """Answers the first import of each deferred name with a placeholder, and takes the placeholder out of
+    `sys.modules` once its parent package is imported (left as the package's attribute only).
+
+    Out of `sys.modules`, an import of the name or of a submodule imports the real package first, as it
+    would have; inside, a submodule's import would find the placeholder as its parent (not a package) or,
+    once the real one was imported for it, run the submodule a second time. The parent's own `__init__`
+    needs it there (grpc's puts its `aio` back itself). The check runs on every later import, so before
+    any code that is not the parent's own: the pack's module is imported too.
+    """
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.pending = set(names)
+        self.placed: list[_Placeholder] = []
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        self.settle()
+        if name not in self.pending:
+            return None
+        self.pending.discard(name)
+        return ModuleSpec(name, self)  # type: ignore[arg-type]  # a Loader by protocol (importlib.abc costs typing)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        placeholder = _Placeholder(spec.name)
+        self.placed.append(placeholder)
+        return placeholder
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing runs until the module is used."""
+
+    def settle(self) -> None:
+        """Take out of `sys.modules` each placeholder whose parent package is imported; leave `sys.meta_path`
+        once every name was placed and settled."""
+        for placeholder in list(self.placed):
+            parent = sys.modules.get(placeholder.__name__.rpartition(".")[0])
+            if parent is None or getattr(getattr(parent, "__spec__", None), "_initializing", False):
+                continue
+            with _swap:
+                if sys.modules.get(placeholder.__name__) is placeholder:
+                    del sys.modules[placeholder.__name__]
+            self.placed.remove(placeholder)
+        if not self.pending and not self.placed and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def defer(names: tuple[str, ...] = DEFERRED) -> None:
+    """Defer `names` (those not imported yet) in this process, ahead of every other finder."""
+    pending = tuple(name for name in names if name not in sys.modules)
+    if pending:
+        sys.meta_path.insert(0, _DeferringFinder(pending))
+
+
+def settle() -> None:
+    """Settle the placeholders now (see `_DeferringFinder`): the wrapper does before the pack's code."""
+    for finder in list(sys.meta_path):
+        if isinstance(finder, _DeferringFinder):
+            finder.settle()
+
+
+def is_deferred(name: str) -> bool:
+    """Whether `name` is still a placeholder (nothing has used it yet), in `sys.modules` or on its parent."""
+    parent, _, child = name.rpartition(".")
+    found = sys.modules.get(name) or getattr(sys.modules.get(parent), "__dict__", {}).get(child)
+    return isinstance(found, _Placeholder)
