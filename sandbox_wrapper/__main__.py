@@ -2,8 +2,8 @@
 
 `python -m sandbox_wrapper tool-server` is a tool sandbox's process instead (sandbox_wrapper/_tool_server.py).
 Its boot imports come from the image's bundle where there is one (sandbox_wrapper/_boot.py), which is put
-away before any of the pack's code is imported. What grpc and protobuf import but a run never uses is
-deferred until first use (sandbox_wrapper/_defer.py).
+away before any of the pack's code is imported. What gRPC and protobuf import but few runs use is deferred
+until first use (sandbox_wrapper/_defer.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ if __name__ == "__main__":
     from sandbox_wrapper import _boot, _defer
 
     bundle = _boot.install()
-    _defer.defer()
+    _defer.defer(_defer.WRAPPER_DEFERRED)
 
     def before_pack() -> None:
         _boot.uninstall(bundle)

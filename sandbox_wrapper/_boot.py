@@ -17,7 +17,7 @@ import os
 import sys
 from importlib.machinery import ModuleSpec, SourceFileLoader
 
-from sandbox_wrapper._defer import defer
+from sandbox_wrapper._defer import WRAPPER_DEFERRED, defer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs an import at boot, which is what this module saves
@@ -93,7 +93,7 @@ def build(out: str) -> int:
     """Import the boot modules and write the code of every module they brought that has a source file; the
     number of modules written."""
     before = set(sys.modules)
-    defer()  # as the wrapper boots: what it defers is not part of its boot
+    defer(WRAPPER_DEFERRED)  # as the wrapper boots: what it defers is not part of its boot
     for name in BOOT_MODULES:
         __import__(name)
     modules: dict[str, tuple[str, bool, bytes]] = {}

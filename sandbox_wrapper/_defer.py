@@ -1,18 +1,20 @@
-"""Modules a package's own `__init__` imports but a run never uses, given as placeholders that import the
-real module on first use: every process pays for them otherwise, and a one-shot run's start waits for it.
+"""Modules imported at start but used by few runs, given as placeholders that import the real module on first
+use: every process pays for them otherwise, and a one-shot run's start waits for it.
 
 - `grpc.aio`: grpc's `__init__` imports its asyncio API (~10 ms in the sandbox) for every synchronous
   client and server; the wrapper and the host's CLI use the synchronous ones.
 - `google.protobuf.internal.python_message`: protobuf's pure-Python message classes, with text_format and
   its decoders (~6 ms); descriptor_pool imports them unconditionally, but the upb backend (the image's and
   the host's) never calls them.
+- `asyncio` (the wrapper only, `WRAPPER_DEFERRED`): gRPC's extension module and the wrapper import it
+  (~12 ms in the sandbox, with ssl and concurrent.futures) for agents whose `run` is a coroutine.
 
 A placeholder is what the import system returns for the name (and sets on the parent package), so
 `import grpc.aio` and `from grpc import aio` still succeed without running it; the first attribute read
-from it (any name, `__path__` included) imports the real module, which replaces it in `sys.modules` and on
-the parent package. A placeholder kept by earlier code forwards every read to the real module. Only the
-entry points defer (`python -m sandbox_wrapper`, the `agentnode-sandbox` console script): the library,
-imported into someone else's process, never changes what its imports mean.
+from it imports the real module, and a placeholder kept by earlier code forwards every read to it. Once the
+placeholder is settled (see `_DeferringFinder`), importing the name or a submodule of it imports the real
+module as usual. Only the entry points defer (`python -m sandbox_wrapper`, the `agentnode-sandbox` console
+script): the library, imported into someone else's process, never changes what its imports mean.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from types import ModuleType
 
 DEFERRED = ("grpc.aio", "google.protobuf.internal.python_message")
 """What the entry points defer; each is imported, on first use, as it would have been."""
+WRAPPER_DEFERRED = (*DEFERRED, "asyncio")
+"""What the wrapper defers: it settles before the pack's code (`settle`), the host's CLI never does."""
 
 _swap = _thread.allocate_lock()
+_placeholders: dict[str, _Placeholder] = {}
 
 
 class _Placeholder(ModuleType):
@@ -49,14 +54,16 @@ def _real(placeholder: _Placeholder) -> ModuleType:
 
 
 class _DeferringFinder:
-    """Answers the first import of each deferred name with a placeholder, and takes the placeholder out of
-    `sys.modules` once its parent package is imported (left as the package's attribute only).
+    """Answers the first import of each deferred name with a placeholder, and settles placeholders: takes
+    them out of `sys.modules` (a submodule's stays its parent package's attribute).
 
-    Out of `sys.modules`, an import of the name or of a submodule imports the real package first, as it
+    Out of `sys.modules`, an import of the name or of a submodule imports the real module first, as it
     would have; inside, a submodule's import would find the placeholder as its parent (not a package) or,
-    once the real one was imported for it, run the submodule a second time. The parent's own `__init__`
-    needs it there (grpc's puts its `aio` back itself). The check runs on every later import, so before
-    any code that is not the parent's own: the pack's module is imported too.
+    once the real one was imported for it, run the submodule a second time. Until then the placeholder is
+    what every import of the name gets: the parent's own `__init__` needs it there (grpc's puts its `aio`
+    back itself). A submodule's placeholder is settled on the next import once its parent is imported (so
+    before any code but the parent's own runs); a top-level one only by `settle()`, which the wrapper calls
+    before the pack's code: a later import of it by gRPC or the wrapper would otherwise run it.
     """
 
     def __init__(self, names: tuple[str, ...]) -> None:
@@ -64,7 +71,7 @@ class _DeferringFinder:
         self.placed: list[_Placeholder] = []
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
-        self.settle()
+        self.settle(top_level=False)
         if name not in self.pending:
             return None
         self.pending.discard(name)
@@ -73,17 +80,23 @@ class _DeferringFinder:
     def create_module(self, spec: ModuleSpec) -> ModuleType:
         placeholder = _Placeholder(spec.name)
         self.placed.append(placeholder)
+        _placeholders[spec.name] = placeholder
         return placeholder
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing runs until the module is used."""
 
-    def settle(self) -> None:
-        """Take out of `sys.modules` each placeholder whose parent package is imported; leave `sys.meta_path`
-        once every name was placed and settled."""
+    def settle(self, *, top_level: bool) -> None:
+        """Take out of `sys.modules` each placeholder whose parent package is imported (and top-level ones if
+        `top_level`); leave `sys.meta_path` once every name was placed and settled."""
         for placeholder in list(self.placed):
-            parent = sys.modules.get(placeholder.__name__.rpartition(".")[0])
-            if parent is None or getattr(getattr(parent, "__spec__", None), "_initializing", False):
+            parent_name = placeholder.__name__.rpartition(".")[0]
+            if not parent_name and not top_level:
+                continue
+            parent = sys.modules.get(parent_name) if parent_name else None
+            if parent_name and (
+                parent is None or getattr(getattr(parent, "__spec__", None), "_initializing", False)
+            ):
                 continue
             with _swap:
                 if sys.modules.get(placeholder.__name__) is placeholder:
@@ -101,14 +114,13 @@ def defer(names: tuple[str, ...] = DEFERRED) -> None:
 
 
 def settle() -> None:
-    """Settle the placeholders now (see `_DeferringFinder`): the wrapper does before the pack's code."""
+    """Settle every placeholder now, top-level ones included (see `_DeferringFinder`): the wrapper's step
+    before the pack's code."""
     for finder in list(sys.meta_path):
         if isinstance(finder, _DeferringFinder):
-            finder.settle()
+            finder.settle(top_level=True)
 
 
 def is_deferred(name: str) -> bool:
-    """Whether `name` is still a placeholder (nothing has used it yet), in `sys.modules` or on its parent."""
-    parent, _, child = name.rpartition(".")
-    found = sys.modules.get(name) or getattr(sys.modules.get(parent), "__dict__", {}).get(child)
-    return isinstance(found, _Placeholder)
+    """Whether a placeholder stands for `name` and its real module has not been imported."""
+    return name in _placeholders and sys.modules.get(name) in (None, _placeholders[name])

@@ -24,8 +24,10 @@ def run(context, **kwargs):
     import sandbox_wrapper._runner as runner
     from google.protobuf.internal import api_implementation
     from sandbox_wrapper import _defer
-    deferred = {name: _defer.is_deferred(name) for name in _defer.DEFERRED}
-    loaded = sorted(n for n in sys.modules if n.startswith("grpc.aio") or n.endswith("python_message"))
+    deferred = {name: _defer.is_deferred(name) for name in _defer.WRAPPER_DEFERRED}
+    loaded = sorted(
+        n for n in sys.modules if n.startswith(("grpc.aio", "asyncio")) or n.endswith("python_message")
+    )
     import grpc.aio._call  # a submodule first: the real package is imported for it, once
     return {
         "deferred": deferred,
@@ -70,6 +72,33 @@ def test_what_the_wrapper_defers_is_not_imported_until_the_agent_uses_it(
     assert result.success, (result.error, result.logs)
     seen = result.result
     assert seen["protobuf_backend"] == "upb"  # the backend that never calls python_message
-    assert seen["deferred"] == {"grpc.aio": True, "google.protobuf.internal.python_message": True}
+    assert seen["deferred"] == {
+        "grpc.aio": True,
+        "google.protobuf.internal.python_message": True,
+        "asyncio": True,
+    }
     assert seen["loaded_before_use"] == []
     assert seen["aio_works"] is True
+
+
+ASYNC_AGENT = """
+import asyncio
+import sys
+
+async def run(context, **kwargs):
+    await asyncio.sleep(0)
+    return {"loop": type(asyncio.get_running_loop()).__name__, "modules": "asyncio.subprocess" in sys.modules}
+"""
+
+
+def test_an_async_agent_runs_on_the_real_asyncio_the_wrapper_deferred(
+    host_state: HostState, make_agent: Callable[..., Path], runtime: str
+) -> None:
+    host_state.install(make_agent("boot-async", ASYNC_AGENT))
+    host = host_state.host()
+    try:
+        result = host.run("boot-async", runtime=runtime)
+    finally:
+        host.close()
+    assert result.success, (result.error, result.logs)
+    assert result.result == {"loop": "_UnixSelectorEventLoop", "modules": True}

@@ -147,3 +147,31 @@ out["finders"] = [type(f).__name__ for f in sys.meta_path]
 """
     )
     assert "_DeferringFinder" not in out["finders"]
+
+
+def test_the_wrappers_asyncio_stays_deferred_through_grpc_and_works_once_settled() -> None:
+    out = _run(
+        """
+import sys
+_defer.defer(("asyncio",))  # beside the prelude's: as the wrapper defers WRAPPER_DEFERRED
+import grpc, grpc._channel
+import sandbox_wrapper._runner as runner  # imports asyncio itself: the placeholder
+import colorsys  # a later import does not settle a top-level placeholder (gRPC would run it)
+out["deferred_after_boot"] = _defer.is_deferred("asyncio")
+out["in_modules"] = type(sys.modules.get("asyncio")).__name__
+_defer.settle()
+out["after_settle"] = "asyncio" in sys.modules
+import asyncio.subprocess  # a submodule first: the real package is imported for it
+async def answer():
+    return 42
+out["run"] = runner.asyncio.run(answer())  # the wrapper's placeholder forwards to the real module
+out["same"] = runner.asyncio.run is sys.modules["asyncio"].run and not _defer.is_deferred("asyncio")
+"""
+    )
+    assert out == {
+        "deferred_after_boot": True,
+        "in_modules": "_Placeholder",
+        "after_settle": False,
+        "run": 42,
+        "same": True,
+    }
