@@ -34,10 +34,16 @@ _placeholders: dict[str, _Placeholder] = {}
 
 
 class _Placeholder(ModuleType):
-    """Stands for a deferred module until something reads from it."""
+    """Stands for a deferred module until something reads from it.
+
+    Its `__path__` is read as a use once it is settled (out of `sys.modules`) only: the import system
+    probes for it while making the placeholder, and reading it for a submodule's import before it is
+    settled would import the real package and then the submodule a second time (see `_DeferringFinder`);
+    that import fails instead, loudly, as "not a package".
+    """
 
     def __getattr__(self, attr: str) -> object:
-        if attr == "__path__":  # the import system's probe while it makes the placeholder: not a use
+        if attr == "__path__" and (not self.__dict__.get("_ready") or sys.modules.get(self.__name__) is self):
             raise AttributeError(attr)
         return getattr(_real(self), attr)
 
@@ -85,6 +91,7 @@ class _DeferringFinder:
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing runs until the module is used."""
+        module.__dict__["_ready"] = True
 
     def settle(self, *, top_level: bool) -> None:
         """Take out of `sys.modules` each placeholder whose parent package is imported (and top-level ones if

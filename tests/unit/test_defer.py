@@ -175,3 +175,20 @@ out["same"] = runner.asyncio.run is sys.modules["asyncio"].run and not _defer.is
         "run": 42,
         "same": True,
     }
+
+
+def test_a_kept_placeholder_of_a_package_gives_the_real_path_once_settled() -> None:
+    out = _run(
+        """
+import pkgutil
+_defer.defer(("asyncio",))
+import sandbox_wrapper._runner as runner
+try:
+    import asyncio.subprocess  # before it is settled: refused loudly, never run twice
+except ModuleNotFoundError as exc:
+    out["before"] = "not a package" in str(exc)
+_defer.settle()
+out["path"] = any(m.name == "subprocess" for m in pkgutil.iter_modules(runner.asyncio.__path__))
+"""
+    )
+    assert out == {"before": True, "path": True}
