@@ -47,14 +47,7 @@ def run(context, **kwargs):
 def test_the_wrapper_boots_from_the_bundle_and_puts_it_away_before_the_agent(
     host_state: HostState, make_agent: Callable[..., Path], runtime: str
 ) -> None:
-    host_state.install(make_agent("boot-bundle", AGENT))
-    host = host_state.host()
-    try:
-        result = host.run("boot-bundle", runtime=runtime)
-    finally:
-        host.close()
-    assert result.success, (result.error, result.logs)
-    seen = result.result
+    seen = host_state.run_once(make_agent("boot-bundle", AGENT), "boot-bundle", runtime)
     assert seen["grpc"] == seen["runner"] == seen["channel"] == seen["typing"] == "_BundledLoader"
     assert "_BundleFinder" not in seen["meta_path"]
     assert seen["mine"] == "SourceFileLoader"  # the pack's own module: found and read as usual
@@ -63,14 +56,7 @@ def test_the_wrapper_boots_from_the_bundle_and_puts_it_away_before_the_agent(
 def test_what_the_wrapper_defers_is_not_imported_until_the_agent_uses_it(
     host_state: HostState, make_agent: Callable[..., Path], runtime: str
 ) -> None:
-    host_state.install(make_agent("boot-defer", AGENT))
-    host = host_state.host()
-    try:
-        result = host.run("boot-defer", runtime=runtime)
-    finally:
-        host.close()
-    assert result.success, (result.error, result.logs)
-    seen = result.result
+    seen = host_state.run_once(make_agent("boot-defer", AGENT), "boot-defer", runtime)
     assert seen["protobuf_backend"] == "upb"  # the backend that never calls python_message
     assert seen["deferred"] == {
         "grpc.aio": True,
@@ -94,11 +80,5 @@ async def run(context, **kwargs):
 def test_an_async_agent_runs_on_the_real_asyncio_the_wrapper_deferred(
     host_state: HostState, make_agent: Callable[..., Path], runtime: str
 ) -> None:
-    host_state.install(make_agent("boot-async", ASYNC_AGENT))
-    host = host_state.host()
-    try:
-        result = host.run("boot-async", runtime=runtime)
-    finally:
-        host.close()
-    assert result.success, (result.error, result.logs)
-    assert result.result == {"loop": "_UnixSelectorEventLoop", "modules": True}
+    seen = host_state.run_once(make_agent("boot-async", ASYNC_AGENT), "boot-async", runtime)
+    assert seen == {"loop": "_UnixSelectorEventLoop", "modules": True}

@@ -97,15 +97,9 @@ def run(context, **kwargs):
 
 
 def _probe(host_state: HostState, make_agent: Callable[..., Path], runtime: str) -> dict[str, Any]:
-    host_state.install(make_agent("probe", PROBE))
-    host = host_state.host()
-    try:
-        result = host.run("probe", runtime=runtime)
-    finally:
-        host.close()
-    assert result.success, (result.error_code, result.error, result.logs)
-    assert isinstance(result.result, dict)
-    return result.result
+    seen = host_state.run_once(make_agent("probe", PROBE), "probe", runtime)
+    assert isinstance(seen, dict)
+    return seen
 
 
 def test_boundary_seen_from_inside(

@@ -54,6 +54,18 @@ class HostState:
     def host(self, **kwargs: Any) -> SandboxHost:
         return SandboxHost(env=self.env, client_factory=lambda: self.engine, **kwargs)
 
+    def run_once(self, pack: Path, slug: str, runtime: str) -> Any:
+        """Install `pack`, run `slug` once on a host of its own under `runtime`, and return what the agent
+        returned (the run must succeed)."""
+        self.install(pack)
+        host = self.host()
+        try:
+            result = host.run(slug, runtime=runtime)
+        finally:
+            host.close()
+        assert result.success, (result.error_code, result.error, result.logs)
+        return result.result
+
     def remove_volumes(self) -> list[str]:
         """Remove the pack volumes this host's lockfile names that were not on the engine when it was made,
         however they were installed (API, CLI, via a serve host): the engine keeps a volume until told, and
