@@ -70,18 +70,43 @@ class _DeferringFinder:
     back itself). A submodule's placeholder is settled on the next import once its parent is imported (so
     before any code but the parent's own runs); a top-level one only by `settle()`, which the wrapper calls
     before the pack's code: a later import of it by gRPC or the wrapper would otherwise run it.
+
+    A top-level module is found when it is settled, and its first real import gets that spec: the pack's
+    import root goes first on `sys.path` afterwards, and the standard library's asyncio must stay the one
+    imported, as it was when the wrapper imported it at boot (a pack may ship or require an `asyncio`:
+    PyPI's 2014 backport still appears in old requirement lists).
     """
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.pending = set(names)
         self.placed: list[_Placeholder] = []
+        self.pinned: dict[str, ModuleSpec] = {}
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
         self.settle(top_level=False)
+        if name in self.pinned:
+            spec = self.pinned.pop(name)
+            self._leave_when_done()
+            return spec
         if name not in self.pending:
             return None
         self.pending.discard(name)
         return ModuleSpec(name, self)  # type: ignore[arg-type]  # a Loader by protocol (importlib.abc costs typing)
+
+    def _real_spec(self, name: str) -> ModuleSpec | None:
+        """What the other finders would import for top-level `name` now (found, not run)."""
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: ModuleSpec | None = find(name, None, None)
+            if spec is not None:
+                return spec
+        return None
+
+    def _leave_when_done(self) -> None:
+        if not self.pending and not self.placed and not self.pinned and self in sys.meta_path:
+            sys.meta_path.remove(self)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
         placeholder = _Placeholder(spec.name)
@@ -105,12 +130,15 @@ class _DeferringFinder:
                 parent is None or getattr(getattr(parent, "__spec__", None), "_initializing", False)
             ):
                 continue
+            if not parent_name:
+                spec = self._real_spec(placeholder.__name__)
+                if spec is not None:
+                    self.pinned[placeholder.__name__] = spec
             with _swap:
                 if sys.modules.get(placeholder.__name__) is placeholder:
                     del sys.modules[placeholder.__name__]
             self.placed.remove(placeholder)
-        if not self.pending and not self.placed and self in sys.meta_path:
-            sys.meta_path.remove(self)
+        self._leave_when_done()
 
 
 def defer(names: tuple[str, ...] = DEFERRED) -> None:

@@ -82,3 +82,14 @@ def test_an_async_agent_runs_on_the_real_asyncio_the_wrapper_deferred(
 ) -> None:
     seen = host_state.run_once(make_agent("boot-async", ASYNC_AGENT), "boot-async", runtime)
     assert seen == {"loop": "_UnixSelectorEventLoop", "modules": True}
+
+
+def test_a_pack_that_ships_an_asyncio_still_runs_on_the_standard_librarys(
+    host_state: HostState, make_agent: Callable[..., Path], runtime: str
+) -> None:
+    """As before asyncio was deferred (the wrapper had imported it at boot): the pack's import root comes
+    first on sys.path, and PyPI's 2014 `asyncio` backport still appears in old requirement lists."""
+    pack = make_agent("boot-shadow", ASYNC_AGENT)
+    (pack / "asyncio.py").write_text("raise ImportError('the pack shadowed asyncio')\n")
+    seen = host_state.run_once(pack, "boot-shadow", runtime)
+    assert seen == {"loop": "_UnixSelectorEventLoop", "modules": True}

@@ -192,3 +192,26 @@ out["path"] = any(m.name == "subprocess" for m in pkgutil.iter_modules(runner.as
 """
     )
     assert out == {"before": True, "path": True}
+
+
+def test_a_settled_top_level_module_is_still_the_one_found_when_it_was_settled(tmp_path: Path) -> None:
+    shadow = tmp_path / "root"
+    shadow.mkdir()
+    (shadow / "asyncio.py").write_text("raise ImportError('the shadow')\n")
+    out = _run(
+        f"""
+_defer.defer(("asyncio",))
+import sandbox_wrapper._runner as runner
+_defer.settle()
+sys.path.insert(0, {str(shadow)!r})  # as the pack's import root goes first after the wrapper's boot
+import asyncio
+async def answer():
+    return 7
+out["file"] = asyncio.__file__
+out["run"] = runner.asyncio.run(answer())
+out["finders"] = [type(f).__name__ for f in sys.meta_path]
+"""
+    )
+    assert not out["file"].startswith(str(shadow)), out["file"]
+    assert out["run"] == 7
+    assert "_DeferringFinder" not in out["finders"]  # gone once its last name was imported
