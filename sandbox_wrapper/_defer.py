@@ -51,12 +51,16 @@ class _Placeholder(ModuleType):
 def _real(placeholder: _Placeholder) -> ModuleType:
     """The module `placeholder` stands for, imported now unless it is already (or is being, by another
     thread: the import waits for it)."""
-    name = placeholder.__name__
-    with _swap:  # only the swap: the import itself may read another placeholder
-        if sys.modules.get(name) is placeholder:
-            del sys.modules[name]
-    __import__(name)
-    return sys.modules[name]
+    _unlist(placeholder)
+    __import__(placeholder.__name__)
+    return sys.modules[placeholder.__name__]
+
+
+def _unlist(placeholder: _Placeholder) -> None:
+    """Take `placeholder` out of `sys.modules` if it is still there (not the real module meanwhile)."""
+    with _swap:  # only the swap: an import that follows may read another placeholder
+        if sys.modules.get(placeholder.__name__) is placeholder:
+            del sys.modules[placeholder.__name__]
 
 
 class _DeferringFinder:
@@ -122,21 +126,19 @@ class _DeferringFinder:
         """Take out of `sys.modules` each placeholder whose parent package is imported (and top-level ones if
         `top_level`); leave `sys.meta_path` once every name was placed and settled."""
         for placeholder in list(self.placed):
-            parent_name = placeholder.__name__.rpartition(".")[0]
-            if not parent_name and not top_level:
-                continue
-            parent = sys.modules.get(parent_name) if parent_name else None
-            if parent_name and (
-                parent is None or getattr(getattr(parent, "__spec__", None), "_initializing", False)
-            ):
-                continue
-            if not parent_name:
-                spec = self._real_spec(placeholder.__name__)
+            name = placeholder.__name__
+            parent_name = name.rpartition(".")[0]
+            if parent_name:
+                parent = sys.modules.get(parent_name)
+                if parent is None or getattr(getattr(parent, "__spec__", None), "_initializing", False):
+                    continue  # its parent's own __init__ still needs it in sys.modules
+            elif top_level:
+                spec = self._real_spec(name)
                 if spec is not None:
-                    self.pinned[placeholder.__name__] = spec
-            with _swap:
-                if sys.modules.get(placeholder.__name__) is placeholder:
-                    del sys.modules[placeholder.__name__]
+                    self.pinned[name] = spec
+            else:
+                continue
+            _unlist(placeholder)
             self.placed.remove(placeholder)
         self._leave_when_done()
 
