@@ -741,6 +741,11 @@ def follow_logs(client: EngineClient, container_id: str) -> LogStream:
     return client.logs(container_id)
 
 
+def read_logs(client: EngineClient, container_id: str) -> LogStream:
+    """What the engine holds of the container's stdout and stderr now, not followed."""
+    return client.logs(container_id, follow=False)
+
+
 def remove_and_verify(
     client: EngineClient, container_id: str, name: str, *, timeout: float = 30.0
 ) -> None:
@@ -821,6 +826,7 @@ __all__ = [
     "open_engine",
     "owner_alive",
     "owner_token",
+    "read_logs",
     "remove_and_verify",
     "require_capable",
     "sweep_containers",

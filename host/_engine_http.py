@@ -291,9 +291,10 @@ class EngineClient:
     def remove_volume(self, name: str, *, force: bool = False) -> None:
         self.request("DELETE", f"/volumes/{_q(name)}", params={"force": int(force)} if force else None)
 
-    def logs(self, container: str) -> LogStream:
-        """The container's stdout and stderr from its start, followed until it exits (no TTY: framed)."""
-        params = {"stdout": 1, "stderr": 1, "timestamps": 0, "follow": 1, "tail": "all"}
+    def logs(self, container: str, *, follow: bool = True) -> LogStream:
+        """The container's stdout and stderr from its start (no TTY: framed), followed until it exits unless
+        `follow` is false (then what the engine holds now)."""
+        params = {"stdout": 1, "stderr": 1, "timestamps": 0, "follow": int(follow), "tail": "all"}
         conn, response = self._send("GET", self.url(f"/containers/{_q(container)}/logs", params), None, None)
         if response.status >= 400:
             try:
@@ -305,26 +306,27 @@ class EngineClient:
 
 
 class LogStream:
-    """A followed log: an iterator of output chunks (stdout and stderr as written) that `close` ends from
-    any thread. Its connection is never reused: the engine ends the stream only when the container exits."""
+    """A container's log: an iterator of (stream, chunk) frames, stream 1 stdout and 2 stderr, as written,
+    that `close` ends from any thread. Its connection is never reused: a followed log ends only when the
+    container exits."""
 
     def __init__(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
         self._conn = conn
         self._response = response
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
         try:
             while True:
                 header = self._response.read(8)
                 if len(header) < 8:
                     return
-                _stream, size = struct.unpack(">BxxxL", header)
+                stream, size = struct.unpack(">BxxxL", header)
                 while size > 0:
                     chunk = self._response.read(min(size, 65536))
                     if not chunk:
                         return
                     size -= len(chunk)
-                    yield chunk
+                    yield stream, chunk
         finally:
             self.close()
 

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from host._admission import Admission
 from host._explain import host_copy_error
@@ -56,6 +57,7 @@ class HostProcess(Workload):
     """The wrapper as a child process in its own session, killed as a group when the run ends."""
 
     proc: subprocess.Popen[bytes] | None = None
+    reads_output: ClassVar[bool] = True
 
     def _kill(self) -> None:
         proc = self.proc
@@ -70,11 +72,12 @@ class HostProcess(Workload):
             proc.stdout.close()
 
 
-def _read_to_end(fd: int) -> Iterator[bytes]:
-    """The chunks of a pipe until its end; the descriptor is closed when the reading ends."""
+def _read_to_end(fd: int) -> Iterator[tuple[int, bytes]]:
+    """The chunks of a pipe until its end, as stdout frames (stderr goes to the same pipe); the descriptor
+    is closed when the reading ends."""
     try:
         while chunk := os.read(fd, 65536):
-            yield chunk
+            yield 1, chunk
     finally:
         os.close(fd)
 

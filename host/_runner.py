@@ -47,9 +47,9 @@ logger = logging.getLogger("agentnode.sandbox.runner")
 _LOG_SETTLE_SECONDS = 0.5
 """How long the last lines of a run that neither reported nor exited are awaited (it may still be running)."""
 _LOG_SETTLE_ENDED_SECONDS = 5.0
-"""The same for a run whose wrapper reported or exited: its stream ends once the engine sees the exit, at once
-on Docker, 0.3-0.5 s later on a quiet Podman and seconds later on a loaded one; this bounds an engine that
-never closes it."""
+"""The same for a run whose wrapper reported (its output is in when the wrapper's marks arrive: at once on
+Docker, 0.3-0.5 s later on a quiet Podman, seconds later on a loaded one) or exited (when its stream ends);
+this bounds an engine that never delivers either."""
 
 
 class SandboxHost:
@@ -308,12 +308,14 @@ class SandboxHost:
             run.fetched(work.session.fetched_at)
             if ending is not Ending.REPORTED:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
-            # A background teardown (serve) answers without waiting for the log stream's end when the engine
-            # streams output as it is written (Docker): the lines are in already. Podman's arrive late.
-            if not (self.teardowns.background and a.sandboxed) or run.on_log is not None or work.logs_lag:
-                ended = ending in (Ending.REPORTED, Ending.EXITED)
-                # the last lines: a follower gets them all before the result
-                work.settle_logs(_LOG_SETTLE_ENDED_SECONDS if ended else _LOG_SETTLE_SECONDS)
+            # The last lines, for the result and a follower: an agent that returned has its output in once the
+            # wrapper's marks arrive (host/_workload.py), an exited one once its stream ends. A run that was
+            # stopped has no marks; a background teardown (serve) on Docker, whose stream carries output as it
+            # is written, answers without waiting for the container's end unless someone follows.
+            if ending in (Ending.REPORTED, Ending.EXITED):
+                work.settle_logs(_LOG_SETTLE_ENDED_SECONDS)
+            elif not (self.teardowns.background and a.sandboxed) or run.on_log is not None or work.logs_lag:
+                work.settle_logs(_LOG_SETTLE_SECONDS)
             work.session.listen_logs(None)  # a line later than that is in the logs only
             outcome = conclude(
                 ending,

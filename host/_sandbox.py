@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from host._admission import Admission
 from host._engine import (
@@ -23,6 +23,7 @@ from host._engine import (
     engine_errors,
     engine_facts,
     follow_logs,
+    read_logs,
     remove_and_verify,
 )
 from host._engine_http import EngineClient
@@ -64,6 +65,7 @@ class Sandbox(Workload):
     container_id: str | None = None
     probes: list[PidsProbe] = field(default_factory=list)
     memory: list[MemoryProbe] = field(default_factory=list)
+    reads_output: ClassVar[bool] = True
 
     @property
     def logs_lag(self) -> bool:
@@ -167,7 +169,9 @@ class Sandbox(Workload):
     def _watched(self) -> Self:
         """Its exit watched and its output drained, each on a thread of its own: a started sandbox."""
         threading.Thread(target=self._watch_exit, daemon=True, name=f"exit-{self.name}").start()
-        self.start_drain(self._log_stream)
+        # Podman's followed stream can end short of a container's last lines (podman#21914, #10596); a
+        # plain read of the log then has them. Docker's has not been seen to, but the check is the same.
+        self.start_drain(self._log_stream, reread=self._read_logs)
         return self
 
     def _watch_exit(self) -> None:
@@ -185,6 +189,9 @@ class Sandbox(Workload):
 
     def _log_stream(self) -> Any:
         return follow_logs(self.client, self.container_id or self.name)
+
+    def _read_logs(self) -> Any:
+        return read_logs(self.client, self.container_id or self.name)
 
     def poll(self) -> None:
         """Read the host-side cgroup counters (pids and memory): small file reads, every 50 ms of a run."""

@@ -243,6 +243,9 @@ class RunSession:
     """Calls refused unread (TOO_MANY_REFUSALS) because the refusal budget was empty."""
     host_errors: int = 0
     """Calls answered HOST_ERROR (a host fault, never the agent's text); see `note_host_error`."""
+    output_mark: bytes = b""
+    """What the wrapper writes to each output stream once the agent returned (FetchTask hands it over);
+    set by a workload that reads the output (host/_workload.py), empty where nothing looks for it."""
     _fetching: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _host_error_log: RefusalBudget = field(init=False)
@@ -631,6 +634,7 @@ class _RunServices:
             ),
             max_result_bytes=task.max_result_bytes,
             protocol_version=PROTOCOL_VERSION,
+            output_mark=self.session.output_mark,
         )
 
     def report_result(

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
@@ -39,8 +40,9 @@ class CappedSink:
 
     `on_line`, when set, gets each line of the kept bytes as it completes (UTF-8 decoded with replacement,
     without its line end, at most MAX_LINE_BYTES a piece), then one note when the cap starts dropping:
-    live output is bounded exactly like the kept logs. Lines are the agent's text: whoever shows them on a
-    terminal escapes them first.
+    live output is bounded exactly like the kept logs. Lines are split per stream: stdout's unended last
+    line never takes in a stderr line that arrived after it. Lines are the agent's text: whoever shows them
+    on a terminal escapes them first.
     """
 
     def __init__(self, cap: int = LOG_CAP_BYTES, on_line: Callable[[str], None] | None = None) -> None:
@@ -49,16 +51,16 @@ class CappedSink:
         self.size = 0
         self.dropped = 0
         self.on_line = on_line
-        self._partial = bytearray()
+        self._partial: dict[int, bytearray] = {}
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes, stream: int = 1) -> None:
         room = self.cap - self.size
         kept = chunk[: max(room, 0)]
         if kept:
             self.parts.append(kept)
             self.size += len(kept)
             if self.on_line is not None:
-                self._split(kept)
+                self._split(kept, self._partial.setdefault(stream, bytearray()))
         beyond = len(chunk) - len(kept)
         if beyond:
             first = not self.dropped
@@ -67,25 +69,27 @@ class CappedSink:
                 self.flush()
                 self.on_line(f"[agentnode: output beyond {self.cap} bytes is dropped]")
 
-    def _split(self, data: bytes) -> None:
+    def _split(self, data: bytes, partial: bytearray) -> None:
         assert self.on_line is not None
-        self._partial += data
-        while (end := self._partial.find(b"\n")) >= 0 or len(self._partial) >= MAX_LINE_BYTES:
+        partial += data
+        while (end := partial.find(b"\n")) >= 0 or len(partial) >= MAX_LINE_BYTES:
             cut = end if 0 <= end < MAX_LINE_BYTES else MAX_LINE_BYTES
             if cut != end:  # a piece of a long line: never end it inside a UTF-8 character
                 back = cut
-                while back > cut - 3 and back < len(self._partial) and self._partial[back] & 0xC0 == 0x80:
+                while back > cut - 3 and back < len(partial) and partial[back] & 0xC0 == 0x80:
                     back -= 1
                 cut = back if back > 0 else cut
-            line = bytes(self._partial[:cut])
-            del self._partial[: cut + (1 if cut == end else 0)]
+            line = bytes(partial[:cut])
+            del partial[: cut + (1 if cut == end else 0)]
             self.on_line(line.decode("utf-8", "replace").removesuffix("\r"))
 
     def flush(self) -> None:
-        """Pass on a last line that never got its line end (the stream ended, or the cap was reached)."""
-        if self._partial and self.on_line is not None:
-            line, self._partial = bytes(self._partial), bytearray()
-            self.on_line(line.decode("utf-8", "replace").removesuffix("\r"))
+        """Pass on each stream's last line that never got its line end (the output ended, or the cap was
+        reached)."""
+        partials, self._partial = self._partial, {}
+        for partial in partials.values():
+            if partial and self.on_line is not None:
+                self.on_line(bytes(partial).decode("utf-8", "replace").removesuffix("\r"))
 
     def text(self) -> str:
         out = b"".join(self.parts).decode("utf-8", "replace")
@@ -94,13 +98,114 @@ class CappedSink:
         return out
 
 
-def drain(chunks: Iterable[bytes], sink: CappedSink) -> None:
-    """Read a stream to its end into a capped sink; a broken stream just ends the drain."""
+Frame = tuple[int, bytes]
+"""A piece of a workload's output: the stream it was written to (1 stdout, 2 stderr) and its bytes."""
+
+REREAD_EXIT_WAIT_SECONDS = 60.0
+"""How long a drain whose stream ended short of the marks waits for the workload's exit before giving up on
+reading the output again (the teardown ends every workload well before)."""
+
+OUTPUT_MARKS = 2
+"""The wrapper writes the run's mark once to stdout and once to stderr (sandbox_wrapper/_runner.py)."""
+
+
+def new_output_mark() -> bytes:
+    """A run's end-of-output mark: random, so no agent prints it by chance, and led by a NUL, which text
+    output never holds, so a chunk's tail is almost never held back as the start of one."""
+    return b"\0agentnode:end-of-output:" + secrets.token_hex(16).encode() + b"\0"
+
+
+class OutputMarks:
+    """Finds a run's end-of-output mark in each output stream and takes it out of what is kept.
+
+    Each stream is scanned on its own (an engine may split one write across two frames with the other
+    stream's between them), holding back a tail that could be the start of a mark: at most the mark's
+    length minus one per stream, so an agent printing mark prefixes costs nothing. `read` counts every
+    byte per stream, marks included: a re-read of the same output skips that many.
+    """
+
+    def __init__(self, mark: bytes, expected: int = OUTPUT_MARKS) -> None:
+        self.mark = mark
+        self.expected = expected
+        self.seen = 0
+        self.read: dict[int, int] = {}
+        self._held: dict[int, bytes] = {}
+
+    @property
+    def complete(self) -> bool:
+        """Every mark the wrapper writes has been seen: what was written before them is all in."""
+        return bool(self.mark) and self.seen >= self.expected
+
+    def feed(self, stream: int, chunk: bytes) -> bytes:
+        """The bytes of `chunk` to keep, in order, without any mark; a possible mark's start is held."""
+        self.read[stream] = self.read.get(stream, 0) + len(chunk)
+        if not self.mark:
+            return chunk
+        data = self._held.pop(stream, b"") + chunk
+        kept = bytearray()
+        while (at := data.find(self.mark)) >= 0:
+            kept += data[:at]
+            data = data[at + len(self.mark) :]
+            self.seen += 1
+        hold = self._prefix_at_end(data)
+        if hold:
+            self._held[stream] = data[-hold:]
+            data = data[:-hold]
+        kept += data
+        return bytes(kept)
+
+    def _prefix_at_end(self, data: bytes) -> int:
+        """The length of the longest tail of `data` that begins the mark (never the whole mark)."""
+        first = self.mark[:1]
+        start = max(len(data) - len(self.mark) + 1, 0)
+        while (at := data.find(first, start)) >= 0:
+            if self.mark.startswith(data[at:]):
+                return len(data) - at
+            start = at + 1
+        return 0
+
+    def rest(self) -> bytes:
+        """What is still held at the output's end: it was no mark after all."""
+        held, self._held = b"".join(self._held.values()), {}
+        return held
+
+
+def drain(
+    frames: Iterable[Frame],
+    sink: CappedSink,
+    marks: OutputMarks | None = None,
+    on_marked: Callable[[], None] = lambda: None,
+) -> None:
+    """Read a stream to its end into a capped sink, marks taken out; `on_marked` is called once when the
+    last mark is seen. A broken stream just ends the drain. What `marks` holds back is left there: the
+    caller keeps it (`finish`) once no more output is coming."""
+    marks = marks if marks is not None else OutputMarks(b"")
     with contextlib.suppress(Exception):
-        for chunk in chunks:
-            sink.feed(chunk)
+        for stream, chunk in frames:
+            was = marks.complete
+            sink.feed(marks.feed(stream, chunk), stream)
+            if marks.complete and not was:
+                sink.flush()  # the agent returned: its last line is whole, even without a line end
+                on_marked()
+
+
+def finish(sink: CappedSink, marks: OutputMarks) -> None:
+    """The output ended: keep what was held back as a possible mark, and pass on a last unended line."""
     with contextlib.suppress(Exception):
+        sink.feed(marks.rest())
         sink.flush()
+
+
+def _unread(frames: Iterable[Frame], read: Mapping[int, int]) -> Iterator[Frame]:
+    """The frames of a re-read output past the first `read[stream]` bytes of each stream."""
+    skip = dict(read)
+    for stream, chunk in frames:
+        left = skip.get(stream, 0)
+        if left >= len(chunk):
+            skip[stream] = left - len(chunk)
+            continue
+        skip[stream] = 0
+        yield stream, chunk[left:]
 
 
 class SocketServer(Protocol):
@@ -131,14 +236,21 @@ class Workload:
     stages: dict[str, float] = field(default_factory=dict)
     _destroyed: bool = False
     _drainer: threading.Thread | None = None
+    _output_in: threading.Event = field(default_factory=threading.Event)
+    _gone: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     deadline_grace: ClassVar[float] = 0.0
     """How long past the run's deadline the watch loop waits: a workload that enforces the deadline itself
     and reports its own timeout gets that long to do so; the deadline plus this is the backstop."""
 
+    reads_output: ClassVar[bool] = False
+    """Whether this backend drains the workload's output (`start_drain`): only then is a mark handed out."""
+
     def __post_init__(self) -> None:
         if self.sink.on_line is None:
             self.sink.on_line = self.session.log_line  # live lines go to whoever listens to the run
+        if self.reads_output and not self.session.output_mark:
+            self.session.output_mark = new_output_mark()  # before the server starts: FetchTask hands it out
     @staticmethod
     def open_socket(
         run_id: str,
@@ -172,14 +284,30 @@ class Workload:
     def exited_with(self, status: int) -> None:
         """Called by the backend's exit watcher: the workload is gone; wake the run's watch loop."""
         self.exit_info.setdefault("StatusCode", status)
+        self._gone.set()
         self.session.reported.set()
 
-    def start_drain(self, source: Callable[[], Iterable[bytes]]) -> None:
-        """Drain the workload's output into its capped sink on a thread (`source` is opened there)."""
+    def start_drain(
+        self, source: Callable[[], Iterable[Frame]], reread: Callable[[], Iterable[Frame]] | None = None
+    ) -> None:
+        """Drain the workload's output into its capped sink on a thread (`source` is opened there). The
+        output is in once the wrapper's marks were seen, or the stream ended. When it ended short of them
+        and the workload, once gone, turns out to have reported (so the wrapper wrote them), `reread` (for
+        an engine whose followed stream can end early) reads the whole output again and what was not read
+        yet is taken from it."""
 
         def run() -> None:
-            with contextlib.suppress(Exception):
-                drain(source(), self.sink)
+            marks = OutputMarks(self.session.output_mark)
+            try:
+                with contextlib.suppress(Exception):
+                    drain(source(), self.sink, marks, self._output_in.set)
+                if reread is not None and not marks.complete and self._gone.wait(REREAD_EXIT_WAIT_SECONDS):
+                    if self.session.outcome is not None:  # the wrapper reported: it wrote its marks first
+                        with contextlib.suppress(Exception):
+                            drain(_unread(reread(), dict(marks.read)), self.sink, marks, self._output_in.set)
+                finish(self.sink, marks)
+            finally:
+                self._output_in.set()
 
         self._drainer = threading.Thread(target=run, daemon=True, name=f"logs-{self.name}")
         self._drainer.start()
@@ -209,9 +337,9 @@ class Workload:
         return False
 
     def settle_logs(self, timeout: float) -> None:
-        """Give the log drain a moment to reach the end: the wrapper exits right after it reports."""
+        """Wait, at most `timeout`, until the output is in: the wrapper's marks seen, or the stream ended."""
         if self._drainer is not None:
-            self._drainer.join(timeout)
+            self._output_in.wait(timeout)
 
     def poll(self) -> None:
         """Read the workload's resource counters; called every 50 ms while the run lasts."""

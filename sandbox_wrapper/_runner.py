@@ -84,6 +84,7 @@ def main(before_pack: Callable[[], None] = lambda: None) -> int:
         except grpc.RpcError as err:
             return _die(EXIT_NO_TASK, f"FetchTask failed: {err.code().name}: {err.details()}")
         outcome = execute(AgentContext(channel, task), task, preloaded)
+        mark_output(task.output_mark)
         try:
             session.ReportResult(outcome)
         except grpc.RpcError as err:
@@ -91,6 +92,19 @@ def main(before_pack: Callable[[], None] = lambda: None) -> int:
         return EXIT_OK
     finally:
         channel.close()
+
+
+def mark_output(mark: bytes) -> None:
+    """Write the host's end-of-output mark once to each output stream, after what the agent wrote: the host
+    then knows it holds all of it without waiting for the stream to end (host/_workload.py). One write per
+    stream, so the mark is never split by another thread's output; a closed stream is skipped."""
+    if not mark:
+        return
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        with contextlib.suppress(Exception):
+            stream.flush()
+        with contextlib.suppress(OSError):
+            os.write(fd, mark)
 
 
 def socket_wait_seconds(raw: str | None) -> float:

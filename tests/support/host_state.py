@@ -52,7 +52,8 @@ class HostState:
         )
 
     def host(self, **kwargs: Any) -> SandboxHost:
-        return SandboxHost(env=self.env, client_factory=lambda: self.engine, **kwargs)
+        kwargs.setdefault("client_factory", lambda: self.engine)
+        return SandboxHost(env=self.env, **kwargs)
 
     def run_once(self, pack: Path, slug: str, runtime: str) -> Any:
         """Install `pack`, run `slug` once on a host of its own under `runtime`, and return what the agent

@@ -813,11 +813,12 @@ def test_a_followed_log_yields_both_streams_whatever_the_chunking() -> None:
     with FakeEngine(log_chunks=chunks) as engine:
         client = open_engine({"DOCKER_HOST": engine.docker_host})
         try:
-            out = b"".join(follow_logs(client, "c" * 64))
+            frames = list(follow_logs(client, "c" * 64))
         finally:
             client.close()
         assert engine.paths[-1] == f"/containers/{'c' * 64}/logs"
-    assert out == b"hello warn\n" + b"x" * 70_000 + b"end\n"
+    assert b"".join(chunk for _, chunk in frames) == b"hello warn\n" + b"x" * 70_000 + b"end\n"
+    assert b"".join(chunk for stream, chunk in frames if stream == 2) == b"warn\n"
 
 
 def test_the_engine_pool_keeps_a_bounded_number_of_idle_connections(caplog: pytest.LogCaptureFixture) -> None:

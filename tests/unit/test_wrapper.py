@@ -103,6 +103,31 @@ def test_success_preserves_ints_floats_and_kwargs(served: Served, tmp_path: Path
     assert type(value["n"]) is int and type(value["one"]) is float
 
 
+def test_the_hosts_mark_ends_each_output_stream_after_the_agent(served: Served, tmp_path: Path) -> None:
+    mark = b"\0agentnode:end-of-output:" + b"ab" * 16 + b"\0"
+    proc = run_agent(
+        served, tmp_path,
+        """
+        import os, sys
+        def run(context):
+            print("buffered", end="")  # still in sys.stdout's buffer when the agent returns
+            sys.stderr.write("err")
+            os.write(1, b" raw")
+            return 1
+        """,
+        output_mark=mark,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value_of(served.host) == 1
+    assert proc.stdout.encode() == b" rawbuffered" + mark  # flushed first: the mark comes after all of it
+    assert proc.stderr.encode() == b"err" + mark
+
+
+def test_without_a_mark_nothing_is_added_to_the_output(served: Served, tmp_path: Path) -> None:
+    proc = run_agent(served, tmp_path, "def run(context):\n    print('x')\n    return 1\n")
+    assert proc.returncode == 0 and proc.stdout == "x\n" and proc.stderr == ""
+
+
 def test_async_entrypoint_is_awaited(served: Served, tmp_path: Path) -> None:
     proc = run_agent(
         served, tmp_path,

@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n9sandbox_wrapper/_proto/agentnode/sandbox/v1/session.proto\x12\x14\x61gentnode.sandbox.v1\",\n\x10\x46\x65tchTaskRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xb2\x02\n\x11\x46\x65tchTaskResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nentrypoint\x18\x02 \x01(\t\x12\x0c\n\x04goal\x18\x03 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x04 \x01(\t\x12/\n\x06limits\x18\x05 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunLimits\x12\x18\n\x10\x61llowed_packages\x18\x06 \x03(\t\x12\x15\n\rsystem_prompt\x18\x07 \x01(\t\x12+\n\x03llm\x18\x08 \x01(\x0b\x32\x1e.agentnode.sandbox.v1.LlmGrant\x12\x18\n\x10max_result_bytes\x18\t \x01(\x04\x12\x18\n\x10protocol_version\x18\n \x01(\r\x12\x13\n\x0b\x61ny_package\x18\x0b \x01(\x08\"|\n\tRunLimits\x12\x16\n\x0emax_tool_calls\x18\x01 \x01(\r\x12\x16\n\x0emax_iterations\x18\x02 \x01(\r\x12\x1b\n\x13max_runtime_seconds\x18\x03 \x01(\r\x12\"\n\x1astop_on_consecutive_errors\x18\x04 \x01(\r\"\xab\x02\n\x08LlmGrant\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x11\n\tmax_calls\x18\x02 \x01(\r\x12\x17\n\x0fmax_input_chars\x18\x03 \x01(\r\x12\x18\n\x10max_output_chars\x18\x04 \x01(\r\x12\x1d\n\x10max_input_tokens\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x1d\n\x10max_total_tokens\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x19\n\x0cmax_cost_usd\x18\x08 \x01(\x01H\x03\x88\x01\x01\x42\x13\n\x11_max_input_tokensB\x14\n\x12_max_output_tokensB\x13\n\x11_max_total_tokensB\x0f\n\r_max_cost_usd\"m\n\x13ReportResultRequest\x12\x14\n\nvalue_json\x18\x01 \x01(\tH\x00\x12\x35\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\".agentnode.sandbox.v1.AgentFailureH\x00\x42\t\n\x07outcome\"S\n\x0c\x41gentFailure\x12\x32\n\x04\x63ode\x18\x01 \x01(\x0e\x32$.agentnode.sandbox.v1.AgentErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x16\n\x14ReportResultResponse*\x8a\x03\n\x0e\x41gentErrorCode\x12 \n\x1c\x41GENT_ERROR_CODE_UNSPECIFIED\x10\x00\x12#\n\x1f\x41GENT_ERROR_CODE_BAD_ENTRYPOINT\x10\x01\x12\"\n\x1e\x41GENT_ERROR_CODE_IMPORT_FAILED\x10\x02\x12)\n%AGENT_ERROR_CODE_ENTRYPOINT_NOT_FOUND\x10\x03\x12$\n AGENT_ERROR_CODE_AGENT_EXCEPTION\x10\x04\x12 \n\x1c\x41GENT_ERROR_CODE_SYSTEM_EXIT\x10\x05\x12#\n\x1f\x41GENT_ERROR_CODE_BASE_EXCEPTION\x10\x06\x12,\n(AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE\x10\x07\x12%\n!AGENT_ERROR_CODE_RESULT_TOO_LARGE\x10\x08\x12 \n\x1c\x41GENT_ERROR_CODE_AGENT_LIMIT\x10\t2\xd5\x01\n\x0eSessionService\x12\\\n\tFetchTask\x12&.agentnode.sandbox.v1.FetchTaskRequest\x1a\'.agentnode.sandbox.v1.FetchTaskResponse\x12\x65\n\x0cReportResult\x12).agentnode.sandbox.v1.ReportResultRequest\x1a*.agentnode.sandbox.v1.ReportResultResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n9sandbox_wrapper/_proto/agentnode/sandbox/v1/session.proto\x12\x14\x61gentnode.sandbox.v1\",\n\x10\x46\x65tchTaskRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xc7\x02\n\x11\x46\x65tchTaskResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nentrypoint\x18\x02 \x01(\t\x12\x0c\n\x04goal\x18\x03 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x04 \x01(\t\x12/\n\x06limits\x18\x05 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunLimits\x12\x18\n\x10\x61llowed_packages\x18\x06 \x03(\t\x12\x15\n\rsystem_prompt\x18\x07 \x01(\t\x12+\n\x03llm\x18\x08 \x01(\x0b\x32\x1e.agentnode.sandbox.v1.LlmGrant\x12\x18\n\x10max_result_bytes\x18\t \x01(\x04\x12\x18\n\x10protocol_version\x18\n \x01(\r\x12\x13\n\x0b\x61ny_package\x18\x0b \x01(\x08\x12\x13\n\x0boutput_mark\x18\x0c \x01(\x0c\"|\n\tRunLimits\x12\x16\n\x0emax_tool_calls\x18\x01 \x01(\r\x12\x16\n\x0emax_iterations\x18\x02 \x01(\r\x12\x1b\n\x13max_runtime_seconds\x18\x03 \x01(\r\x12\"\n\x1astop_on_consecutive_errors\x18\x04 \x01(\r\"\xab\x02\n\x08LlmGrant\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x11\n\tmax_calls\x18\x02 \x01(\r\x12\x17\n\x0fmax_input_chars\x18\x03 \x01(\r\x12\x18\n\x10max_output_chars\x18\x04 \x01(\r\x12\x1d\n\x10max_input_tokens\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x1d\n\x10max_total_tokens\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x19\n\x0cmax_cost_usd\x18\x08 \x01(\x01H\x03\x88\x01\x01\x42\x13\n\x11_max_input_tokensB\x14\n\x12_max_output_tokensB\x13\n\x11_max_total_tokensB\x0f\n\r_max_cost_usd\"m\n\x13ReportResultRequest\x12\x14\n\nvalue_json\x18\x01 \x01(\tH\x00\x12\x35\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\".agentnode.sandbox.v1.AgentFailureH\x00\x42\t\n\x07outcome\"S\n\x0c\x41gentFailure\x12\x32\n\x04\x63ode\x18\x01 \x01(\x0e\x32$.agentnode.sandbox.v1.AgentErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x16\n\x14ReportResultResponse*\x8a\x03\n\x0e\x41gentErrorCode\x12 \n\x1c\x41GENT_ERROR_CODE_UNSPECIFIED\x10\x00\x12#\n\x1f\x41GENT_ERROR_CODE_BAD_ENTRYPOINT\x10\x01\x12\"\n\x1e\x41GENT_ERROR_CODE_IMPORT_FAILED\x10\x02\x12)\n%AGENT_ERROR_CODE_ENTRYPOINT_NOT_FOUND\x10\x03\x12$\n AGENT_ERROR_CODE_AGENT_EXCEPTION\x10\x04\x12 \n\x1c\x41GENT_ERROR_CODE_SYSTEM_EXIT\x10\x05\x12#\n\x1f\x41GENT_ERROR_CODE_BASE_EXCEPTION\x10\x06\x12,\n(AGENT_ERROR_CODE_RESULT_NOT_SERIALIZABLE\x10\x07\x12%\n!AGENT_ERROR_CODE_RESULT_TOO_LARGE\x10\x08\x12 \n\x1c\x41GENT_ERROR_CODE_AGENT_LIMIT\x10\t2\xd5\x01\n\x0eSessionService\x12\\\n\tFetchTask\x12&.agentnode.sandbox.v1.FetchTaskRequest\x1a\'.agentnode.sandbox.v1.FetchTaskResponse\x12\x65\n\x0cReportResult\x12).agentnode.sandbox.v1.ReportResultRequest\x1a*.agentnode.sandbox.v1.ReportResultResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandbox_wrapper._proto.agentnode.sandbox.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTERRORCODE']._serialized_start=1087
-  _globals['_AGENTERRORCODE']._serialized_end=1481
+  _globals['_AGENTERRORCODE']._serialized_start=1108
+  _globals['_AGENTERRORCODE']._serialized_end=1502
   _globals['_FETCHTASKREQUEST']._serialized_start=83
   _globals['_FETCHTASKREQUEST']._serialized_end=127
   _globals['_FETCHTASKRESPONSE']._serialized_start=130
-  _globals['_FETCHTASKRESPONSE']._serialized_end=436
-  _globals['_RUNLIMITS']._serialized_start=438
-  _globals['_RUNLIMITS']._serialized_end=562
-  _globals['_LLMGRANT']._serialized_start=565
-  _globals['_LLMGRANT']._serialized_end=864
-  _globals['_REPORTRESULTREQUEST']._serialized_start=866
-  _globals['_REPORTRESULTREQUEST']._serialized_end=975
-  _globals['_AGENTFAILURE']._serialized_start=977
-  _globals['_AGENTFAILURE']._serialized_end=1060
-  _globals['_REPORTRESULTRESPONSE']._serialized_start=1062
-  _globals['_REPORTRESULTRESPONSE']._serialized_end=1084
-  _globals['_SESSIONSERVICE']._serialized_start=1484
-  _globals['_SESSIONSERVICE']._serialized_end=1697
+  _globals['_FETCHTASKRESPONSE']._serialized_end=457
+  _globals['_RUNLIMITS']._serialized_start=459
+  _globals['_RUNLIMITS']._serialized_end=583
+  _globals['_LLMGRANT']._serialized_start=586
+  _globals['_LLMGRANT']._serialized_end=885
+  _globals['_REPORTRESULTREQUEST']._serialized_start=887
+  _globals['_REPORTRESULTREQUEST']._serialized_end=996
+  _globals['_AGENTFAILURE']._serialized_start=998
+  _globals['_AGENTFAILURE']._serialized_end=1081
+  _globals['_REPORTRESULTRESPONSE']._serialized_start=1083
+  _globals['_REPORTRESULTRESPONSE']._serialized_end=1105
+  _globals['_SESSIONSERVICE']._serialized_start=1505
+  _globals['_SESSIONSERVICE']._serialized_end=1718
 # @@protoc_insertion_point(module_scope)

@@ -37,7 +37,7 @@ class FetchTaskRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
 
 class FetchTaskResponse(_message.Message):
-    __slots__ = ("run_id", "entrypoint", "goal", "kwargs_json", "limits", "allowed_packages", "system_prompt", "llm", "max_result_bytes", "protocol_version", "any_package")
+    __slots__ = ("run_id", "entrypoint", "goal", "kwargs_json", "limits", "allowed_packages", "system_prompt", "llm", "max_result_bytes", "protocol_version", "any_package", "output_mark")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class FetchTaskResponse(_message.Message):
     MAX_RESULT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ANY_PACKAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_MARK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     entrypoint: str
     goal: str
@@ -60,7 +61,8 @@ class FetchTaskResponse(_message.Message):
     max_result_bytes: int
     protocol_version: int
     any_package: bool
-    def __init__(self, run_id: _Optional[str] = ..., entrypoint: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., limits: _Optional[_Union[RunLimits, _Mapping]] = ..., allowed_packages: _Optional[_Iterable[str]] = ..., system_prompt: _Optional[str] = ..., llm: _Optional[_Union[LlmGrant, _Mapping]] = ..., max_result_bytes: _Optional[int] = ..., protocol_version: _Optional[int] = ..., any_package: _Optional[bool] = ...) -> None: ...
+    output_mark: bytes
+    def __init__(self, run_id: _Optional[str] = ..., entrypoint: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., limits: _Optional[_Union[RunLimits, _Mapping]] = ..., allowed_packages: _Optional[_Iterable[str]] = ..., system_prompt: _Optional[str] = ..., llm: _Optional[_Union[LlmGrant, _Mapping]] = ..., max_result_bytes: _Optional[int] = ..., protocol_version: _Optional[int] = ..., any_package: _Optional[bool] = ..., output_mark: _Optional[bytes] = ...) -> None: ...
 
 class RunLimits(_message.Message):
     __slots__ = ("max_tool_calls", "max_iterations", "max_runtime_seconds", "stop_on_consecutive_errors")
