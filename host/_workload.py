@@ -110,9 +110,11 @@ OUTPUT_MARKS = 2
 
 
 def new_output_mark() -> bytes:
-    """A run's end-of-output mark: random, so no agent prints it by chance, and led by a NUL, which text
-    output never holds, so a chunk's tail is almost never held back as the start of one."""
-    return b"\0agentnode:end-of-output:" + secrets.token_hex(16).encode() + b"\0"
+    """A run's end-of-output mark: random, so no agent prints it by chance; led by a NUL, which text output
+    never holds, so a chunk's tail is almost never held back as the start of one; ended by a line end,
+    without which the engines pass nothing on (Docker's log copier and conmon hold a partial line until
+    more comes, or the container exits)."""
+    return b"\0agentnode:end-of-output:" + secrets.token_hex(16).encode() + b"\0\n"
 
 
 class OutputMarks:

@@ -25,8 +25,9 @@ from host._workload import (
 MARK = new_output_mark()
 
 
-def test_marks_are_random_and_start_with_a_byte_text_never_holds() -> None:
+def test_marks_are_random_start_with_a_byte_text_never_holds_and_end_a_line() -> None:
     assert MARK != new_output_mark() and MARK.startswith(b"\0") and len(MARK) >= 40
+    assert MARK.endswith(b"\n")  # the engines pass a partial line on only when more comes, or at the exit
 
 
 def test_a_mark_split_at_every_position_between_frames_is_found_and_taken_out() -> None:
