@@ -74,6 +74,9 @@ _BLOCK = 64 * 1024
 _MAX_PENDING = 1000
 """End records kept in memory while the log cannot be written (each run past that is failed loudly too)."""
 _HEAD_BYTES = 512
+_HEAD_LAG_LINES = 64
+"""How far behind the log a head may be found after a crash and still be caught up (processes appending
+at once each leave at most one head unsynced)."""
 """The head file is one padded block rewritten in place (its JSON is ~200 bytes)."""
 
 
@@ -264,6 +267,9 @@ class AuditLog:
         self._head_fd = -1
         self._pending: list[dict[str, Any]] = []
         """End records whose append failed: written first by the next append that succeeds (or close)."""
+        self._head_unsynced = False
+        """The head was rewritten after the last synced append without its own fsync (`append(...,
+        head_later=True)`): `sync_head`, the next synced append or `close` makes it durable."""
 
     def open(self) -> None:
         """Open (and from then on hold) the descriptors appends need; appends call it themselves."""
@@ -285,6 +291,8 @@ class AuditLog:
         """Write what is pending if the log allows it, then release the held descriptors."""
         with contextlib.suppress(Exception):
             self.flush()
+        with contextlib.suppress(OSError):
+            self.sync_head()
         with self._mutex:
             for name in ("_lock_fd", "_log_fd", "_head_fd"):
                 fd = getattr(self, name)
@@ -293,16 +301,29 @@ class AuditLog:
                         os.close(fd)
                 setattr(self, name, -1)
 
-    def append(self, record: Mapping[str, Any], *, sync: bool = True) -> bool:
+    def append(self, record: Mapping[str, Any], *, sync: bool = True, head_later: bool = False) -> bool:
         """Append one record; never raises. False (and one content-free warning) when it was not written.
 
         `sync=False` skips the fsyncs: the record still survives the host process dying, not the machine.
+        `head_later=True` makes the record durable but leaves the head file's fsync for `sync_head` (a run's
+        result waits for its record, not for the head): until then a machine crash can leave the head one
+        record behind the log, which the next append repairs (see `_tip`). The next synced append makes the
+        head durable before it writes its own line, so it is never further behind.
         A run's end record (`agent_run`) that still fails is kept and written ahead of the next append that
         succeeds, so a transient failure delays it rather than losing it (the caller still gets False).
         """
-        return self._write_with_retries(dict(record), sync=sync)
+        return self._write_with_retries(dict(record), sync=sync, head_later=head_later)
 
-    def _write_with_retries(self, entry: dict[str, Any] | None, *, sync: bool) -> bool:
+    def sync_head(self) -> None:
+        """Make a head that `append(..., head_later=True)` left unsynced durable; cheap when there is none."""
+        with self._mutex:
+            if self._head_unsynced and self._head_fd >= 0:
+                os.fsync(self._head_fd)
+            self._head_unsynced = False
+
+    def _write_with_retries(
+        self, entry: dict[str, Any] | None, *, sync: bool, head_later: bool = False
+    ) -> bool:
         cause = ""
         for attempt in range(APPEND_ATTEMPTS):
             if attempt:
@@ -316,7 +337,7 @@ class AuditLog:
                             self._append_locked(self._pending[0], True)
                             self._pending.pop(0)
                         if entry is not None:
-                            self._append_locked(entry, sync)
+                            self._append_locked(entry, sync, head_later=head_later)
                     finally:
                         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 return True
@@ -379,7 +400,10 @@ class AuditLog:
 
     # -- under the lock ------------------------------------------------------------------------------
 
-    def _append_locked(self, record: Mapping[str, Any], sync: bool) -> None:
+    def _append_locked(self, record: Mapping[str, Any], sync: bool, *, head_later: bool = False) -> None:
+        if sync and self._head_unsynced:  # the head of the last record first: never two behind
+            os.fsync(self._head_fd)
+            self._head_unsynced = False
         head = _head_from_bytes(_pread_all(self._head_fd))
         fd = self._current_log_fd()
         seq, prev = _tip(self.path, head, fd)
@@ -410,7 +434,9 @@ class AuditLog:
             first = (1, GENESIS)
         else:
             first = _first_record(self.path)
-        _write_head(self._head_fd, _Head(seq + 1, _sha(line), *first), sync=sync)
+        _write_head(self._head_fd, _Head(seq + 1, _sha(line), *first), sync=sync and not head_later)
+        if sync and head_later:
+            self._head_unsynced = True
 
     def _rotate(self) -> bool:
         """Shift `<path>.k` to `.k+1`, the live file to `.1`; True when the oldest file was dropped."""
@@ -559,8 +585,9 @@ def _locked(path: Path, *, exclusive: bool) -> Iterator[None]:
 def _tip(path: Path, head: _Head | None, fd: int) -> tuple[int, str]:
     """(seq, hash) the next record chains to; `fd` is the live log, read without opening it again.
 
-    The last line normally agrees with the head. If the head is exactly one record behind (a crash
-    between writing the line and the head) the line wins; on any other disagreement the head wins, so
+    The last line normally agrees with the head. If the head is behind and the lines after it chain from
+    it unbroken (a crash between writing lines and the head: one record in one process, at most
+    _HEAD_LAG_LINES with several appending) the line wins; on any other disagreement the head wins, so
     records removed from the end stay visible as a chain break at the next append.
     """
     last = _last_line(fd)
@@ -579,7 +606,28 @@ def _tip(path: Path, head: _Head | None, fd: int) -> tuple[int, str]:
         return line_tip
     if rec is not None and rec.get("seq") == head.seq + 1 and rec.get("prev") == head.hash:
         return line_tip
+    if rec is not None and _chains_from(path, head):
+        return line_tip
     return head.seq, head.hash
+
+
+def _chains_from(path: Path, head: _Head) -> bool:
+    """Whether the live log's last lines run unbroken from the head's record: each a record whose seq is
+    one more than the one before it and whose prev is that one's hash, back to the one after the head."""
+    later: dict[str, Any] | None = None
+    for count, line in enumerate(_lines_reversed(path)):
+        rec = _parse(line)
+        seq = rec.get("seq") if rec else None
+        if rec is None or not _is_int(seq) or count > _HEAD_LAG_LINES:
+            return False
+        if later is not None and (later.get("seq") != seq + 1 or later.get("prev") != _sha(line)):
+            return False
+        if seq == head.seq + 1:
+            return rec.get("prev") == head.hash
+        if seq <= head.seq:
+            return False
+        later = rec
+    return False
 
 
 def _last_line(fd: int) -> bytes | None:

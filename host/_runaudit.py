@@ -175,7 +175,13 @@ class RunAudit:
             llm_tool_calls_refused=int(usage.get("tool_calls_refused", 0)),
             caller=None if run.caller.empty else run.caller.record(),
         )
-        return self.log.append(record)
+        # durable before the result is returned; the head's own fsync follows it (`settle`)
+        return self.log.append(record, head_later=True)
+
+    def settle(self) -> None:
+        """Make durable what a run's end left for after its result (the audit head); never raises."""
+        with contextlib.suppress(OSError):
+            self.log.sync_head()
 
     def host_lost(self, info: Mapping[str, object]) -> bool:
         """The end record of a run whose host died, from the crash record its run directory kept."""

@@ -239,6 +239,7 @@ class SandboxHost:
 
     def _after_result(self, run: RunFacts) -> None:
         """What follows a run's result; never raises (it may run on a gRPC thread after the answer left)."""
+        self.records.settle()  # the audit head's fsync, which the result did not wait for
         if run.warm and self.pools is not None:
             self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
         if run.after_result is not None:

@@ -586,3 +586,61 @@ def test_close_flushes_what_is_pending(tmp_path: Path) -> None:
     path.rmdir()
     log.close()
     assert [r["run_id"] for r in AuditLog(path).tail(5)] == ["late"]
+
+
+def test_a_run_end_record_is_durable_before_its_head_and_the_head_is_never_two_behind(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    head = tmp_path / "audit.jsonl.head"
+    log = AuditLog(path)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    head_fd = -1
+
+    def fsync(fd: int) -> None:
+        synced.append(0 if fd == head_fd else 1)
+        real_fsync(fd)
+
+    assert log.append(record())
+    head_fd = log._head_fd
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "fsync", fsync)
+        assert log.append(record(), head_later=True)
+        assert synced == [1]  # the log line only: the head is left for later
+        assert log.append(record(), head_later=True)
+        assert synced == [1, 0, 1]  # the previous head first, then this line
+        log.sync_head()
+        log.sync_head()  # nothing left: no second fsync
+        assert synced == [1, 0, 1, 0]
+    assert json.loads(head.read_bytes())["seq"] == 3 and verify_audit(path).ok
+
+
+def test_a_head_several_records_behind_an_unbroken_chain_is_caught_up(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    head = tmp_path / "audit.jsonl.head"
+    log = AuditLog(path)
+    assert log.append(record())
+    stale = head.read_bytes()
+    for _ in range(3):
+        assert log.append(record())
+    head.write_bytes(stale)  # a crash lost the head updates of several processes' appends
+    assert log.append(record())
+    assert [json.loads(line)["seq"] for line in lines(path)] == [1, 2, 3, 4, 5]
+    assert verify_audit(path).ok
+
+
+def test_a_head_behind_a_broken_chain_still_wins(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    head = tmp_path / "audit.jsonl.head"
+    log = AuditLog(path)
+    assert log.append(record())
+    stale = head.read_bytes()
+    for _ in range(3):
+        assert log.append(record())
+    head.write_bytes(stale)
+    kept = lines(path)
+    del kept[2]  # a record removed from between the head and the end
+    path.write_bytes(b"".join(line + b"\n" for line in kept))
+    log = AuditLog(path)
+    assert log.append(record())
+    assert json.loads(lines(path)[-1])["seq"] == 2  # chained to the head: the removal stays visible
+    assert not verify_audit(path).ok
