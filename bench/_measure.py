@@ -26,6 +26,7 @@ import grpc
 from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
+from host import _tools
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
 from host._client import RunnerClient
@@ -501,6 +502,38 @@ def _relay_server(call: Callable[[], Any],
     return build
 
 
+WORKER_RELAY_CALL = "/bench.WorkerRelay/Call"
+
+
+def _worker_relay_server(worker: Any, line: bytes) -> Callable[[str], grpc.Server]:
+    """A bare server whose handler makes one round trip to a tool worker process (the same no-op tool,
+    the same pipe protocol) and answers empty: from the sandbox, the floor of any design that runs a
+    trusted tool in a worker process behind a per-run socket, with none of the servicer, gate or pool.
+    The worker waits idle between calls as it does in a run, so its wake-up is in the floor, which a hot
+    loop of worker round trips alone leaves out."""
+
+    def build(socket_path: str) -> grpc.Server:
+        return _bare_server(socket_path, "bench.WorkerRelay", {
+            "Call": grpc.unary_unary_rpc_method_handler(
+                lambda _request, _ctx: (worker.call(line, 60), b"")[1]),
+        })
+
+    return build
+
+
+def _worker_relay(state: BenchState, runtime: str, pack: InstalledToolpack, n: int,
+                  warmup: int) -> list[float]:
+    """Time the worker relay floor from inside a sandbox (see _worker_relay_server)."""
+    tool = resolve_tool(pack.slug, pack.manifest, "noop")
+    line = (json.dumps({"entrypoint": tool.entrypoint, "fallback": tool.fallback, "arguments": {}}) + "\n")
+    worker = _tools._Worker(pack.root, pack.interpreter)
+    try:
+        return rpc_from_container(state, runtime, _worker_relay_server(worker, line.encode()),
+                                  method=WORKER_RELAY_CALL, n=n, warmup=warmup)
+    finally:
+        worker.dispose()
+
+
 class _FreeRunner(ToolRunner):
     """Tools that cost nothing: what remains of a call is gRPC, the servicer and the gate's admission."""
 
@@ -659,6 +692,7 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
                                             method=run_tool, n=n, warmup=warmup))
     finally:
         runner.close()
+    relayed = summary(_worker_relay(state, runtime, pack, n, warmup))
     line = summary(stdio(state, runtime, n, warmup))
     host_side = _host_tool_path(state, n, warmup)
     echo, worker = med(bare), med(host_side["worker_ms"])
@@ -673,6 +707,10 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
         "stdio_over_echo": ratio(med(line), med(bare)),
         # the tool call against its floor: the bare transport plus the worker's own round trip
         "tool_over_floor": None if echo is None or worker is None else ratio(med(tool), echo + worker),
+        # ... and against the measured floor of the same call with none of our code: a bare server
+        # relaying to an idle worker process
+        "worker_relay_ms": relayed,
+        "tool_over_worker_relay": ratio(med(tool), med(relayed)),
         "host_side": host_side,
     }
 

@@ -239,7 +239,9 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                 goal="<= 1.3x", ok=lambda v: v <= 1.3, unit="x",
                 floor=f"tool call {_m(c, 'tool_ms')} ms; echo {_m(c, 'echo_ms')} + worker "
                       f"{_m(c, 'host_side', 'worker_ms')} ms; free tool (no worker) "
-                      f"{_m(c, 'free_tool_ms')} ms")
+                      f"{_m(c, 'free_tool_ms')} ms; floor measured: a bare server relaying to an idle "
+                      f"worker {_m(c, 'worker_relay_ms')} ms, tool call / that "
+                      f"{_m(c, 'tool_over_worker_relay')}x")
         # A run's gate looks each tool pack up once per run (host/_wiring.run_services): the gate call
         # with the pack looked up once, minus the worker round trip it includes.
         row("the gate's own share of a tool call (host-timed gate call - worker round trip)", rt,
@@ -341,7 +343,8 @@ STAGE_ROWS = (
 
 TOOL_SANDBOX_STAGES = ("verified", "socket_ready", "created", "started", "connected", "first_reply")
 _STEP_KEYS = ("exit_wait", "server_stop", "remove_verify", "rundir", "total")
-_CALL_KEYS = ("tool_ms", "tool_stub_ms", "cached_lookup_tool_ms", "free_tool_ms", "echo_ms", "stdio_ms")
+_CALL_KEYS = ("tool_ms", "tool_stub_ms", "cached_lookup_tool_ms", "free_tool_ms", "echo_ms",
+              "worker_relay_ms", "stdio_ms")
 _HOST_TOOL_KEYS = ("gate_ms", "gate_cached_lookup_ms", "worker_ms")
 
 _COLD = (
@@ -356,9 +359,11 @@ _CALLS = (
     "tool; the same RunTool request through the bare generated stub (interleaved with the former); the "
     "same request against the real run server (`build_run_server`) with the gate's toolpack looked up "
     "once instead of from the lockfile per call, then also with tools that cost nothing (no worker); a "
-    "bare gRPC unary echo over the same kind of bind-mounted per-run socket; line-delimited JSON over "
-    "the container's attached stdio. tool / floor = the tool call against the bare echo plus the worker's "
-    "own round trip (below), per repetition."
+    "bare gRPC unary echo over the same kind of bind-mounted per-run socket; a bare server on such a "
+    "socket whose handler makes one round trip to an idle tool worker process (the same tool and pipe "
+    "protocol, none of the servicer, gate or pool: the floor of any design with a worker behind a per-run "
+    "socket); line-delimited JSON over the container's attached stdio. tool / floor = the tool call against "
+    "the bare echo plus the worker's own round trip in a hot loop (below), per repetition."
 )
 _TOOL_SANDBOX = (
     "One sandboxed agent calls the same no-op tool installed twice, as a trusted pack (run by a host worker "
@@ -567,7 +572,8 @@ def _body(results: Mapping[str, Any]) -> list[str]:
     calls: Mapping[str, Any] = results.get("calls", {})
     out += _section("Per-call overhead", _CALLS,
                     ("runtime", "tool call", "same, bare stub", "same, lookup cached", "same, free tool",
-                     "bare gRPC echo", "stdio JSON line", "tool / echo", "stdio / echo", "tool / floor"),
+                     "bare gRPC echo", "bare relay to a worker", "stdio JSON line", "tool / echo",
+                     "stdio / echo", "tool / floor"),
                     [(rt, *(_mp(c.get(k)) for k in _CALL_KEYS), _f(c.get("tool_over_echo"), "x"),
                       _f(c.get("stdio_over_echo"), "x"), _f(c.get("tool_over_floor"), "x"))
                      for rt, c in calls.items()])
