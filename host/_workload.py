@@ -145,10 +145,12 @@ class OutputMarks:
             return chunk
         data = self._held.pop(stream, b"") + chunk
         kept = bytearray()
-        while (at := data.find(self.mark)) >= 0:
-            kept += data[:at]
-            data = data[at + len(self.mark) :]
+        pos = 0
+        while (at := data.find(self.mark, pos)) >= 0:  # one pass, however many marks a chunk holds
+            kept += data[pos:at]
+            pos = at + len(self.mark)
             self.seen += 1
+        data = data[pos:]
         hold = self._prefix_at_end(data)
         if hold:
             self._held[stream] = data[-hold:]

@@ -173,3 +173,9 @@ def test_live_lines_are_split_per_stream() -> None:
     sink.flush()
     assert lines == ["err 0", "no line end yet", "tail"]
     assert sink.text() == "no line enderr 0\n yet\ntail"  # the kept logs are the bytes as they came
+
+
+def test_a_flood_of_marks_in_one_chunk_is_counted_and_kept_out() -> None:
+    marks = OutputMarks(MARK)
+    flood = (b"x" + MARK) * 5000
+    assert marks.feed(1, flood) == b"x" * 5000 and marks.seen == 5000 and marks.read == {1: len(flood)}
