@@ -614,32 +614,32 @@ def test_a_run_end_record_is_durable_before_its_head_and_the_head_is_never_two_b
     assert json.loads(head.read_bytes())["seq"] == 3 and verify_audit(path).ok
 
 
-def test_a_head_several_records_behind_an_unbroken_chain_is_caught_up(tmp_path: Path) -> None:
+def head_left_behind(tmp_path: Path, behind: int = 3) -> tuple[Path, AuditLog]:
+    """A log of 1 + `behind` records whose head file still records the first, as a crash can leave it
+    when several processes appended and none of their head updates reached the disk."""
     path = tmp_path / "audit.jsonl"
     head = tmp_path / "audit.jsonl.head"
     log = AuditLog(path)
     assert log.append(record())
     stale = head.read_bytes()
-    for _ in range(3):
+    for _ in range(behind):
         assert log.append(record())
-    head.write_bytes(stale)  # a crash lost the head updates of several processes' appends
+    head.write_bytes(stale)
+    return path, log
+
+
+def test_a_head_several_records_behind_an_unbroken_chain_is_caught_up(tmp_path: Path) -> None:
+    path, log = head_left_behind(tmp_path)
     assert log.append(record())
     assert [json.loads(line)["seq"] for line in lines(path)] == [1, 2, 3, 4, 5]
     assert verify_audit(path).ok
 
 
 def test_a_head_behind_a_broken_chain_still_wins(tmp_path: Path) -> None:
-    path = tmp_path / "audit.jsonl"
-    head = tmp_path / "audit.jsonl.head"
-    log = AuditLog(path)
-    assert log.append(record())
-    stale = head.read_bytes()
-    for _ in range(3):
-        assert log.append(record())
-    head.write_bytes(stale)
+    path, _ = head_left_behind(tmp_path)
     kept = lines(path)
     del kept[2]  # a record removed from between the head and the end
-    path.write_bytes(b"".join(line + b"\n" for line in kept))
+    write_lines(path, kept)
     log = AuditLog(path)
     assert log.append(record())
     assert json.loads(lines(path)[-1])["seq"] == 2  # chained to the head: the removal stays visible
