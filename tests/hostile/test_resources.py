@@ -208,13 +208,16 @@ def test_log_flood_is_capped(lab: Lab, ledger: Ledger) -> None:
     stop = threading.Event()
 
     def watch_log_file() -> None:
+        # Find the run's log file (listing containers is slow), then sample its size every 10 ms: a run
+        # that floods 50 MiB may be over in a second, and a slow sampler saw it only before it wrote.
+        paths: list[str] = []
         while not stop.is_set():
-            for c in lab.containers("flooder"):
-                path = (c.attrs or {}).get("LogPath") or ""
+            if not paths:
+                paths = [p for c in lab.containers("flooder") if (p := (c.attrs or {}).get("LogPath") or "")]
+            for path in paths:
                 with contextlib.suppress(FileNotFoundError):  # the run may end and be removed meanwhile
-                    if path:
-                        log_sizes.append(os.path.getsize(path))
-            time.sleep(0.2)
+                    log_sizes.append(os.path.getsize(path))
+            time.sleep(0.01 if paths else 0.05)
 
     watcher = threading.Thread(target=watch_log_file, daemon=True)
     rss_before = rss_bytes()
