@@ -317,9 +317,13 @@ class AuditLog:
     def sync_head(self) -> None:
         """Make a head that `append(..., head_later=True)` left unsynced durable; cheap when there is none."""
         with self._mutex:
-            if self._head_unsynced and self._head_fd >= 0:
-                os.fsync(self._head_fd)
-            self._head_unsynced = False
+            self._sync_head_locked()
+
+    def _sync_head_locked(self) -> None:
+        """The fsync `head_later` left for later, if any; the caller holds the mutex."""
+        if self._head_unsynced and self._head_fd >= 0:
+            os.fsync(self._head_fd)
+        self._head_unsynced = False
 
     def _write_with_retries(
         self, entry: dict[str, Any] | None, *, sync: bool, head_later: bool = False
@@ -401,9 +405,8 @@ class AuditLog:
     # -- under the lock ------------------------------------------------------------------------------
 
     def _append_locked(self, record: Mapping[str, Any], sync: bool, *, head_later: bool = False) -> None:
-        if sync and self._head_unsynced:  # the head of the last record first: never two behind
-            os.fsync(self._head_fd)
-            self._head_unsynced = False
+        if sync:
+            self._sync_head_locked()  # the head of the last record first: never two behind
         head = _head_from_bytes(_pread_all(self._head_fd))
         fd = self._current_log_fd()
         seq, prev = _tip(self.path, head, fd)
@@ -606,16 +609,17 @@ def _tip(path: Path, head: _Head | None, fd: int) -> tuple[int, str]:
         return line_tip
     if rec is not None and rec.get("seq") == head.seq + 1 and rec.get("prev") == head.hash:
         return line_tip
-    if rec is not None and _chains_from(path, head):
+    if rec is not None and _chains_from(fd, head):
         return line_tip
     return head.seq, head.hash
 
 
-def _chains_from(path: Path, head: _Head) -> bool:
-    """Whether the live log's last lines run unbroken from the head's record: each a record whose seq is
-    one more than the one before it and whose prev is that one's hash, back to the one after the head."""
+def _chains_from(fd: int, head: _Head) -> bool:
+    """Whether the live log's last lines (read from its held descriptor) run unbroken from the head's
+    record: each a record whose seq is one more than the one before it and whose prev is that one's hash,
+    back to the one after the head."""
     later: dict[str, Any] | None = None
-    for count, line in enumerate(_lines_reversed(path)):
+    for count, line in enumerate(_lines_reversed_fd(fd)):
         rec = _parse(line)
         seq = rec.get("seq") if rec else None
         if rec is None or not _is_int(seq) or count > _HEAD_LAG_LINES:
@@ -699,21 +703,25 @@ def _lines_reversed(path: Path) -> Iterator[bytes]:
     except FileNotFoundError:
         return
     with fh:
-        pos = fh.seek(0, os.SEEK_END)
-        if pos == 0:
-            return
-        fh.seek(pos - 1)
-        if fh.read(1) == b"\n":
-            pos -= 1
-        rest = b""
-        while pos > 0:
-            step = min(_BLOCK, pos)
-            pos -= step
-            fh.seek(pos)
-            first, *lines = (fh.read(step) + rest).split(b"\n")
-            rest = first
-            yield from reversed(lines)
-        yield rest
+        yield from _lines_reversed_fd(fh.fileno())
+
+
+def _lines_reversed_fd(fd: int) -> Iterator[bytes]:
+    """Lines of an open file (without newlines) from the last to the first, read by position (the
+    descriptor's offset is left alone), in blocks from the end."""
+    pos = os.fstat(fd).st_size
+    if pos == 0:
+        return
+    if os.pread(fd, 1, pos - 1) == b"\n":
+        pos -= 1
+    rest = b""
+    while pos > 0:
+        step = min(_BLOCK, pos)
+        pos -= step
+        first, *lines = (os.pread(fd, step, pos) + rest).split(b"\n")
+        rest = first
+        yield from reversed(lines)
+    yield rest
 
 
 def _chain_files(path: Path) -> list[Path]:
