@@ -168,9 +168,9 @@ class OutputMarks:
             start = at + 1
         return 0
 
-    def rest(self) -> bytes:
-        """What is still held at the output's end: it was no mark after all."""
-        held, self._held = b"".join(self._held.values()), {}
+    def rest(self) -> list[Frame]:
+        """What each stream still holds at the output's end: it was no mark after all."""
+        held, self._held = list(self._held.items()), {}
         return held
 
 
@@ -196,7 +196,8 @@ def drain(
 def finish(sink: CappedSink, marks: OutputMarks) -> None:
     """The output ended: keep what was held back as a possible mark, and pass on a last unended line."""
     with contextlib.suppress(Exception):
-        sink.feed(marks.rest())
+        for stream, held in marks.rest():
+            sink.feed(held, stream)
         sink.flush()
 
 

@@ -100,9 +100,8 @@ def mark_output(mark: bytes) -> None:
     stream, so the mark is never split by another thread's output; a closed stream is skipped."""
     if not mark:
         return
-    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush_output()
+    for fd in (1, 2):
         with contextlib.suppress(OSError):
             os.write(fd, mark)
 
@@ -133,10 +132,16 @@ def leave(code: int) -> NoReturn:
     and the host tears the sandbox down next; the interpreter's own shutdown (gRPC's threads, the agent's
     atexit hooks and leftover threads) took ~25 ms natively, ~65 ms under runc and ~140 ms under runsc,
     which every one-shot run waited for and the host's cores paid."""
+    _flush_output()
+    os._exit(code)
+
+
+def _flush_output() -> None:
+    """Flush what the agent left in sys.stdout's and sys.stderr's buffers; a closed or broken one is
+    skipped."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code)
 
 
 def add_import_root(root: str) -> None:

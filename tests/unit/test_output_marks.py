@@ -48,7 +48,7 @@ def test_output_that_only_looks_like_a_mark_is_kept_as_written() -> None:
     marks = OutputMarks(MARK)
     fake = b"\0agentnode:end-of-output:" + b"0" * 32 + b"\0"
     kept = marks.feed(1, b"a\0b\0" + fake + MARK[:-1]) + marks.feed(1, b"x") + marks.feed(1, MARK[:5])
-    kept += marks.rest()
+    kept += b"".join(held for _, held in marks.rest())
     assert kept == b"a\0b\0" + fake + MARK[:-1] + b"x" + MARK[:5]
     assert marks.seen == 0 and not marks.complete
 
@@ -57,8 +57,8 @@ def test_what_is_held_back_is_less_than_a_mark_per_stream() -> None:
     marks = OutputMarks(MARK)
     for stream in (1, 2):
         assert marks.feed(stream, b"text" + MARK[:-1]) == b"text"
-    assert len(marks.rest()) == 2 * (len(MARK) - 1)
-    assert marks.rest() == b""
+    assert marks.rest() == [(1, MARK[:-1]), (2, MARK[:-1])]
+    assert marks.rest() == []
 
 
 def test_random_frames_of_two_streams_keep_exactly_what_the_agent_wrote() -> None:
@@ -87,7 +87,7 @@ def test_random_frames_of_two_streams_keep_exactly_what_the_agent_wrote() -> Non
 
 def test_an_empty_mark_finds_nothing_and_holds_nothing() -> None:
     marks = OutputMarks(b"")
-    assert marks.feed(1, b"\0" + MARK) == b"\0" + MARK and not marks.complete and marks.rest() == b""
+    assert marks.feed(1, b"\0" + MARK) == b"\0" + MARK and not marks.complete and marks.rest() == []
 
 
 def test_the_drain_passes_the_last_line_on_when_the_marks_arrive_not_when_the_stream_ends() -> None:
@@ -179,3 +179,12 @@ def test_a_flood_of_marks_in_one_chunk_is_counted_and_kept_out() -> None:
     marks = OutputMarks(MARK)
     flood = (b"x" + MARK) * 5000
     assert marks.feed(1, flood) == b"x" * 5000 and marks.seen == 5000 and marks.read == {1: len(flood)}
+
+
+def test_what_was_held_back_goes_back_to_its_own_stream_at_the_end() -> None:
+    lines: list[str] = []
+    sink = CappedSink(on_line=lines.append)
+    marks = OutputMarks(MARK)
+    drain([(1, b"out"), (2, b"err" + MARK[:5])], sink, marks)
+    finish(sink, marks)
+    assert lines == ["out", "err" + MARK[:5].decode()]  # not "out" + the held bytes
