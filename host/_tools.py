@@ -545,6 +545,13 @@ class ToolRunner:
     ) -> ToolOutcome:
         """Run one tool call; every failure is an unsuccessful outcome for this call only."""
         key: _PoolKey = (pack.slug, pack.version, pack.root, pack.interpreter)
+        try:  # before a worker is taken: a refusal here must not keep it busy for good
+            line = dumps_strict(
+                {"entrypoint": tool.entrypoint, "fallback": tool.fallback, "arguments": arguments}
+            )
+        except (JsonRejected, TypeError):
+            return _failed("tool arguments are not strict JSON")
+        request = (line + "\n").encode()
         try:
             worker = self._acquire(key)
         except OSError as exc:
@@ -552,13 +559,6 @@ class ToolRunner:
             return _failed("tool worker failed to start")
         if worker is None:
             return _failed("tool runner is closed")
-        try:
-            line = dumps_strict(
-                {"entrypoint": tool.entrypoint, "fallback": tool.fallback, "arguments": arguments}
-            )
-        except (JsonRejected, TypeError):
-            return _failed("tool arguments are not strict JSON")
-        request = (line + "\n").encode()
         try:
             reply = worker.call(request, timeout)
         except _WorkerTimeout:

@@ -425,6 +425,16 @@ def test_a_timed_out_worker_is_replaced(tmp_path: Path, runner: ToolRunner) -> N
     assert ok(gate.call("calc", "pid", "{}")) != before
 
 
+def test_arguments_that_are_not_strict_json_fail_without_taking_a_worker(
+    tmp_path: Path, runner: ToolRunner
+) -> None:
+    pack = make_pack(tmp_path, "calc")
+    tool = resolve_tool(pack.slug, pack.manifest, "pid")
+    outcome = runner.run(pack, tool, {"x": float("nan")}, timeout=30)
+    assert not outcome.success and outcome.error == "tool arguments are not strict JSON"
+    assert not runner._busy and not runner._idle  # no worker was started, none is left busy
+
+
 def test_close_kills_workers_and_later_calls_fail(tmp_path: Path) -> None:
     runner = ToolRunner()
     gate = gate_for(runner, make_pack(tmp_path, "calc"))
