@@ -90,13 +90,29 @@ def _gauges() -> dict[str, int]:
     return {"threads": threading.active_count(), "fds": len(fds) - engine, "engine_connections": engine}
 
 
-def _settled(baseline: dict[str, int], timeout: float = 20.0) -> dict[str, int]:
-    """Gauges once the run's daemon threads (exit watcher, log drain) have finished, or after `timeout`."""
+QUIET_S = 1.0
+"""How long threads and fds must hold still for a gauge to count as settled: a run's daemon threads (exit
+watcher, log drain) end shortly after its result, so a reading taken at once still counts some of them."""
+
+
+def _quiet(timeout: float = 20.0) -> dict[str, int]:
+    """Gauges once threads and fds have not changed for QUIET_S (or after `timeout`, as they are then).
+
+    The baseline is taken this way too: one taken while the warm-up runs' threads were still ending was
+    higher than the host's steady count (CI saw threads -4 after the soak), which would also hide a leak of
+    as many threads.
+    """
     deadline = time.monotonic() + timeout
     now = _gauges()
-    while time.monotonic() < deadline and any(now[k] > baseline[k] + SLACK for k in ("threads", "fds")):
-        time.sleep(0.2)
-        now = _gauges()
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        later = _gauges()
+        if (later["threads"], later["fds"]) != (now["threads"], now["fds"]):
+            still_since = time.monotonic()
+        now = later
+        if time.monotonic() - still_since >= QUIET_S:
+            break
     return now
 
 
@@ -168,7 +184,7 @@ def _record(
     seen: dict[str, int],
 ) -> None:
     """Record (and so assert) the soak properties after `results`; `seen`: the probes' peaks while live."""
-    after = _settled(baseline)
+    after = _quiet()
     # The run's captured output (capped) names what the wrapper saw, e.g. why FetchTask failed.
     failed = [(r.error_code, r.error, r.logs[-300:]) for r in results if not r.success]
     ledger.soak(
@@ -229,7 +245,7 @@ def test_soak_sequential(
     lab.agent("soak", TRIVIAL)
     host: SandboxHost = lab.host()
     results = [host.run("soak", runtime=rt) for rt in runtime_pair]  # warm-up: lazy clients, pools
-    baseline, volumes = _gauges(), _volumes(lab.client)
+    baseline, volumes = _quiet(), _volumes(lab.client)
     started = time.monotonic()
     with _watching(lab) as seen:
         for i in range(SEQUENTIAL):
@@ -266,7 +282,7 @@ def test_soak_concurrent(lab: Lab, ledger: Ledger) -> None:
     host = lab.host()
     with ThreadPoolExecutor(max_workers=POOL_WARMUP) as pool:
         results = list(pool.map(lambda _: lab.run("soak", host=host), range(POOL_WARMUP)))
-    baseline, volumes = _gauges(), _volumes(lab.client)
+    baseline, volumes = _quiet(), _volumes(lab.client)
     started = time.monotonic()
     with _watching(lab) as seen, ThreadPoolExecutor(max_workers=CONCURRENT) as pool:
         measured = list(pool.map(lambda i: lab.run("soak", host=host, kwargs={"n": i}), range(CONCURRENT)))
