@@ -50,10 +50,11 @@ class Cluster:
 
     def install(self, slug: str, source: str, *, trust: str = "unverified", agent: str = "") -> LockEntry:
         """Install an agent pack as the lockfile records it, its files placed on this node by digest."""
-        src = write_agent(Path(tempfile.mkdtemp(prefix="an-k8s-src-")), slug, source, agent=agent)
-        digest = artifact_hash(src)
-        shutil.copytree(src, self.packs_root / digest)
-        manifest = parse_manifest(yaml.safe_load((src / "agentnode.yaml").read_text()), source="")
+        with tempfile.TemporaryDirectory(prefix="an-k8s-src-") as scratch:  # each test run left one behind
+            src = write_agent(Path(scratch), slug, source, agent=agent)
+            digest = artifact_hash(src)
+            shutil.copytree(src, self.packs_root / digest)
+            manifest = parse_manifest(yaml.safe_load((src / "agentnode.yaml").read_text()), source="")
         entry = LockEntry(
             slug=slug, version="1.0.0", package_type="agent", trust_level=trust, artifact_hash=digest,
             import_subdir="", sandbox_volume=f"agentnode-pack-{slug}-1.0.0-{digest[:12]}", host_path=None,
