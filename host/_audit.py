@@ -270,6 +270,11 @@ class AuditLog:
         self._head_unsynced = False
         """The head was rewritten after the last synced append without its own fsync (`append(...,
         head_later=True)`): `sync_head`, the next synced append or `close` makes it durable."""
+        self._left: tuple[int, int, _Head, bytes] | None = None
+        """(inode, size, head, head file bytes) as this log's last append left them. While the live file
+        still has that inode and size (every append grows it) and the head file those bytes, no one wrote
+        since: the tip is that head, without parsing the head and reading back the last line (a run's two
+        appends each did, ~0.1 ms). Anything else takes the full path (`_tip`)."""
 
     def open(self) -> None:
         """Open (and from then on hold) the descriptors appends need; appends call it themselves."""
@@ -390,26 +395,37 @@ class AuditLog:
         if self._log_fd < 0:
             self._log_fd = _open_log(self.path)
 
-    def _current_log_fd(self) -> int:
-        """The held log descriptor, reopened when another writer rotated the file away under it."""
+    def _current_log_fd(self) -> tuple[int, os.stat_result]:
+        """The held log descriptor (and its stat), reopened when another writer rotated the file away."""
         try:
-            same = os.stat(self.path).st_ino == os.fstat(self._log_fd).st_ino
+            held = os.fstat(self._log_fd)
+            same = os.stat(self.path).st_ino == held.st_ino
         except FileNotFoundError:
             same = False
         if not same:
+            self._left = None
             os.close(self._log_fd)
             self._log_fd = -1
             self._log_fd = _open_log(self.path)
-        return self._log_fd
+            held = os.fstat(self._log_fd)
+        return self._log_fd, held
 
     # -- under the lock ------------------------------------------------------------------------------
 
     def _append_locked(self, record: Mapping[str, Any], sync: bool, *, head_later: bool = False) -> None:
         if sync:
             self._sync_head_locked()  # the head of the last record first: never two behind
-        head = _head_from_bytes(_pread_all(self._head_fd))
-        fd = self._current_log_fd()
-        seq, prev = _tip(self.path, head, fd)
+        fd, st = self._current_log_fd()
+        left, self._left = self._left, None  # (forgotten unless this append completes)
+        raw_head = _pread_all(self._head_fd)
+        head: _Head | None
+        if left is not None and (st.st_ino, st.st_size, raw_head) == (left[0], left[1], left[3]):
+            head = left[2]
+            seq, prev = head.seq, head.hash
+        else:
+            left = None
+            head = _head_from_bytes(raw_head)
+            seq, prev = _tip(self.path, head, fd)
         entry = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "seq": seq + 1,
@@ -418,13 +434,15 @@ class AuditLog:
         }
         line = json.dumps(entry, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
         dropped = False
-        size = os.fstat(fd).st_size
-        if size and size + len(line) + 1 > self.max_bytes:
+        start = st.st_size
+        if start and start + len(line) + 1 > self.max_bytes:
             dropped = self._rotate()
-            fd = self._current_log_fd()
-        start = os.fstat(fd).st_size
-        # A torn last line (crash mid-write elsewhere) must not swallow this record.
-        data = (b"\n" if start and os.pread(fd, 1, start - 1) != b"\n" else b"") + line + b"\n"
+            fd, st = self._current_log_fd()
+            start, left = st.st_size, None
+        # A torn last line (crash mid-write elsewhere) must not swallow this record. (The file as this log
+        # left it ends with its own line's newline.)
+        torn = start and left is None and os.pread(fd, 1, start - 1) != b"\n"
+        data = (b"\n" if torn else b"") + line + b"\n"
         if os.write(fd, data) != len(data):
             os.ftruncate(fd, start)
             raise OSError(errno.EIO, "short write")
@@ -437,9 +455,11 @@ class AuditLog:
             first = (1, GENESIS)
         else:
             first = _first_record(self.path)
-        _write_head(self._head_fd, _Head(seq + 1, _sha(line), *first), sync=sync and not head_later)
+        written = _Head(seq + 1, _sha(line), *first)
+        head_bytes = _write_head(self._head_fd, written, sync=sync and not head_later)
         if sync and head_later:
             self._head_unsynced = True
+        self._left = (st.st_ino, start + len(data), written, head_bytes)
 
     def _rotate(self) -> bool:
         """Shift `<path>.k` to `.k+1`, the live file to `.1`; True when the oldest file was dropped."""
@@ -685,8 +705,9 @@ def _pread_all(fd: int) -> bytes:
     return os.pread(fd, _HEAD_BYTES, 0)
 
 
-def _write_head(fd: int, head: _Head, *, sync: bool) -> None:
-    """Rewrite the held head file in place: one fixed-size block, padded, so no write leaves a tail behind."""
+def _write_head(fd: int, head: _Head, *, sync: bool) -> bytes:
+    """Rewrite the held head file in place: one fixed-size block, padded, so no write leaves a tail behind.
+    Returns the bytes written."""
     data = json.dumps(dataclasses.asdict(head), separators=(",", ":")).encode().ljust(_HEAD_BYTES)
     if os.pwrite(fd, data, 0) != len(data):
         raise OSError(errno.EIO, "short write")
@@ -694,6 +715,7 @@ def _write_head(fd: int, head: _Head, *, sync: bool) -> None:
         os.ftruncate(fd, _HEAD_BYTES)
     if sync:
         os.fsync(fd)
+    return data
 
 
 def _lines_reversed(path: Path) -> Iterator[bytes]:

@@ -220,6 +220,8 @@ class SandboxHost:
                                 timed_out=result.timed_out, slug=slug):  # fmt: skip
             self.audit_failures += 1
             result = withheld(result, self.records.hint)
+        if run.release is not None:
+            run.release()  # the end record is written: the wrapper may exit now
         run.mark("done")
         try:
             for observer in (self.metrics, self.tracer):  # neither may touch the result fixed and audited
@@ -239,7 +241,11 @@ class SandboxHost:
 
     def _after_result(self, run: RunFacts) -> None:
         """What follows a run's result; never raises (it may run on a gRPC thread after the answer left)."""
+        if run.release is not None:
+            run.release()
         self.records.settle()  # the audit head's fsync, which the result did not wait for
+        with contextlib.suppress(Exception):
+            self.fds.refresh()  # the descriptor count the next admission would otherwise take
         if run.warm and self.pools is not None:
             self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
         if run.after_result is not None:
@@ -284,14 +290,20 @@ class SandboxHost:
             )  # fmt: skip
             task = run_task(run.run_id, a.manifest, a.policy, goal=goal, kwargs=kwargs)
             self.records.start(run)
+            # Torn down after the result: the wrapper's answer waits for the end record (its exit competes
+            # with the audit's fsync); a workload torn down before the result is released by its teardown.
+            hold = self.teardowns.background and a.sandboxed
             if box is not None:
                 self._active[run.run_id] = box.session
+                box.session.hold_report = hold
+                run.release = box.session.release
                 box.session.listen_logs(run.on_log)
                 box.session.assign(task, run.gate, run.llm)
                 box.record_run(run.crash_record())
             else:
                 # The task goes in before the workload starts: its first FetchTask never waits on us.
-                session = RunSession(task=task, tools=run.gate, llm=run.llm)
+                session = RunSession(task=task, tools=run.gate, llm=run.llm, hold_report=hold)
+                run.release = session.release
                 session.listen_logs(run.on_log)
                 self._active[run.run_id] = session
                 info = run.crash_record()

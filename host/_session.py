@@ -57,6 +57,8 @@ RESOURCE_EXHAUSTED. Bounds the requests (each at most MAX_MESSAGE_BYTES) a run c
 RUN_SERVER_THREADS = 8
 """Threads that serve one run's calls."""
 HANDSHAKE_TIMEOUT_MS = 5000
+REPORT_HOLD_SECONDS = 5.0
+"""Longest a held ReportResult answer waits for the host to release it (`RunSession.hold_report`)."""
 """A connection that has not completed its HTTP/2 handshake by then is closed, freeing its slot."""
 
 REFUSAL_BURST = 32
@@ -243,6 +245,13 @@ class RunSession:
     """Calls refused unread (TOO_MANY_REFUSALS) because the refusal budget was empty."""
     host_errors: int = 0
     """Calls answered HOST_ERROR (a host fault, never the agent's text); see `note_host_error`."""
+    hold_report: bool = False
+    """Answer ReportResult only once the host has the run's end record written (`release`), at most
+    REPORT_HOLD_SECONDS: the wrapper exits on that answer, and a container's exit (the interpreter's own
+    shutdown, the engine's state writes and their fsyncs) would otherwise share the machine and the disk's
+    journal with the result's audit fsync. Set where teardown follows the result (a long-lived host); a
+    one-shot host tears the workload down before its result and answers at once."""
+    released: threading.Event = field(default_factory=threading.Event)
     output_mark: bytes = b""
     """What the wrapper writes to each output stream once the agent returned (FetchTask hands it over);
     set by a workload that reads the output (host/_workload.py), empty where nothing looks for it."""
@@ -300,8 +309,13 @@ class RunSession:
             llm = self.llm
         self.assigned.set()
         self.reported.set()
+        self.released.set()
         if llm is not None:
             llm.close()
+
+    def release(self) -> None:
+        """The host is done with the report: a held ReportResult answer may go (see `hold_report`)."""
+        self.released.set()
 
     @property
     def fetched(self) -> bool:
@@ -662,6 +676,8 @@ class _RunServices:
             raise
         call.accept()
         session.report(outcome)
+        if session.hold_report:
+            session.released.wait(REPORT_HOLD_SECONDS)
         return session_pb2.ReportResultResponse()
 
     @staticmethod

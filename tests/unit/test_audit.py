@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import resource
+import shutil
 import stat
 import subprocess
 import sys
@@ -229,6 +230,56 @@ def test_verify_detects_tampering(
     report = verify_audit(path)
     assert not report.ok
     assert any(expected in p for p in report.problems), report.problems
+
+
+def _other_writer(path: Path) -> None:
+    assert AuditLog(path).append(record(slug="elsewhere"))
+
+
+def _stale_head(path: Path) -> None:
+    head = path.with_name("audit.jsonl.head")
+    data = json.loads(head.read_bytes())
+    head.write_bytes(json.dumps({**data, "seq": data["seq"] - 1}).encode().ljust(len(head.read_bytes())))
+
+
+def _lines_tamper(tamper: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
+    return lambda path: write_lines(path, tamper(lines(path)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda path: None,
+        _other_writer,
+        _stale_head,
+        _lines_tamper(_edit_field),
+        _lines_tamper(lambda raw: raw[:-1]),
+        _lines_tamper(lambda raw: [*raw[:-1], raw[-1].replace(b"agent-4", b"agent-X")]),  # same size
+        _lines_tamper(lambda raw: [*raw[:-1], raw[-1][:-1] + b" "]),  # in place, same size: broken JSON
+    ],
+    ids=["untouched", "other-writer", "stale-head", "edit", "delete-last", "edit-last", "break-last"],
+)
+def test_the_log_that_wrote_the_tip_continues_as_a_fresh_reader_would(
+    tmp_path: Path, change: Callable[[Path], None]
+) -> None:
+    """An AuditLog remembers where its last append left the file (skipping the reads of the tip); whatever
+    happened to the file meanwhile, its next record is the one a log opened afresh would write."""
+    kept, fresh = tmp_path / "kept" / "audit.jsonl", tmp_path / "fresh" / "audit.jsonl"
+    log = AuditLog(kept)
+    for i in range(5):
+        assert log.append(record(slug=f"agent-{i}"))
+    change(kept)
+    fresh.parent.mkdir(mode=0o700)
+    for name in ("audit.jsonl", "audit.jsonl.head"):  # the same files, read by a log that wrote none
+        shutil.copyfile(kept.with_name(name), fresh.with_name(name))
+    assert log.append(record(slug="next"))
+    assert AuditLog(fresh).append(record(slug="next"))
+    got = [{k: v for k, v in json.loads(line).items() if k != "ts"} for line in lines(kept)[-1:]]
+    want = [{k: v for k, v in json.loads(line).items() if k != "ts"} for line in lines(fresh)[-1:]]
+    assert got == want
+    assert verify_audit(kept).problems == verify_audit(fresh).problems
+    assert log.append(record(slug="after"))  # and the remembered tip after it is right again
+    assert json.loads(lines(kept)[-1])["prev"] == hashlib.sha256(lines(kept)[-2]).hexdigest()
 
 
 def test_removed_tail_stays_visible_after_later_appends(tmp_path: Path) -> None:

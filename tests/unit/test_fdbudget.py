@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from host._errors import AuditReason, SandboxError
-from host._fdbudget import FdBudget, open_fds, raise_nofile_limit
+from host._fdbudget import COUNT_MARGIN_FDS, COUNT_MAX_AGE_SECONDS, FdBudget, open_fds, raise_nofile_limit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,6 +38,55 @@ def test_descriptors_opened_elsewhere_count_too() -> None:
     in_use["n"] = 75  # a leak or a busy host: the open count is over the worst case of held runs
     with pytest.raises(SandboxError):
         budget.check()
+
+
+def test_far_from_the_limit_a_recent_count_is_used_and_an_old_one_taken_again() -> None:
+    counted = {"calls": 0, "n": 100}
+    now = {"t": 0.0}
+
+    def count() -> int:
+        counted["calls"] += 1
+        return counted["n"]
+
+    budget = FdBudget(per_run=10, reserve=256, limit=65536, count=count, clock=lambda: now["t"])
+    assert counted["calls"] == 1  # the baseline
+    for _ in range(5):
+        budget.check()
+    assert counted["calls"] == 1  # far from the limit, the count of a moment ago stands
+    now["t"] = COUNT_MAX_AGE_SECONDS + 0.1
+    budget.check()
+    assert counted["calls"] == 2  # too old: counted again on admission
+    now["t"] += 2.0
+    budget.refresh()  # after a result: older than a second, so counted there instead
+    assert counted["calls"] == 3
+    budget.refresh()
+    assert counted["calls"] == 3  # fresh: not again
+    counted["n"] = 65536 - 256 - 5  # a leak the next count shows is refused at once
+    now["t"] += COUNT_MAX_AGE_SECONDS + 0.1
+    with pytest.raises(SandboxError):
+        budget.check()
+
+
+def test_near_the_limit_every_admission_counts() -> None:
+    counted = {"calls": 0, "n": 10}
+
+    def count() -> int:
+        counted["calls"] += 1
+        return counted["n"]
+
+    limit = 256 + 10 + COUNT_MARGIN_FDS + 50  # within the margin once ~50 descriptors are open
+    budget = FdBudget(per_run=10, reserve=256, limit=limit, count=count, clock=lambda: 0.0)
+    budget.check()
+    assert counted["calls"] == 1  # 10 open: far enough, the baseline count stands
+    counted["n"] = 60
+    budget.refresh()  # (not stale: no count)
+    assert counted["calls"] == 1
+    with budget.hold(), budget.hold(), budget.hold(), budget.hold(), budget.hold():  # projected 60
+        budget.check()
+        assert counted["calls"] > 1  # near: counted on each admission
+        counted["n"] = limit
+        with pytest.raises(SandboxError):
+            budget.check()
 
 
 def test_concurrent_admissions_never_overshoot() -> None:

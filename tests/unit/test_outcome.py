@@ -45,6 +45,7 @@ class FakeSession:
     outcome: RunOutcome | None = None
     cancelled: bool = False
     idle: float | None = None
+    fetched: bool = True
 
     def idle_since(self) -> float | None:
         return self.idle
@@ -74,6 +75,25 @@ def test_deadline() -> None:
     assert clock.now == pytest.approx(1002.0)
     assert work.polls >= 40  # polled every tick while it lasted
     assert max(session.reported.waits) <= 0.05 + 1e-9
+
+
+def test_a_task_not_yet_fetched_is_not_polled_at_once() -> None:
+    clock, session, work = _setup()
+    session.fetched = False  # a warm member's task is on its way: no agent code has run for this run
+
+    def later() -> None:
+        if clock.now >= 1000.12:
+            session.outcome = RunOutcome(value_json="1")
+
+    session.reported.hook = later
+    assert watch(session, work, deadline=clock.now + 10, idle_limit=60, clock=clock) is Ending.REPORTED
+    assert work.polls == 2  # not on the first pass; on each tick after it (the task may be running)
+    session2 = FakeSession(FakeEvent(clock))
+    session2.outcome = None
+    session2.reported.hook = lambda: setattr(session2, "outcome", RunOutcome(value_json="1"))
+    work2 = FakeWorkload()
+    assert watch(session2, work2, deadline=clock.now + 10, idle_limit=60, clock=clock) is Ending.REPORTED
+    assert work2.polls == 1  # fetched: polled on the first pass
 
 
 def test_idle_counts_from_the_last_accepted_call() -> None:
