@@ -10,6 +10,7 @@ import json
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,40 @@ def test_a_background_teardown_follows_the_audited_result_and_cannot_undo_it(lab
     assert end["reason"] == "agent_completed"
     assert seen == [2]  # start and end records were written before the teardown was submitted
     assert host.teardowns.failures == 1 and fake.torn == [r.run_id]
+
+
+def test_a_long_lived_host_answers_the_report_once_the_end_record_is_written(lab: Lab) -> None:
+    lab.install("a", "unverified")
+    config = load_config(lab.env)
+    fake = LocalSandbox("unit", lab.env)
+    host = SandboxHost(config=config, env=lab.env, sandbox_backend=fake, client_factory=_no_engine,
+                       async_teardown=True)  # fmt: skip
+    fake.inner = HostBackend(owner=host.owner, env=lab.env)
+    launched: list[Any] = []
+    real_launch = fake.launch
+
+    def launch(*args: Any, **kwargs: Any) -> Workload:
+        launched.append(real_launch(*args, **kwargs))
+        return launched[-1]
+
+    alive_at_end: list[bool] = []
+    real_end = host.records.end
+
+    def end(*args: Any, **kwargs: Any) -> bool:
+        time.sleep(1.0)  # the wrapper reported before this: answered, it would have exited by now
+        alive_at_end.append(launched[0].proc.poll() is None)
+        return real_end(*args, **kwargs)
+
+    fake.launch = launch  # type: ignore[method-assign]
+    host.records.end = end  # type: ignore[method-assign]
+    try:
+        r = host.run("a", kwargs={"mode": "ok"})
+        assert r.success, r
+        assert launched[0].proc.wait(timeout=10) is not None  # released: it exits (or is torn down)
+    finally:
+        host.close()
+    assert alive_at_end == [True]
+    _once(lab, r, started=True)
 
 
 class _Recorder:

@@ -492,6 +492,26 @@ def test_cancelling_a_waiting_fetch_finishes_the_run(env: Env) -> None:
     assert_refused(refused(run.report, 1), "RUN_FINISHED")
 
 
+@pytest.mark.parametrize("end", ["release", "cancel"])
+def test_a_held_report_is_answered_once_the_host_releases_it(env: Env, end: str) -> None:
+    run = env.started()
+    run.session.hold_report = True  # a long-lived host: the wrapper exits only once the end record is written
+    answer = run.sessions.ReportResult.future(session_pb2.ReportResultRequest(value_json="1"), timeout=30)
+    assert run.session.reported.wait(10) and run.session.outcome is not None  # the result is in at once
+    time.sleep(0.3)
+    assert not answer.done()  # ... but the wrapper's answer waits
+    run.session.release() if end == "release" else run.session.cancel()
+    assert answer.result(timeout=10) == session_pb2.ReportResultResponse()
+    assert run.session.outcome.value_json == "1"
+
+
+def test_an_unheld_report_is_answered_at_once(env: Env) -> None:
+    run = env.started()
+    assert not run.session.hold_report  # the default (a one-shot host tears the workload down first)
+    assert run.report(1) == session_pb2.ReportResultResponse()
+    assert run.session.outcome is not None and not run.session.released.is_set()
+
+
 # --- message size caps, both directions ---------------------------------------------------------------------
 
 
