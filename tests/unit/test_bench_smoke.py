@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bench import _compare, _drive
+from bench._concurrency import over_floor
 from bench._measure import BROKER_ROUNDS
 from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
 from bench._report import (
@@ -40,6 +41,12 @@ def test_spread_is_range_over_median_of_the_repetitions() -> None:
     assert spread([-1.0, 0.0, 1.0]) is None  # median 0 and they differ: no relative spread
     assert figure([-1.0, 0.0, 1.0])["unstable"] is True
     assert spread([-2.0, -2.2, -1.8]) == pytest.approx(0.2)  # relative to |median|
+
+
+def test_a_floor_batch_with_failed_runs_gives_no_ratio() -> None:
+    assert over_floor(3.0, {"throughput": 2.0, "failures": 0}) == 1.5
+    assert over_floor(3.0, {"throughput": 0.5, "failures": 4, "errors": ["ReadTimeout"]}) is None
+    assert over_floor(3.0, {}) is None  # no floor measured
 
 
 def test_twenty_percent_is_the_limit() -> None:
