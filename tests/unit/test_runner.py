@@ -127,10 +127,11 @@ class Lab:
             )
         )
 
-    def host(self) -> tuple[SandboxHost, LocalSandbox]:
+    def host(self, *, async_teardown: bool = False) -> tuple[SandboxHost, LocalSandbox]:
         config = load_config(self.env)
         fake = LocalSandbox("unit", self.env)
-        host = SandboxHost(config=config, env=self.env, sandbox_backend=fake, client_factory=_no_engine)
+        host = SandboxHost(config=config, env=self.env, sandbox_backend=fake, client_factory=_no_engine,
+                           async_teardown=async_teardown)  # fmt: skip
         fake.inner = HostBackend(owner=host.owner, env=self.env)
         return host, fake
 
@@ -333,11 +334,7 @@ def test_no_start_record_no_run(lab: Lab) -> None:
 
 def test_a_background_teardown_follows_the_audited_result_and_cannot_undo_it(lab: Lab) -> None:
     lab.install("a", "unverified")
-    config = load_config(lab.env)
-    fake = LocalSandbox("unit", lab.env)
-    host = SandboxHost(config=config, env=lab.env, sandbox_backend=fake, client_factory=_no_engine,
-                       async_teardown=True)  # fmt: skip
-    fake.inner = HostBackend(owner=host.owner, env=lab.env)
+    host, fake = lab.host(async_teardown=True)
     seen: list[int] = []
     real_submit = host.teardowns.submit
 
@@ -360,11 +357,7 @@ def test_a_background_teardown_follows_the_audited_result_and_cannot_undo_it(lab
 
 def test_a_long_lived_host_answers_the_report_once_the_end_record_is_written(lab: Lab) -> None:
     lab.install("a", "unverified")
-    config = load_config(lab.env)
-    fake = LocalSandbox("unit", lab.env)
-    host = SandboxHost(config=config, env=lab.env, sandbox_backend=fake, client_factory=_no_engine,
-                       async_teardown=True)  # fmt: skip
-    fake.inner = HostBackend(owner=host.owner, env=lab.env)
+    host, fake = lab.host(async_teardown=True)
     launched: list[Any] = []
     real_launch = fake.launch
 
