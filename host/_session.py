@@ -57,9 +57,9 @@ RESOURCE_EXHAUSTED. Bounds the requests (each at most MAX_MESSAGE_BYTES) a run c
 RUN_SERVER_THREADS = 8
 """Threads that serve one run's calls."""
 HANDSHAKE_TIMEOUT_MS = 5000
+"""A connection that has not completed its HTTP/2 handshake by then is closed, freeing its slot."""
 REPORT_HOLD_SECONDS = 5.0
 """Longest a held ReportResult answer waits for the host to release it (`RunSession.hold_report`)."""
-"""A connection that has not completed its HTTP/2 handshake by then is closed, freeing its slot."""
 
 REFUSAL_BURST = 32
 """Refused tool and LLM requests a run may make back to back before it is throttled."""
