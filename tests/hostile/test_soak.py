@@ -95,8 +95,9 @@ QUIET_S = 1.0
 watcher, log drain) end shortly after its result, so a reading taken at once still counts some of them."""
 
 
-def _quiet(timeout: float = 20.0) -> dict[str, int]:
-    """Gauges once threads and fds have not changed for QUIET_S (or after `timeout`, as they are then).
+def _quiet(baseline: dict[str, int] | None = None, timeout: float = 20.0) -> dict[str, int]:
+    """Gauges once threads and fds have not changed for QUIET_S and, given a `baseline`, are no more than
+    SLACK above it (the runs' daemon threads and teardowns end); after `timeout`, as they are then.
 
     The baseline is taken this way too: one taken while the warm-up runs' threads were still ending was
     higher than the host's steady count (CI saw threads -4 after the soak), which would also hide a leak of
@@ -111,7 +112,8 @@ def _quiet(timeout: float = 20.0) -> dict[str, int]:
         if (later["threads"], later["fds"]) != (now["threads"], now["fds"]):
             still_since = time.monotonic()
         now = later
-        if time.monotonic() - still_since >= QUIET_S:
+        above = baseline is not None and any(now[k] > baseline[k] + SLACK for k in ("threads", "fds"))
+        if time.monotonic() - still_since >= QUIET_S and not above:
             break
     return now
 
@@ -184,7 +186,7 @@ def _record(
     seen: dict[str, int],
 ) -> None:
     """Record (and so assert) the soak properties after `results`; `seen`: the probes' peaks while live."""
-    after = _quiet()
+    after = _quiet(baseline)
     # The run's captured output (capped) names what the wrapper saw, e.g. why FetchTask failed.
     failed = [(r.error_code, r.error, r.logs[-300:]) for r in results if not r.success]
     ledger.soak(

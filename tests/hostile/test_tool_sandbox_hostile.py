@@ -44,7 +44,7 @@ from tests.hostile.conftest import (
     brief,
     rss_bytes,
 )
-from tests.hostile.test_soak import SLACK, _gauges, _settled
+from tests.hostile.test_soak import SLACK, _quiet
 from tests.support.engine import ENGINE_ENV
 from tests.support.packs import write_agent
 
@@ -573,8 +573,7 @@ def test_a_tool_speaking_the_framing_itself(
         drive(lab, host, [call(CTOOLS, "tick"), trusted], warm)
         warm.stop()
         warm.wait_gone()
-    time.sleep(1.0)  # the run's own helper threads end
-    baseline = _gauges()
+    baseline = _quiet()  # once the run's own helper threads have ended
 
     plan_a = [call(CTOOLS, "tick"), call(CTOOLS, "hijack")]
     plan_a += [call(CTOOLS, "tick", forge=kind) for kind in FORGERIES]
@@ -735,7 +734,7 @@ def test_a_tool_speaking_the_framing_itself(
         _, after_rows = drive(lab, host, [call(CTOOLS, "tick"), trusted], after)
         after.stop()
         gone_s.append(after.wait_gone())
-    now = _settled(baseline)
+    now = _quiet(baseline)
     grown = {k: now[k] - baseline[k] for k in ("threads", "fds")}
     ledger.attack(
         "escape.tool_sandbox.daemonized_child",
