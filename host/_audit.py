@@ -423,7 +423,6 @@ class AuditLog:
             head = left[2]
             seq, prev = head.seq, head.hash
         else:
-            left = None
             head = _head_from_bytes(raw_head)
             seq, prev = _tip(self.path, head, fd)
         entry = {
@@ -438,10 +437,10 @@ class AuditLog:
         if start and start + len(line) + 1 > self.max_bytes:
             dropped = self._rotate()
             fd, st = self._current_log_fd()
-            start, left = st.st_size, None
-        # A torn last line (crash mid-write elsewhere) must not swallow this record. (The file as this log
-        # left it ends with its own line's newline.)
-        torn = start and left is None and os.pread(fd, 1, start - 1) != b"\n"
+            start = st.st_size
+        # A torn last line (crash mid-write elsewhere, or its newline overwritten in place) must not swallow
+        # this record: checked on every append, the remembered tip included.
+        torn = start and os.pread(fd, 1, start - 1) != b"\n"
         data = (b"\n" if torn else b"") + line + b"\n"
         if os.write(fd, data) != len(data):
             os.ftruncate(fd, start)

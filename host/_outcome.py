@@ -92,8 +92,9 @@ def watch(
             return Ending.REPORTED
         if session.cancelled:
             return Ending.CANCELLED
-        # A task not yet fetched has run no agent code to count: a warm run's first pass skips the reads
-        # (they competed with its task's handover), the next tick reads them.
+        # Before its task is fetched the run's own code has not started: a warm run's first pass skips the
+        # reads (they competed with the task's handover); the counters are cumulative, so the next tick
+        # still sees anything earlier (a warm member's import of the pack's module included).
         if session.fetched or not first:
             workload.poll()
         first = False

@@ -119,8 +119,7 @@ class WarmPools:
                 self._unsettled[pick.run_id] = time.monotonic()
             elif key in self._specs:
                 self.misses += 1
-            # No notify: the filler could only wait for this run's result (`settled` wakes it), and waking
-            # it here put its thread on the run's way to the result.
+            self._cond.notify_all()
         return pick
 
     def settled(self, run_id: str) -> None:

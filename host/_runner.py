@@ -216,14 +216,17 @@ class SandboxHost:
         result.mode_used = run.source.value
         result.duration_ms = int((time.monotonic() - run.started) * 1000)
         reason = result.reason or AuditReason.HOST_LOOP_ERROR
-        if not self.records.end(run, reason=reason, success=result.success, duration_ms=result.duration_ms,
-                                timed_out=result.timed_out, slug=slug):  # fmt: skip
-            self.audit_failures += 1
-            result = withheld(result, self.records.hint)
-        if run.release is not None:
-            run.release()  # the end record is written: the wrapper may exit now
-        run.mark("done")
-        try:
+        try:  # whatever happens from here on, the wrapper is released and the workload torn down
+            try:
+                if not self.records.end(run, reason=reason, success=result.success,
+                                        duration_ms=result.duration_ms, timed_out=result.timed_out,
+                                        slug=slug):  # fmt: skip
+                    self.audit_failures += 1
+                    result = withheld(result, self.records.hint)
+            finally:
+                if run.release is not None:
+                    run.release()  # the end record is written (or failed): the wrapper may exit now
+            run.mark("done")
             for observer in (self.metrics, self.tracer):  # neither may touch the result fixed and audited
                 if observer is None:
                     continue

@@ -256,8 +256,10 @@ def _lines_tamper(tamper: Callable[[list[bytes]], list[bytes]]) -> Callable[[Pat
         _lines_tamper(lambda raw: raw[:-1]),
         _lines_tamper(lambda raw: [*raw[:-1], raw[-1].replace(b"agent-4", b"agent-X")]),  # same size
         _lines_tamper(lambda raw: [*raw[:-1], raw[-1][:-1] + b" "]),  # in place, same size: broken JSON
+        lambda path: path.write_bytes(path.read_bytes()[:-1] + b" "),  # the last newline overwritten
     ],
-    ids=["untouched", "other-writer", "stale-head", "edit", "delete-last", "edit-last", "break-last"],
+    ids=["untouched", "other-writer", "stale-head", "edit", "delete-last", "edit-last", "break-last",
+         "newline-gone"],
 )
 def test_the_log_that_wrote_the_tip_continues_as_a_fresh_reader_would(
     tmp_path: Path, change: Callable[[Path], None]
@@ -274,6 +276,7 @@ def test_the_log_that_wrote_the_tip_continues_as_a_fresh_reader_would(
         shutil.copyfile(kept.with_name(name), fresh.with_name(name))
     assert log.append(record(slug="next"))
     assert AuditLog(fresh).append(record(slug="next"))
+    assert len(lines(kept)) == len(lines(fresh))  # the new record on a line of its own in both
     got = [{k: v for k, v in json.loads(line).items() if k != "ts"} for line in lines(kept)[-1:]]
     want = [{k: v for k, v in json.loads(line).items() if k != "ts"} for line in lines(fresh)[-1:]]
     assert got == want

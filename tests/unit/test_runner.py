@@ -24,7 +24,7 @@ from host._hostproc import HostBackend, HostSpec
 from host._packs import LockEntry, Lockfile
 from host._result import RunResult
 from host._runner import SandboxHost
-from host._session import RunSession
+from host._session import REPORT_HOLD_SECONDS, RunSession
 from host._workload import Teardowns, Workload
 
 AGENT = """
@@ -383,6 +383,31 @@ def test_a_long_lived_host_answers_the_report_once_the_end_record_is_written(lab
         host.close()
     assert alive_at_end == [True]
     _once(lab, r, started=True)
+
+
+def test_a_held_report_is_released_even_when_the_end_record_raises(lab: Lab) -> None:
+    lab.install("a", "unverified")
+    host, fake = lab.host(async_teardown=True)
+    launched: list[Any] = []
+    real_launch = fake.launch
+
+    def launch(*args: Any, **kwargs: Any) -> Workload:
+        launched.append(real_launch(*args, **kwargs))
+        return launched[-1]
+
+    def end(*args: Any, **kwargs: Any) -> bool:
+        raise RuntimeError("a host bug while writing the end record")
+
+    fake.launch = launch  # type: ignore[method-assign]
+    host.records.end = end  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError):
+            host.run("a", kwargs={"mode": "ok"})
+        started = time.monotonic()
+        launched[0].proc.wait(timeout=10)
+        assert time.monotonic() - started < REPORT_HOLD_SECONDS - 2  # answered, not timed out
+    finally:
+        host.close()
 
 
 class _Recorder:
