@@ -25,8 +25,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not REQUIRE_DOCKER or not _counts["selected"]:
-        return
+    if not REQUIRE_DOCKER or not _counts["selected"] or session.config.option.collectonly:
+        return  # (a collect-only session, as lint's, runs no test at all)
     problem = ""
     if _counts["skipped"]:
         problem = f"{_counts['skipped']} Docker test(s) skipped"
