@@ -69,6 +69,7 @@ class LocalSandbox:
         self.warm: list[Workload] = []
         self.fail_prepare: BaseException | None = None
         self.torn: list[str] = []
+        self.launched: list[Any] = []
 
     def claim(self, admission: Admission) -> Workload | None:
         return self.warm.pop() if self.warm else None
@@ -82,7 +83,8 @@ class LocalSandbox:
     def launch(
         self, spec: HostSpec, *, run_id: str, session: RunSession | None = None, run_info: Any = None
     ) -> Workload:
-        return self.inner.launch(spec, run_id=run_id, session=session, run_info=run_info)
+        self.launched.append(self.inner.launch(spec, run_id=run_id, session=session, run_info=run_info))
+        return self.launched[-1]  # a HostProcess: its `proc` is the wrapper
 
     def teardown(self, workload: Workload) -> None:
         self.torn.append(workload.run_id)
@@ -358,27 +360,19 @@ def test_a_background_teardown_follows_the_audited_result_and_cannot_undo_it(lab
 def test_a_long_lived_host_answers_the_report_once_the_end_record_is_written(lab: Lab) -> None:
     lab.install("a", "unverified")
     host, fake = lab.host(async_teardown=True)
-    launched: list[Any] = []
-    real_launch = fake.launch
-
-    def launch(*args: Any, **kwargs: Any) -> Workload:
-        launched.append(real_launch(*args, **kwargs))
-        return launched[-1]
-
     alive_at_end: list[bool] = []
     real_end = host.records.end
 
     def end(*args: Any, **kwargs: Any) -> bool:
         time.sleep(1.0)  # the wrapper reported before this: answered, it would have exited by now
-        alive_at_end.append(launched[0].proc.poll() is None)
+        alive_at_end.append(fake.launched[0].proc.poll() is None)
         return real_end(*args, **kwargs)
 
-    fake.launch = launch  # type: ignore[method-assign]
     host.records.end = end  # type: ignore[method-assign]
     try:
         r = host.run("a", kwargs={"mode": "ok"})
         assert r.success, r
-        assert launched[0].proc.wait(timeout=10) is not None  # released: it exits (or is torn down)
+        assert fake.launched[0].proc.wait(timeout=10) is not None  # released: it exits (or is torn down)
     finally:
         host.close()
     assert alive_at_end == [True]
@@ -388,23 +382,15 @@ def test_a_long_lived_host_answers_the_report_once_the_end_record_is_written(lab
 def test_a_held_report_is_released_even_when_the_end_record_raises(lab: Lab) -> None:
     lab.install("a", "unverified")
     host, fake = lab.host(async_teardown=True)
-    launched: list[Any] = []
-    real_launch = fake.launch
-
-    def launch(*args: Any, **kwargs: Any) -> Workload:
-        launched.append(real_launch(*args, **kwargs))
-        return launched[-1]
-
     def end(*args: Any, **kwargs: Any) -> bool:
         raise RuntimeError("a host bug while writing the end record")
 
-    fake.launch = launch  # type: ignore[method-assign]
     host.records.end = end  # type: ignore[method-assign]
     try:
         with pytest.raises(RuntimeError):
             host.run("a", kwargs={"mode": "ok"})
         started = time.monotonic()
-        launched[0].proc.wait(timeout=10)
+        fake.launched[0].proc.wait(timeout=10)
         assert time.monotonic() - started < REPORT_HOLD_SECONDS - 2  # answered, not timed out
     finally:
         host.close()
