@@ -73,6 +73,13 @@ def _depth_ok(text: str, max_depth: int, max_containers: int) -> bool:
     return deepest + passes <= max_depth
 
 
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+"""One decoder for every call (json.loads builds one per call when given hooks): it holds no state between
+calls, and json's own module-level default decoder is shared across threads the same way."""
+_UTF8_MAX = 4
+"""Most bytes one character takes in UTF-8 (a lone surrogate, passed through, takes 3)."""
+
+
 def loads_strict(
     text: str | bytes,
     *,
@@ -83,7 +90,9 @@ def loads_strict(
     """Parse JSON from an untrusted party: size first (before any work), then depth, then finite numbers."""
     if max_bytes is not None:
         if len(text) > max_bytes or (
-            isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) > max_bytes
+            isinstance(text, str)
+            and len(text) * _UTF8_MAX > max_bytes  # else it cannot encode to more than max_bytes
+            and len(text.encode("utf-8", "surrogatepass")) > max_bytes
         ):
             raise JsonRejected(f"the JSON text exceeds {max_bytes} bytes")
     if isinstance(text, bytes):
@@ -91,14 +100,17 @@ def loads_strict(
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise JsonRejected("the JSON text is not UTF-8") from None
-    if not _depth_ok(text, max_depth, max_containers):
+    # A text with no more opening brackets (inside strings or not) than both bounds allow cannot break
+    # either: two counts in C decide the common, small case without the full depth walk.
+    opening = text.count("[") + text.count("{")
+    if opening > min(max_depth, max_containers) and not _depth_ok(text, max_depth, max_containers):
         raise JsonRejected(f"the JSON text nests deeper than {max_depth}")
     # Every number is checked: a float overflows with a long mantissa as well as a big exponent
     # ("1" + 300 zeros + "e9"), so no cheap textual pre-test decides it.
+    if text.startswith("\ufeff"):  # as json.loads: a byte-order mark is not JSON
+        raise JsonRejected("the text is not valid JSON")
     try:
-        return json.loads(
-            text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int
-        )
+        return _STRICT.decode(text)
     except JsonRejected:
         raise
     except (ValueError, RecursionError):
@@ -120,10 +132,14 @@ def check_finite(value: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
             stack.extend((v, depth + 1) for v in item)
 
 
+_STRICT_OUT = json.JSONEncoder(allow_nan=False)
+"""The encoder of dumps_strict without options (json.dumps builds one per call when given any)."""
+
+
 def dumps_strict(value: Any, **kwargs: Any) -> str:
     """Serialize for the wire or a terminal: never emits NaN/Infinity (json.dumps would, by default)."""
     try:
-        return json.dumps(value, allow_nan=False, **kwargs)
+        return _STRICT_OUT.encode(value) if not kwargs else json.dumps(value, allow_nan=False, **kwargs)
     except ValueError as exc:
         raise JsonRejected(str(exc)) from None
 

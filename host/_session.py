@@ -564,14 +564,21 @@ def _field_counts(raw: bytes, max_fields: int, what: str) -> dict[int, int] | No
         seen += 1
         if seen > max_fields:
             return None
-        key, pos = _varint(raw, pos, what)
+        key = raw[pos]
+        if key < 0x80:  # fields 1-15 have a one-byte key: the common case, without a call
+            pos += 1
+        else:
+            key, pos = _varint(raw, pos, what)
         number, wire_type = key >> 3, key & 7
         if wire_type == 0:
             _, pos = _varint(raw, pos, what)
         elif wire_type == 1:
             pos += 8
         elif wire_type == 2:
-            length, pos = _varint(raw, pos, what)
+            if pos < len(raw) and raw[pos] < 0x80:  # a length below 128, likewise
+                length, pos = raw[pos], pos + 1
+            else:
+                length, pos = _varint(raw, pos, what)
             pos += length
         elif wire_type == 5:
             pos += 4
@@ -728,7 +735,12 @@ class _RunServices:
         outcome = gate.call(
             request.package_slug, request.tool_name, request.arguments_json, on_admit=call.accept
         )
-        result_json = dumps_strict(outcome.result) if outcome.success else ""
+        if not outcome.success:
+            result_json = ""
+        elif outcome.result_json is not None:
+            result_json = outcome.result_json
+        else:
+            result_json = dumps_strict(outcome.result)
         return tools_pb2.RunToolResponse(
             success=outcome.success,
             result_json=result_json,

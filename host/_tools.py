@@ -42,6 +42,11 @@ MAX_ARGUMENTS_BYTES = 1 << 20
 PARSE_SLOTS = 2
 """Arguments one run's gate parses at once: a parse allocates up to ~25x its bytes (1 MiB of `[]`s is
 ~25 MB of lists), so concurrent calls of one run wait for a slot instead of multiplying that."""
+RESOLVED_PER_RUN = 64
+"""Tool names a run's gate remembers how to resolve (ToolGate._resolve)."""
+PARSE_SLOT_MIN_CHARS = 4096
+"""Arguments up to this long are parsed without a slot: what they can allocate (~100 KB) costs less than
+waiting for one."""
 MAX_REQUEST_BYTES = MAX_ARGUMENTS_BYTES + 4096
 """The most a tool request may take encoded: its arguments plus slug, tool name and framing. The RPC layer
 refuses anything larger as TOO_LARGE before decoding it."""
@@ -92,6 +97,9 @@ class ToolOutcome:
     result: Any
     error: str
     mode_used: str = MODE_HOST_WORKER
+    result_json: str | None = None
+    """`result` as the strict JSON text it was checked as, when the runner has it (so the RPC layer sends
+    it on without serializing the value again); None: serialize `result`."""
 
 
 def _failed(error: str) -> ToolOutcome:
@@ -104,9 +112,9 @@ def _failed(error: str) -> ToolOutcome:
 def _parse_arguments(arguments_json: str) -> dict[str, Any]:
     """Strict JSON object parse that keeps ints as ints and floats as floats; NaN, ±Infinity and numbers
     that overflow to infinity (1e999) are refused here, so no schema or tool ever sees a non-finite value."""
-    if (
-        len(arguments_json) > MAX_ARGUMENTS_BYTES
-        or len(arguments_json.encode("utf-8", "surrogatepass")) > MAX_ARGUMENTS_BYTES
+    if len(arguments_json) > MAX_ARGUMENTS_BYTES or (
+        len(arguments_json) * 4 > MAX_ARGUMENTS_BYTES  # else its UTF-8 cannot be longer (4 bytes a char)
+        and len(arguments_json.encode("utf-8", "surrogatepass")) > MAX_ARGUMENTS_BYTES
     ):
         raise ToolRefusal(WireReason.TOO_LARGE, f"arguments_json exceeds {MAX_ARGUMENTS_BYTES} bytes")
     try:
@@ -287,6 +295,7 @@ class ToolGate:
         self._lock = threading.Lock()
         self.trace = CallTrace()  # each decided call's timing, for the run's trace (host/_tracing.py)
         self._parsing = threading.BoundedSemaphore(PARSE_SLOTS)
+        self._resolved: dict[tuple[str, str], tuple[InstalledToolpack, ResolvedTool]] = {}
         self._calls_made = 0
         self._refusals = 0
 
@@ -401,17 +410,15 @@ class ToolGate:
                 "community tool packs run only in tool sandboxes, and this host's sandbox is off "
                 "(AGENTNODE_AGENT_SANDBOX=1 turns it on)",
             )
-        tool = resolve_tool(slug, pack.manifest, tool_name)
+        tool = self._resolve(pack, tool_name)
         if self._deadline - time.monotonic() <= 0:
             raise ToolRefusal(WireReason.RUN_DEADLINE, "the run's time budget is spent")
-        with self._parsing:  # the first step whose cost grows with the request
-            arguments = _parse_arguments(arguments_json)
-            schema = tool.spec.input_schema if tool.spec is not None else None
-            if schema is not None and (error := schema_error(schema, arguments)):
-                del arguments  # freed inside the slot (a refusal's traceback keeps this frame)
-                raise ToolRefusal(
-                    WireReason.TOOL_ARGUMENTS_INVALID, f"arguments do not match the tool's schema: {error}"
-                )
+        schema = tool.spec.input_schema if tool.spec is not None else None
+        if len(arguments_json) <= PARSE_SLOT_MIN_CHARS:
+            arguments = _checked_arguments(arguments_json, schema)
+        else:
+            with self._parsing:  # the first step whose cost grows with the request
+                arguments = _checked_arguments(arguments_json, schema)
         timeout = min(self._tool_timeout, self._deadline - time.monotonic())
         if timeout <= 0:
             raise ToolRefusal(WireReason.RUN_DEADLINE, "the run's time budget is spent")
@@ -420,6 +427,29 @@ class ToolGate:
                 raise _call_limit()
             self._calls_made += 1
         return pack, tool, arguments, timeout
+
+    def _resolve(self, pack: InstalledToolpack, tool_name: str) -> ResolvedTool:
+        """resolve_tool, remembered per (pack, name) for the run: a loop calling one tool resolves it once.
+        At most RESOLVED_PER_RUN names are kept (an agent chooses them); others are resolved every time."""
+        key = (pack.slug, tool_name)
+        known = self._resolved.get(key)
+        if known is not None and known[0] is pack:
+            return known[1]
+        tool = resolve_tool(pack.slug, pack.manifest, tool_name)
+        if len(self._resolved) < RESOLVED_PER_RUN:
+            self._resolved[key] = (pack, tool)
+        return tool
+
+
+def _checked_arguments(arguments_json: str, schema: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The call's arguments, parsed and checked against the tool's input schema (if it declares one)."""
+    arguments = _parse_arguments(arguments_json)
+    if schema is not None and (error := schema_error(schema, arguments)):
+        del arguments  # freed here, inside any parse slot (a refusal's traceback keeps this frame)
+        raise ToolRefusal(
+            WireReason.TOOL_ARGUMENTS_INVALID, f"arguments do not match the tool's schema: {error}"
+        )
+    return arguments
 
 
 def _call_limit() -> ToolRefusal:
@@ -635,11 +665,12 @@ def _outcome(reply: dict[str, Any]) -> ToolOutcome:
     if reply.get("ok") is True:
         # The worker is trusted code running a trusted tool, but its result goes back into the sandbox and
         # into `run --json`: only strict JSON (finite numbers, bounded size and depth) gets through.
+        text = str(reply.get("result_json", ""))
         try:
-            result = loads_strict(str(reply.get("result_json", "")), max_bytes=MAX_RESULT_BYTES)
+            result = loads_strict(text, max_bytes=MAX_RESULT_BYTES)
         except JsonRejected:
             return _failed("tool result is not JSON-serializable")
-        return ToolOutcome(success=True, result=result, error="")
+        return ToolOutcome(success=True, result=result, error="", result_json=text)
     failure = reply.get("failure")
     error_type = str(reply.get("error_type", ""))
     error_type = error_type if _TYPE_NAME.fullmatch(error_type) else "an exception"

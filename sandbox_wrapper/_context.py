@@ -39,6 +39,7 @@ from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     tools_pb2_grpc,
 )
 
+_ARGUMENTS = json.JSONEncoder(allow_nan=False)  # json.dumps(..., allow_nan=False), one encoder for all calls
 _PERMISSION_REASONS = frozenset({"TOOL_NOT_ALLOWED", "TOOL_PACK_UNTRUSTED"})
 # Every other reason (INVALID_REQUEST, TOO_LARGE, TOOL_NOT_FOUND, TOOL_ARGUMENTS_INVALID, RUN_DEADLINE,
 # TOO_MANY_REFUSALS after a burst of refused calls, and any reason a newer host adds) is a failed
@@ -497,7 +498,9 @@ class AgentContext:
         # A refusal that comes back as a result (not found, bad arguments, ...) is a failed dispatch in the
         # format's arithmetic too (§4.4): it counts towards the breaker and stop_on_consecutive_errors.
         with self._lock:
-            breaker = self._breakers.setdefault(slug, _Breaker(self._clock))
+            breaker = self._breakers.get(slug)
+            if breaker is None:
+                breaker = self._breakers[slug] = _Breaker(self._clock)
             if result.success:
                 breaker.success()
                 self._consecutive_errors = 0
@@ -547,7 +550,7 @@ class AgentContext:
     ) -> tuple[ToolResult, bool]:
         """One RunTool call; (result, whether the tool ran). Raises for the refusals agents must not miss."""
         try:
-            arguments = json.dumps(kwargs, allow_nan=False)
+            arguments = _ARGUMENTS.encode(kwargs)
         except (TypeError, ValueError, RecursionError) as exc:
             return ToolResult(False, error=f"INVALID_REQUEST: tool arguments are not JSON: {exc}"), False
         request = tools_pb2.RunToolRequest(

@@ -48,12 +48,19 @@ def _finite(text: str) -> float:
     return value
 
 
+_FINITE = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+"""One decoder for every call (json.loads builds one per call when given hooks); it keeps no state between
+calls, as json's own shared default decoder does not."""
+
+
 def loads_finite(text: str) -> Any:
     """json.loads that refuses what JSON has no room for: NaN, ±Infinity and numbers that overflow (1e999).
 
     The host applies the same rule at its own boundary; this side never turns such text into a value.
     """
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    if not isinstance(text, str) or text.startswith("\ufeff"):  # json.loads' own checks and errors
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    return _FINITE.decode(text)
 
 
 def dumps(value: Any, what: str) -> str:

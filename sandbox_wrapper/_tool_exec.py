@@ -41,12 +41,20 @@ def _finite(text: str) -> float:
     return value
 
 
+_FINITE = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+"""One decoder for every request (json.loads builds one per call when given hooks); it keeps no state."""
+_STRICT_OUT = json.JSONEncoder(allow_nan=False)
+"""One encoder for every result and reply, likewise."""
+
+
 def loads_finite(text: str) -> Any:
     """json.loads that refuses NaN, ±Infinity and overflowing numbers (1e999), like the host's boundary.
 
     This module imports only the standard library, so it keeps its own copy of the rule.
     """
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    if not isinstance(text, str) or text.startswith("\ufeff"):  # json.loads' own checks and errors
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    return _FINITE.decode(text)
 
 
 def _owned(module: Any, value: Any) -> bool:
@@ -119,7 +127,7 @@ def _result_json(result: Any) -> str:
     """Strict JSON of the result; one that is not JSON (an object, a set, NaN, a cycle) becomes the format's
     fallback repr, still a success, as the runtime's subprocess mode returns it."""
     try:
-        return json.dumps(result, allow_nan=False)
+        return _STRICT_OUT.encode(result)
     except (TypeError, ValueError):
         shown = repr(result)[:FALLBACK_REPR_CHARS]
         return json.dumps({"__agentnode_fallback_repr__": True, "repr": shown})
@@ -146,7 +154,7 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, argv[1])
     add_compat_path()
     for line in proto_in:
-        proto_out.write(json.dumps(handle(loads_finite(line)), allow_nan=False) + "\n")
+        proto_out.write(_STRICT_OUT.encode(handle(loads_finite(line))) + "\n")
         proto_out.flush()
 
 

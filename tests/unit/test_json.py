@@ -179,3 +179,39 @@ def test_the_number_of_containers_is_bounded_before_parsing() -> None:
     assert len(loads_strict(many, max_containers=70_000)) == 60_001
     strings = json.dumps(["[]" * 100_000, "{}" * 100_000])  # brackets inside strings are not containers
     assert loads_strict(strings) == json.loads(strings)
+
+
+def test_the_bracket_count_shortcut_keeps_both_bounds() -> None:
+    """A text with few enough opening brackets skips the depth walk; the bounds still hold exactly."""
+    assert loads_strict("[[[]]]", max_depth=3) == [[[]]]
+    with pytest.raises(JsonRejected, match="deeper than 3"):
+        loads_strict("[[[[]]]]", max_depth=3)
+    assert loads_strict("[[]]", max_containers=2) == [[]]
+    with pytest.raises(JsonRejected, match="more than 2 arrays"):
+        loads_strict("[[], []]", max_containers=2)
+    assert loads_strict('["[[[[", {"{{": 1}]', max_depth=2) == ["[[[[", {"{{": 1}]
+    with pytest.raises(JsonRejected, match="not valid JSON"):
+        loads_strict("\ufeff{}")  # a byte-order mark, as json.loads refuses it
+    with pytest.raises(JsonRejected, match="not valid JSON"):
+        loads_strict("{} {}")
+
+
+def test_one_decoder_serves_concurrent_threads() -> None:
+    """loads_strict shares one decoder (its hooks run Python, so threads switch mid-parse)."""
+    import threading
+
+    texts = [json.dumps({f"k{i}": [i / 7, i, {"d": [i * 1.5, str(i)]}] for i in range(n)}) for n in range(40)]
+    wrong: list[str] = []
+
+    def parse() -> None:
+        for _ in range(50):
+            for text in texts:
+                if loads_strict(text) != json.loads(text):
+                    wrong.append(text)
+
+    threads = [threading.Thread(target=parse) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

@@ -792,3 +792,48 @@ def test_an_unrestricted_gate_runs_any_installed_pack_and_refuses_what_is_not_in
     assert ok(gate.call("calc", "echo", '{"a": 1}')) == {"a": 1}
     assert refusal(gate, "ghost", "echo", "{}").reason == "TOOL_NOT_FOUND"
     assert (gate.calls_made, gate.refusals) == (1, 1)
+
+
+# --- the per-call fast paths (issue 17): same decisions, less work per call --------------------------------
+
+
+def test_a_gate_resolves_each_tool_once_per_looked_up_pack(tmp_path: Path, runner: ToolRunner) -> None:
+    from host._tools import RESOLVED_PER_RUN
+
+    first = single_tool_pack(tmp_path, "single", (), entrypoint="single")
+    packs = {"single": first}
+    gate = ToolGate(allowed_packages=("single",), max_tool_calls=RESOLVED_PER_RUN + 20,
+                    lookup=packs.get, runner=runner, deadline=time.monotonic() + 60)
+    outcome = gate.call("single", "run", '{"a": 1}')
+    assert ok(outcome) == {"ran": "run", "a": 1}
+    assert outcome.result_json is not None and json.loads(outcome.result_json) == outcome.result
+    # A reinstall hands the gate a new pack whose manifest has no package entrypoint: resolved again.
+    (tmp_path / "again").mkdir()
+    packs["single"] = single_tool_pack(tmp_path / "again", "single", ())
+    assert refusal(gate, "single", "run", "{}").reason == "TOOL_NOT_FOUND"
+    packs["single"] = first
+    for index in range(RESOLVED_PER_RUN + 10):  # names an agent makes up: at most the bound is kept
+        assert ok(gate.call("single", f"made_up_{index}", "{}")) == {"ran": "run"}
+    assert len(gate._resolved) == RESOLVED_PER_RUN
+
+
+def test_only_large_arguments_wait_for_a_parse_slot(tmp_path: Path, runner: ToolRunner) -> None:
+    from host._tools import PARSE_SLOT_MIN_CHARS, PARSE_SLOTS
+
+    pack = make_pack(tmp_path, "calc")
+    gate = gate_for(runner, pack)
+    for _ in range(PARSE_SLOTS):
+        assert gate._parsing.acquire(timeout=1)  # every slot taken, as by concurrent large calls
+    small, large = threading.Event(), threading.Event()
+    calls = [({"s": "x" * 100}, small), ({"s": "x" * PARSE_SLOT_MIN_CHARS}, large)]
+    for arguments, done in calls:
+        text = json.dumps(arguments)
+        call = lambda t=text, d=done: (ok(gate.call("calc", "echo", t)), d.set())  # noqa: E731
+        threading.Thread(target=call, daemon=True).start()
+    try:
+        assert small.wait(10)  # a small call parses without a slot
+        assert not large.wait(0.5)  # a large one waits for a slot
+    finally:
+        for _ in range(PARSE_SLOTS):
+            gate._parsing.release()
+    assert large.wait(10)
