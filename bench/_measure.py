@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from bench._plan import CALL_ROUNDS
 from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
@@ -639,7 +640,7 @@ def stdio(state: BenchState, runtime: str, n: int, warmup: int) -> list[float]:
         rundir.remove()
 
 
-def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[str, float]]:
+def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, list[float]]:
     """The host's share of a tool call, split: the gate looking the pack up in the lockfile on every call,
     the gate with the pack looked up once (as every run's gate does: host/_wiring.run_services keeps one
     lookup per tool pack per run), and the worker round trip alone."""
@@ -667,51 +668,79 @@ def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, dict[st
     finally:
         runner.close()
         host.close()
-    return {key: summary(v) for key, v in samples.items()}
+    return samples
 
 
 def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any]:
-    """A tool call from inside the sandbox against a bare gRPC echo and stdio JSON lines."""
+    """A tool call from inside the sandbox against a bare gRPC echo and stdio JSON lines, each of them and
+    every floor measured in CALL_ROUNDS interleaved rounds of n / CALL_ROUNDS calls."""
     host = SandboxHost(env=state.env)
     try:
-        result = _ok(host.run(state.tool_caller, runtime=runtime,
-                              kwargs={"slug": state.tools, "n": n, "warmup": warmup}))
         pack = lookup_toolpack(host.lockfile, state.tools)
     finally:
         host.close()
     assert pack is not None
-    tool = summary(result.result["ms"])
-    bare = summary(rpc_from_container(state, runtime, _echo_server, method="/bench.Echo/Echo",
-                                      n=n, warmup=warmup))
+    each = max(1, n // CALL_ROUNDS)
     run_tool = "/agentnode.sandbox.v1.ToolService/RunTool"
-    free = summary(rpc_from_container(state, runtime, _servicer_server(pack, _FreeRunner()),
-                                      method=run_tool, n=n, warmup=warmup))
     runner = ToolRunner()
+    samples: dict[str, list[float]] = {}
+    host_side: dict[str, list[float]] = {}
+
+    def tool() -> None:
+        run_host = SandboxHost(env=state.env)
+        try:
+            result = _ok(run_host.run(state.tool_caller, runtime=runtime,
+                                      kwargs={"slug": state.tools, "n": each, "warmup": warmup}))
+        finally:
+            run_host.close()
+        samples.setdefault("tool", []).extend(result.result["ms"])
+        samples.setdefault("tool_stub", []).extend(result.result["stub_ms"])
+
+    def rpc(key: str, serve_on: Callable[[str], grpc.Server], method: str) -> Callable[[], None]:
+        return lambda: samples.setdefault(key, []).extend(
+            rpc_from_container(state, runtime, serve_on, method=method, n=each, warmup=warmup))
+
+    def host_path() -> None:
+        for key, values in _host_tool_path(state, each, warmup).items():
+            host_side.setdefault(key, []).extend(values)
+
+    steps: list[Callable[[], None]] = [
+        tool,
+        rpc("echo", _echo_server, "/bench.Echo/Echo"),
+        rpc("free", _servicer_server(pack, _FreeRunner()), run_tool),
+        rpc("cached", _servicer_server(pack, runner), run_tool),
+        lambda: samples.setdefault("relayed", []).extend(_worker_relay(state, runtime, pack, each, warmup)),
+        lambda: samples.setdefault("line", []).extend(stdio(state, runtime, each, warmup)),
+        host_path,
+    ]
     try:
-        cached = summary(rpc_from_container(state, runtime, _servicer_server(pack, runner),
-                                            method=run_tool, n=n, warmup=warmup))
+        for round_ in range(CALL_ROUNDS):
+            for step in steps[round_ % len(steps):] + steps[:round_ % len(steps)]:
+                step()
     finally:
         runner.close()
-    relayed = summary(_worker_relay(state, runtime, pack, n, warmup))
-    line = summary(stdio(state, runtime, n, warmup))
-    host_side = _host_tool_path(state, n, warmup)
-    echo, worker = med(bare), med(host_side["worker_ms"])
+    tool_ms, bare, relayed, line = (summary(samples[k]) for k in ("tool", "echo", "relayed", "line"))
+    worker_side = {key: summary(values) for key, values in host_side.items()}
+    echo, worker = med(bare), med(worker_side["worker_ms"])
     return {
-        "tool_ms": tool,
-        "tool_stub_ms": summary(result.result["stub_ms"]),
-        "free_tool_ms": free,
-        "cached_lookup_tool_ms": cached,
+        "tool_ms": tool_ms,
+        "tool_stub_ms": summary(samples["tool_stub"]),
+        "free_tool_ms": summary(samples["free"]),
+        "cached_lookup_tool_ms": summary(samples["cached"]),
         "echo_ms": bare,
         "stdio_ms": line,
-        "tool_over_echo": ratio(med(tool), med(bare)),
+        "tool_over_echo": ratio(med(tool_ms), med(bare)),
         "stdio_over_echo": ratio(med(line), med(bare)),
         # the tool call against its floor: the bare transport plus the worker's own round trip
-        "tool_over_floor": None if echo is None or worker is None else ratio(med(tool), echo + worker),
+        "tool_over_floor": None if echo is None or worker is None else ratio(med(tool_ms), echo + worker),
         # ... and against the measured floor of the same call with none of our code: a bare server
         # relaying to an idle worker process
         "worker_relay_ms": relayed,
-        "tool_over_worker_relay": ratio(med(tool), med(relayed)),
-        "host_side": host_side,
+        "tool_over_worker_relay": ratio(med(tool_ms), med(relayed)),
+        # that floor against the first one: what waking an idle worker adds to any design
+        "worker_relay_over_floor": None if echo is None or worker is None
+        else ratio(med(relayed), echo + worker),
+        "host_side": worker_side,
     }
 
 

@@ -60,4 +60,10 @@ def parse_sections(text: str | None) -> tuple[str, ...]:
     return tuple(s for s in SECTION_NAMES if s in wanted)
 
 
-__all__ = ["FULL", "HOST_ONLY", "SECTION_NAMES", "SMOKE", "Plan", "parse_sections"]
+CALL_ROUNDS = 4
+"""Rounds the calls section splits its calls into: each round measures the tool call and every floor once,
+in a rotated order, so the figures a ratio divides span the same minutes (the machine drifts between
+minutes by more than the differences measured)."""
+
+
+__all__ = ["CALL_ROUNDS", "FULL", "HOST_ONLY", "SECTION_NAMES", "SMOKE", "Plan", "parse_sections"]

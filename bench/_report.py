@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._plan import SECTION_NAMES
+from bench._plan import CALL_ROUNDS, SECTION_NAMES
 from bench._stats import (
     UNSTABLE_SPREAD,
     combine,
@@ -240,7 +240,8 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                 floor=f"tool call {_m(c, 'tool_ms')} ms; echo {_m(c, 'echo_ms')} + worker "
                       f"{_m(c, 'host_side', 'worker_ms')} ms; free tool (no worker) "
                       f"{_m(c, 'free_tool_ms')} ms; floor measured: a bare server relaying to an idle "
-                      f"worker {_m(c, 'worker_relay_ms')} ms, tool call / that "
+                      f"worker {_m(c, 'worker_relay_ms')} ms (itself {_m(c, 'worker_relay_over_floor')}x "
+                      f"echo + worker: an idle worker's wake-up), tool call / that "
                       f"{_m(c, 'tool_over_worker_relay')}x")
         # A run's gate looks each tool pack up once per run (host/_wiring.run_services): the gate call
         # with the pack looked up once, minus the worker round trip it includes.
@@ -363,7 +364,10 @@ _CALLS = (
     "socket whose handler makes one round trip to an idle tool worker process (the same tool and pipe "
     "protocol, none of the servicer, gate or pool: the floor of any design with a worker behind a per-run "
     "socket); line-delimited JSON over the container's attached stdio. tool / floor = the tool call against "
-    "the bare echo plus the worker's own round trip in a hot loop (below), per repetition."
+    "the bare echo plus the worker's own round trip in a hot loop (below), per repetition. Each repetition "
+    f"measures the tool call and every floor in {CALL_ROUNDS} rounds of 1/{CALL_ROUNDS} of its calls, in a "
+    "rotated order, so "
+    "what a ratio divides spans the same minutes."
 )
 _TOOL_SANDBOX = (
     "One sandboxed agent calls the same no-op tool installed twice, as a trusted pack (run by a host worker "
