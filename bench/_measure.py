@@ -673,20 +673,21 @@ def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, list[fl
 
 def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any]:
     """A tool call from inside the sandbox against a bare gRPC echo and stdio JSON lines, each of them and
-    every floor measured in CALL_ROUNDS interleaved rounds of n / CALL_ROUNDS calls."""
+    every floor measured in CALL_ROUNDS interleaved rounds (fewer when n is smaller) of n calls in all."""
     host = SandboxHost(env=state.env)
     try:
         pack = lookup_toolpack(host.lockfile, state.tools)
     finally:
         host.close()
     assert pack is not None
-    each = max(1, n // CALL_ROUNDS)
+    rounds = max(1, min(CALL_ROUNDS, n))
+    sizes = [n // rounds + (index < n % rounds) for index in range(rounds)]  # n calls in all
     run_tool = "/agentnode.sandbox.v1.ToolService/RunTool"
     runner = ToolRunner()
     samples: dict[str, list[float]] = {}
     host_side: dict[str, list[float]] = {}
 
-    def tool() -> None:
+    def tool(each: int) -> None:
         run_host = SandboxHost(env=state.env)
         try:
             result = _ok(run_host.run(state.tool_caller, runtime=runtime,
@@ -696,27 +697,28 @@ def calls(state: BenchState, runtime: str, n: int, warmup: int) -> dict[str, Any
         samples.setdefault("tool", []).extend(result.result["ms"])
         samples.setdefault("tool_stub", []).extend(result.result["stub_ms"])
 
-    def rpc(key: str, serve_on: Callable[[str], grpc.Server], method: str) -> Callable[[], None]:
-        return lambda: samples.setdefault(key, []).extend(
+    def rpc(key: str, serve_on: Callable[[str], grpc.Server], method: str) -> Callable[[int], None]:
+        return lambda each: samples.setdefault(key, []).extend(
             rpc_from_container(state, runtime, serve_on, method=method, n=each, warmup=warmup))
 
-    def host_path() -> None:
+    def host_path(each: int) -> None:
         for key, values in _host_tool_path(state, each, warmup).items():
             host_side.setdefault(key, []).extend(values)
 
-    steps: list[Callable[[], None]] = [
+    steps: list[Callable[[int], None]] = [
         tool,
         rpc("echo", _echo_server, "/bench.Echo/Echo"),
         rpc("free", _servicer_server(pack, _FreeRunner()), run_tool),
         rpc("cached", _servicer_server(pack, runner), run_tool),
-        lambda: samples.setdefault("relayed", []).extend(_worker_relay(state, runtime, pack, each, warmup)),
-        lambda: samples.setdefault("line", []).extend(stdio(state, runtime, each, warmup)),
+        lambda each: samples.setdefault("relayed", []).extend(
+            _worker_relay(state, runtime, pack, each, warmup)),
+        lambda each: samples.setdefault("line", []).extend(stdio(state, runtime, each, warmup)),
         host_path,
     ]
     try:
-        for round_ in range(CALL_ROUNDS):
+        for round_, each in enumerate(sizes):
             for step in steps[round_ % len(steps):] + steps[:round_ % len(steps)]:
-                step()
+                step(each)
     finally:
         runner.close()
     tool_ms, bare, relayed, line = (summary(samples[k]) for k in ("tool", "echo", "relayed", "line"))
