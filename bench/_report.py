@@ -365,9 +365,8 @@ _CALLS = (
     "protocol, none of the servicer, gate or pool: the floor of any design with a worker behind a per-run "
     "socket); line-delimited JSON over the container's attached stdio. tool / floor = the tool call against "
     "the bare echo plus the worker's own round trip in a hot loop (below), per repetition. Each repetition "
-    f"measures the tool call and every floor in {CALL_ROUNDS} rounds of 1/{CALL_ROUNDS} of its calls, in a "
-    "rotated order, so "
-    "what a ratio divides spans the same minutes."
+    f"measures the tool call and every floor in {CALL_ROUNDS} rounds of about 1/{CALL_ROUNDS} of its "
+    "calls, in a rotated order, so what a ratio divides spans the same minutes."
 )
 _TOOL_SANDBOX = (
     "One sandboxed agent calls the same no-op tool installed twice, as a trusted pack (run by a host worker "

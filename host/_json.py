@@ -80,6 +80,14 @@ _UTF8_MAX = 4
 """Most bytes one character takes in UTF-8 (a lone surrogate, passed through, takes 3)."""
 
 
+def utf8_exceeds(text: str, limit: int) -> bool:
+    """Whether `text` takes more than `limit` bytes as UTF-8 (lone surrogates passed through), encoding it
+    only when its length alone cannot decide."""
+    return len(text) > limit or (
+        len(text) * _UTF8_MAX > limit and len(text.encode("utf-8", "surrogatepass")) > limit
+    )
+
+
 def loads_strict(
     text: str | bytes,
     *,
@@ -89,11 +97,7 @@ def loads_strict(
 ) -> Any:
     """Parse JSON from an untrusted party: size first (before any work), then depth, then finite numbers."""
     if max_bytes is not None:
-        if len(text) > max_bytes or (
-            isinstance(text, str)
-            and len(text) * _UTF8_MAX > max_bytes  # else it cannot encode to more than max_bytes
-            and len(text.encode("utf-8", "surrogatepass")) > max_bytes
-        ):
+        if utf8_exceeds(text, max_bytes) if isinstance(text, str) else len(text) > max_bytes:
             raise JsonRejected(f"the JSON text exceeds {max_bytes} bytes")
     if isinstance(text, bytes):
         try:
@@ -105,10 +109,10 @@ def loads_strict(
     opening = text.count("[") + text.count("{")
     if opening > min(max_depth, max_containers) and not _depth_ok(text, max_depth, max_containers):
         raise JsonRejected(f"the JSON text nests deeper than {max_depth}")
-    # Every number is checked: a float overflows with a long mantissa as well as a big exponent
-    # ("1" + 300 zeros + "e9"), so no cheap textual pre-test decides it.
     if text.startswith("\ufeff"):  # as json.loads: a byte-order mark is not JSON
         raise JsonRejected("the text is not valid JSON")
+    # Every number is checked: a float overflows with a long mantissa as well as a big exponent
+    # ("1" + 300 zeros + "e9"), so no cheap textual pre-test decides it.
     try:
         return _STRICT.decode(text)
     except JsonRejected:
@@ -144,4 +148,11 @@ def dumps_strict(value: Any, **kwargs: Any) -> str:
         raise JsonRejected(str(exc)) from None
 
 
-__all__ = ["DEFAULT_MAX_DEPTH", "JsonRejected", "check_finite", "dumps_strict", "loads_strict"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "JsonRejected",
+    "check_finite",
+    "dumps_strict",
+    "loads_strict",
+    "utf8_exceeds",
+]

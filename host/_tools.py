@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 import sandbox_wrapper._tool_exec
 from host._calltrace import CallTrace
 from host._errors import CallRefusal
-from host._json import JsonRejected, dumps_strict, loads_strict
+from host._json import JsonRejected, dumps_strict, loads_strict, utf8_exceeds
 from host._manifest import ToolpackManifest, ToolSpec
 from host._vocab import HOST_TRUST, WireReason
 from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
@@ -112,10 +112,7 @@ def _failed(error: str) -> ToolOutcome:
 def _parse_arguments(arguments_json: str) -> dict[str, Any]:
     """Strict JSON object parse that keeps ints as ints and floats as floats; NaN, ±Infinity and numbers
     that overflow to infinity (1e999) are refused here, so no schema or tool ever sees a non-finite value."""
-    if len(arguments_json) > MAX_ARGUMENTS_BYTES or (
-        len(arguments_json) * 4 > MAX_ARGUMENTS_BYTES  # else its UTF-8 cannot be longer (4 bytes a char)
-        and len(arguments_json.encode("utf-8", "surrogatepass")) > MAX_ARGUMENTS_BYTES
-    ):
+    if utf8_exceeds(arguments_json, MAX_ARGUMENTS_BYTES):
         raise ToolRefusal(WireReason.TOO_LARGE, f"arguments_json exceeds {MAX_ARGUMENTS_BYTES} bytes")
     try:
         arguments = loads_strict(arguments_json)

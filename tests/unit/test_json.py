@@ -215,3 +215,12 @@ def test_one_decoder_serves_concurrent_threads() -> None:
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_utf8_exceeds_counts_bytes_not_characters() -> None:
+    from host._json import utf8_exceeds
+
+    assert not utf8_exceeds("é" * 5, 10) and utf8_exceeds("é" * 6, 10)  # 2 bytes a character
+    assert not utf8_exceeds("😀" * 2, 8) and utf8_exceeds("😀" * 2 + "a", 8)  # 4 bytes a character
+    assert utf8_exceeds("\ud800" * 4, 11) and not utf8_exceeds("\ud800" * 4, 12)  # lone surrogates: 3
+    assert not utf8_exceeds("a" * 10, 10) and utf8_exceeds("a" * 11, 10)
