@@ -4,6 +4,7 @@ sandboxed with its console script."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import docker
 import pytest
 
 from tests.support.packs import write_agent
-from tests.support.paths import REPO
+from tests.support.paths import LOCK, REPO
 
 AGENT = """
     import sys
@@ -53,13 +54,20 @@ def test_an_installed_wheel_builds_the_image_and_runs_a_sandboxed_agent(
         archive.extractall(tmp_path / "unpacked", filter="data")
     (source,) = (tmp_path / "unpacked").iterdir()
     assert (source / "host" / "_image_inputs" / "Dockerfile").is_file()  # real files, not the symlink
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
-         env={**env, "HOME": os.environ.get("HOME", str(tmp_path))}, cwd=work)  # fmt: skip
+    # Built with the locked setuptools (an isolated build would fetch the index's newest), and installed
+    # with the locked versions of its dependencies (hash-checked: the lock's hashes make pip require them),
+    # pip itself included, by the locked pip: nothing here floats with the index.
+    pip_env = {**env, "HOME": os.environ.get("HOME", str(tmp_path))}
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
+          str(source)], env={**pip_env, "PYTHONWARNINGS": "ignore"}, cwd=work)  # fmt: skip
     (wheel,) = dist.glob("agentnode_sandbox-*.whl")
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python, cli = env_dir / "bin" / "python", env_dir / "bin" / "agentnode-sandbox"
-    _run([str(python), "-m", "pip", "install", "-q", str(wheel)],
-         env={**env, "HOME": os.environ.get("HOME", str(tmp_path))}, cwd=work)  # fmt: skip
+    wanted = work / "wanted.txt"
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    wanted.write_text(f"agentnode-sandbox @ {wheel.as_uri()} --hash=sha256:{digest}\npip\n")
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--only-binary=:all:",
+          "-r", str(wanted), "-c", str(LOCK)], env=pip_env, cwd=work)  # fmt: skip
 
     probe = "import host, sandbox_wrapper; print(host.__file__, sandbox_wrapper.__file__)"
     where = _run([str(python), "-c", probe], env=env, cwd=work)

@@ -1,4 +1,4 @@
-"""Where the repository, its installed console script and its CLI reference live."""
+"""Where the repository, its installed console script, its CLI reference and its dependency lock live."""
 
 from __future__ import annotations
 
@@ -7,3 +7,4 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin" / "agentnode-sandbox"
 CLI_DOC = REPO / "docs" / "cli.md"
+LOCK = REPO / "requirements" / "lock.txt"
