@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from host._client import RunnerClient
-    from host._errors import (
+    from host._runner import RunResult, SandboxHost
+    from host.core.errors import (
         AuditReason,
         ConfigError,
         EngineError,
@@ -21,16 +22,15 @@ if TYPE_CHECKING:
         RefusedError,
         SandboxError,
     )
-    from host._runner import RunResult, SandboxHost
 
 _EXPORTS = {
-    "AuditReason": "host._errors",
-    "ConfigError": "host._errors",
-    "EngineError": "host._errors",
-    "ManifestError": "host._errors",
-    "PackError": "host._errors",
-    "RefusedError": "host._errors",
-    "SandboxError": "host._errors",
+    "AuditReason": "host.core.errors",
+    "ConfigError": "host.core.errors",
+    "EngineError": "host.core.errors",
+    "ManifestError": "host.core.errors",
+    "PackError": "host.core.errors",
+    "RefusedError": "host.core.errors",
+    "SandboxError": "host.core.errors",
     "RunResult": "host._runner",
     "SandboxHost": "host._runner",
     "RunnerClient": "host._client",

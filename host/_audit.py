@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from host._errors import AUDIT_REASONS, AuditReason
-from host._vocab import Source
+from host.core.errors import AUDIT_REASONS, AuditReason
+from host.core.vocab import Source
 
 logger = logging.getLogger("agentnode.sandbox.audit")
 

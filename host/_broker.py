@@ -43,10 +43,7 @@ from host._budget import (
     may_have_reached_provider,
     transient_kind,
 )
-from host._calltrace import CallTrace
 from host._config import AgentLlmConfig, LlmHostConfig
-from host._errors import CallRefusal, ConfigError
-from host._json import check_finite
 from host._llmtools import (
     EMPTY_CATALOG,
     MAX_TOOL_CALLS,
@@ -69,7 +66,10 @@ from host._llmtools import (
     prepare,
 )
 from host._policy import LlmPolicy
-from host._vocab import WireReason
+from host.core.calltrace import CallTrace
+from host.core.errors import CallRefusal, ConfigError
+from host.core.strictjson import check_finite
+from host.core.vocab import WireReason
 
 if TYPE_CHECKING:
     import anthropic

@@ -66,8 +66,8 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from host._config import ModelPrice
-from host._errors import CallRefusal
-from host._vocab import WireReason
+from host.core.errors import CallRefusal
+from host.core.vocab import WireReason
 
 if TYPE_CHECKING:
     from host._policy import LlmPolicy

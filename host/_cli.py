@@ -1,7 +1,7 @@
 """The `agentnode-sandbox` command: one scriptable entry point with a stable exit-code and --json contract.
 
 docs/cli.md is the contract: every command, option, exit code and --json schema. Human output is for a
-terminal and carries text agents and packs wrote, so it all leaves through `_say` (host/_terminal.py
+terminal and carries text agents and packs wrote, so it all leaves through `_say` (host/core/terminal.py
 escapes controls, bidi and other invisible characters); --json output is strict JSON (never NaN/Infinity).
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from host._errors import AuditReason, EngineError, EngineNotFound, PackError, SandboxError
-from host._json import JsonRejected, check_finite, dumps_strict, loads_strict
-from host._terminal import safe_block, safe_line, safe_token
-from host._vocab import Route, Runtime, Trust
+from host.core.errors import AuditReason, EngineError, EngineNotFound, PackError, SandboxError
+from host.core.strictjson import JsonRejected, check_finite, dumps_strict, loads_strict
+from host.core.terminal import safe_block, safe_line, safe_token
+from host.core.vocab import Route, Runtime, Trust
 
 if TYPE_CHECKING:
     from host._headstart import Headstart
@@ -1114,7 +1114,7 @@ def main(argv: Sequence[str] | None = None, *, headstart: Headstart | None = Non
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
     args.headstart = headstart
-    from host._logs import JsonFormatter, RunIdFilter
+    from host.core.logs import JsonFormatter, RunIdFilter
 
     handler = logging.StreamHandler()
     handler.addFilter(RunIdFilter())

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from host._errors import ConfigError
-from host._paths import ADMIN_SOCKET_NAME, config_file_location
-from host._vocab import Runtime
+from host.core.errors import ConfigError
+from host.core.paths import ADMIN_SOCKET_NAME, config_file_location
+from host.core.vocab import Runtime
 
 _T = TypeVar("_T")
 

@@ -26,13 +26,13 @@ from host._engine import (
     require_capable,
 )
 from host._engine_http import EngineClient
-from host._errors import AuditReason, ConfigError, EngineError, SandboxError
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host._image import image_status, verify_pinned_image
 from host._lockfile import LockEntry, Lockfile
 from host._policy import route_run
-from host._vocab import HOST_TRUST, Route, Trust
 from host._volumes import verify_volume
+from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
+from host.core.vocab import HOST_TRUST, Route, Trust
 from sandbox_wrapper import PROTOCOL_VERSION
 
 # verify_pinned_image refuses in this order; each refusal has its own row.

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from host._engine_http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
 from host._engine_http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
-from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
-from host._owner import owner_alive, owner_token
-from host._vocab import Runtime
 from host._wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
+from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
+from host.core.owner import owner_alive, owner_token
+from host.core.vocab import Runtime
 
 if TYPE_CHECKING:
     import docker

@@ -14,11 +14,11 @@ from typing import Any
 import grpc
 
 from host._caller import CallerInfo, RunOverrides
-from host._errors import AuditReason, EngineError, InvalidRequest, SandboxError
-from host._json import JsonRejected, dumps_strict, loads_strict
 from host._proto.agentnode.sandbox.v1 import runner_pb2
 from host._result import RunResult
-from host._terminal import safe_line
+from host.core.errors import AuditReason, EngineError, InvalidRequest, SandboxError
+from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
+from host.core.terminal import safe_line
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The admin server's message cap, both directions."""
@@ -41,7 +41,7 @@ class RunStage:
 @dataclass(frozen=True)
 class RunLog:
     """One line the agent wrote, as it wrote it (bounded like the run's logs). The agent's text: escape it
-    (host._terminal.safe_line) before it reaches a terminal."""
+    (host.core.terminal.safe_line) before it reaches a terminal."""
 
     run_id: str
     text: str

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from host._errors import AuditReason, SandboxError
+from host.core.errors import AuditReason, SandboxError
 
 RESERVED_FDS = 256
 """Descriptors kept free for the host itself whatever its runs do."""

@@ -25,8 +25,8 @@ import os
 import stat
 import time
 
-from host._owner import owner_token
-from host._paths import ADMIN_SOCKET_NAME, config_file_location
+from host.core.owner import owner_token
+from host.core.paths import ADMIN_SOCKET_NAME, config_file_location
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~3 ms to import, and this module runs before the container is asked for

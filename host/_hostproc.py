@@ -17,9 +17,9 @@ from host._admission import Admission
 from host._explain import host_copy_error
 from host._rundir import RunDir
 from host._session import RunSession
-from host._vocab import HOST_TRUST, Trust
 from host._workload import Workload
 from host._wrapper_env import WRAPPER_ARGS, wrapper_env
+from host.core.vocab import HOST_TRUST, Trust
 
 _WRAPPER_CODE = str(Path(__file__).resolve().parent.parent)
 """Where the host's own copy of sandbox_wrapper is importable from."""

@@ -24,7 +24,6 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from host._engine import LABEL_PROTOCOL, EngineKind, engine_errors, facts_from
-from host._errors import AuditReason, EngineError, EngineRejected
 from host._pin import (
     _ID_PIN,
     BUILD_HINT,
@@ -37,6 +36,7 @@ from host._pin import (
     pinned_image_missing,
     verify_pinned_image,
 )
+from host.core.errors import AuditReason, EngineError, EngineRejected
 from sandbox_wrapper import PROTOCOL_VERSION
 
 if TYPE_CHECKING:

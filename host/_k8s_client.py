@@ -26,7 +26,6 @@ from kubernetes import config as k8s_config
 
 from host._caller import CallerInfo
 from host._config import DEFAULT_MAX_RUNTIME_SECONDS
-from host._errors import AuditReason
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
 from host._k8s_objects import (
     MAX_AGENTRUN_NAME_CHARS,
@@ -43,7 +42,8 @@ from host._k8s_objects import (
 from host._k8s_pod import POD_START_GRACE_SECONDS
 from host._k8s_run import RUN_PATH, TERMINAL_PHASES, result_json
 from host._manifest import SLUG_RE
-from host._vocab import Runtime
+from host.core.errors import AuditReason
+from host.core.vocab import Runtime
 
 DEFAULT_NAMESPACE = "default"
 """Where an AgentRun goes when neither --namespace nor the kubeconfig context (or the pod) names one."""

@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 from host._admission import Admission
 from host._config import HostConfig, load_config
 from host._engine import SANDBOX_GID, SANDBOX_UID, owner_token
-from host._errors import AuditReason, EngineError, SandboxError
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
 from host._k8s_objects import (
     LABEL_ROLE,
@@ -53,6 +52,7 @@ from host._rundir import RunDir, run_root
 from host._runner import SandboxHost
 from host._session import RunSession, build_run_server
 from host._workload import Workload
+from host.core.errors import AuditReason, EngineError, SandboxError
 
 logger = logging.getLogger("agentnode.sandbox.node")
 

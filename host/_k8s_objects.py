@@ -27,8 +27,8 @@ from host._engine import (
     ContainerLimits,
 )
 from host._manifest import SLUG_RE
-from host._vocab import Runtime
 from host._wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS, wrapper_env
+from host.core.vocab import Runtime
 
 # --- the contract (docs/kubernetes.md) -------------------------------------------------------------------
 GROUP = "sandbox.agentnode.net"

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from host._caller import CallerInfo, InvalidCaller
-from host._errors import AuditReason, ConfigError
-from host._json import JsonRejected, loads_strict
 from host._k8s_objects import (
     API_VERSION,
     KIND,
@@ -28,8 +26,10 @@ from host._k8s_objects import (
 )
 from host._manifest import SLUG_RE
 from host._result import RunResult
-from host._terminal import safe_line
-from host._vocab import Runtime
+from host.core.errors import AuditReason, ConfigError
+from host.core.strictjson import JsonRejected, loads_strict
+from host.core.terminal import safe_line
+from host.core.vocab import Runtime
 
 # The bounds are the CRD's (host/_k8s_objects): an object must fit the API server's ~1.5 MiB, and a status
 # patch the schema refuses would lose the whole result.

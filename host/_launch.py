@@ -20,11 +20,11 @@ from host._engine import (
     verify_runtime,
 )
 from host._engine_http import EngineClient
-from host._errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
 from host._lockfile import LockEntry
 from host._pin import pinned_image_missing
 from host._seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
 from host._volumes import verify_volume
+from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from host._errors import ManifestError, PackError
+from host.core.errors import ManifestError, PackError
 
 if TYPE_CHECKING:
     from host._manifest import AgentManifest, ToolpackManifest

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host._errors import ManifestError
-from host._terminal import safe_line
+from host.core.errors import ManifestError
+from host.core.terminal import safe_line
 
 MANIFEST_NAME = "agentnode.yaml"
 MAX_MANIFEST_BYTES = 256 * 1024
@@ -301,7 +301,7 @@ def load_manifest(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: manifest is not UTF-8", hint=_HINT) from exc
-    from host._yaml import YamlError, YamlRefused, load_yaml, yaml_location, yaml_problem  # noqa: PLC0415
+    from host.core.strictyaml import YamlError, YamlRefused, load_yaml, yaml_location, yaml_problem  # noqa: PLC0415
 
     try:
         data = load_yaml(text, max_depth=MAX_YAML_DEPTH)

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from host._errors import AuditReason
-from host._json import loads_strict
 from host._session import RunOutcome
-from host._vocab import Runtime
+from host.core.errors import AuditReason
+from host.core.strictjson import loads_strict
+from host.core.vocab import Runtime
 
 WATCH_TICK_SECONDS = 0.05
 """How often the workload is polled (cgroup counters, socket directory) while a run lasts."""

@@ -25,14 +25,6 @@ from typing import IO, TYPE_CHECKING
 
 from host._config import ConfigPaths
 from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
-from host._errors import (
-    AuditReason,
-    EngineError,
-    EngineImageNotFound,
-    EngineNotFound,
-    EngineRejected,
-    PackError,
-)
 from host._image import daemon_arch
 from host._lockfile import (
     MAX_LOCK_ENTRY_BYTES,
@@ -69,9 +61,17 @@ from host._requirements import (
     site_archive,
 )
 from host._tararchive import upload_tar
-from host._terminal import safe_line
-from host._vocab import HOST_TRUST, Trust
 from host._volumes import verify_volume, volume_name
+from host.core.errors import (
+    AuditReason,
+    EngineError,
+    EngineImageNotFound,
+    EngineNotFound,
+    EngineRejected,
+    PackError,
+)
+from host.core.terminal import safe_line
+from host.core.vocab import HOST_TRUST, Trust
 
 if TYPE_CHECKING:
     import docker

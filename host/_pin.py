@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from host._engine import LABEL_PROTOCOL, engine_errors
 from host._engine_http import EngineClient
-from host._errors import AuditReason, EngineError, EngineRejected
+from host.core.errors import AuditReason, EngineError, EngineRejected
 from sandbox_wrapper import PROTOCOL_VERSION
 
 if TYPE_CHECKING:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from host._config import HOST_TRUST_POLICIES, AgentSandboxConfig, LlmHostConfig
-from host._errors import AuditReason, ConfigError
 from host._manifest import (
     LLM_CAP_KEYS,
     LLM_COST_CAP_KEY,
@@ -15,7 +14,8 @@ from host._manifest import (
     AgentManifest,
     check_llm_access,
 )
-from host._vocab import HOST_TRUST, Route, Trust
+from host.core.errors import AuditReason, ConfigError
+from host.core.vocab import HOST_TRUST, Route, Trust
 
 # Conservative built-in LLM ceilings for borrowed host credentials, used where the host sets none.
 BUILTIN_LLM_CEILINGS: Mapping[str, int] = {

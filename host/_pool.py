@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from host._errors import SandboxError
+from host.core.errors import SandboxError
 
 if TYPE_CHECKING:  # annotations only: the Docker backend owns its pools
     from host._sandbox import Sandbox, SandboxSpec

@@ -42,11 +42,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from host._errors import PackError
 from host._image import sha256_file
 from host._tararchive import upload_tar
-from host._terminal import safe_line, safe_token
 from host._wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
+from host.core.errors import PackError
+from host.core.terminal import safe_line, safe_token
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from host._errors import AuditReason, SandboxError
+from host.core.errors import AuditReason, SandboxError
 
 if TYPE_CHECKING:  # (the admin client imports this module, and needs none of the run server's)
     from host._outcome import Outcome

@@ -12,10 +12,10 @@ from host._admission import Admission
 from host._audit import AuditLog, run_record, start_record
 from host._broker import LlmSession
 from host._caller import NO_CALLER, CallerInfo
-from host._errors import AuditReason, SandboxError
-from host._logs import set_run_id
 from host._tools import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
-from host._vocab import Source
+from host.core.errors import AuditReason, SandboxError
+from host.core.logs import set_run_id
+from host.core.vocab import Source
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host._engine import SOCKET_NAME
-from host._owner import owner_alive
+from host.core.owner import owner_alive
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 

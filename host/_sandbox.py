@@ -27,7 +27,6 @@ from host._engine import (
     remove_and_verify,
 )
 from host._engine_http import EngineClient
-from host._errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host._launch import (
     SandboxSpec,
     container_name,
@@ -44,6 +43,7 @@ from host._pool import PoolSettings, WarmPools
 from host._session import RunSession, build_run_server
 from host._toollink import ToolLink
 from host._workload import SocketServer, Workload
+from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 
 if TYPE_CHECKING:
     from host._prelaunch import Prelaunched

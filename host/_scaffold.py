@@ -7,8 +7,8 @@ import re
 import sys
 from pathlib import Path
 
-from host._errors import PackError
 from host._manifest import SLUG_RE
+from host.core.errors import PackError
 
 KINDS = ("agent", "toolpack")
 # The agent template calls the toolpack template's tool, so `init my-tools --type toolpack` pairs with it.

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from host._errors import AuditReason, EngineError
+from host.core.errors import AuditReason, EngineError
 
 PODMAN_DEFAULT_PROFILE = Path("/usr/share/containers/seccomp.json")
 """Where containers-common installs the default profile Podman applies (containers.conf `seccomp_profile`)."""

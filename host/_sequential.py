@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from host._admission import Admission
-from host._errors import CallRefusal
-from host._json import JsonRejected, dumps_strict, loads_strict
 from host._manifest import OrchestrationStep
 from host._rundir import make_run_dir
 from host._session import RunOutcome, RunSession
 from host._tools import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
-from host._vocab import WireReason
 from host._workload import Workload
+from host.core.errors import CallRefusal
+from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
+from host.core.vocab import WireReason
 from sandbox_wrapper import PROTOCOL_VERSION
 
 logger = logging.getLogger("agentnode.sandbox.sequential")

@@ -18,13 +18,13 @@ from typing import Any, NoReturn
 import grpc
 
 from host._caller import CallerInfo, InvalidCaller, RunOverrides
-from host._errors import SandboxError
-from host._json import JsonRejected, dumps_strict, loads_strict
 from host._pool import PoolSettings
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult, SandboxHost
 from host._session import REASON_METADATA_KEY
-from host._vocab import Runtime, WireReason
+from host.core.errors import SandboxError
+from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
+from host.core.vocab import Runtime, WireReason
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 

@@ -1,7 +1,7 @@
 """OpenTelemetry spans for each run: the run, its stages, its tool and LLM calls, exported over OTLP.
 
 Spans are made once the run is over, from the facts its audit record is written from (the stage times) and
-the calls' own timings (host/_calltrace.py), with their real start and end times: nothing on a run's hot
+the calls' own timings (host/core/calltrace.py), with their real start and end times: nothing on a run's hot
 path touches a tracer, and no tracing context crosses into the threads that serve the agent. Attributes
 are host facts (ids, fixed reason codes, counts, the lockfile's names, the caller's validated metadata):
 never a prompt, a tool argument, a completion or anything an agent wrote.

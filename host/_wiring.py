@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from host._broker import LlmBroker, LlmSession
-from host._json import dumps_strict
 from host._llmtools import ToolCatalog, build_catalog
 from host._lockfile import LockEntry, Lockfile
 from host._manifest import AgentManifest, ToolpackManifest, ToolSpec
@@ -16,7 +15,8 @@ from host._policy import RunPolicy
 from host._session import RunTask
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
 from host._toolsandbox import ToolSandboxes
-from host._vocab import HOST_TRUST, Trust
+from host.core.strictjson import dumps_strict
+from host.core.vocab import HOST_TRUST, Trust
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ at worst during these attacks), so this is ~10-15x the baseline: a 50x slowdown 
 INNOCENT_MAX_S = 0.5
 """The slowest single innocent tool call allowed during an attack. Measured 2-120 ms when this file runs
 alone; it reached ~0.9 s while 1 MiB of `[[],[],...]` tool arguments was still parsed into ~340,000 lists
-(full garbage collections over the whole heap, holding the GIL), which host/_json.py now refuses by
+(full garbage collections over the whole heap, holding the GIL), which host/core/strictjson.py now refuses by
 counting containers before parsing. The median bound is what catches a sustained slowdown; this one
 catches a stall like decoding one 4 MB CallLlm (~24 s in the report)."""
 ACCEPT_SLACK = 2
@@ -480,9 +480,9 @@ decoding the two million empty messages before the grant check costs ~80 ms here
 fails), ~0.8 s with their conversion to Python dicts, and the report's path took ~24 s."""
 SERVED_TOOL_CPU_MAX_S = 1.0
 """Host CPU one looked-at RunTool may cost: 1 MiB of argument JSON decoded, scanned and refused (its
-~340,000 containers are counted, never built, by host/_json.py); the refusal budget charges it 17 tokens,
-so a run gets one such call looked at per ~4 s. Before the container bound: ~130-180 ms alone, up to
-~0.9 s in a process with a bigger heap. A loose guard: the tight bound is the LLM's."""
+~340,000 containers are counted, never built, by host/core/strictjson.py); the refusal budget charges it
+17 tokens, so a run gets one such call looked at per ~4 s. Before the container bound: ~130-180 ms alone,
+up to ~0.9 s in a process with a bigger heap. A loose guard: the tight bound is the LLM's."""
 ATTACK_CPU_S = 15.0
 """Host CPU over the whole attack window: startup of both runs and the transport of every request, throttled
 ones included (gRPC core receives each 4 MB before the throttle refuses it unread): measured 3.5-5.5 s for

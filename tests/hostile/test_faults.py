@@ -16,8 +16,8 @@ import docker.errors
 import pytest
 
 from host._engine import LABEL_RUN
-from host._errors import AUDIT_REASONS
 from host._runner import RunResult
+from host.core.errors import AUDIT_REASONS
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 from tests.support.fake_llm import Behaviour
 

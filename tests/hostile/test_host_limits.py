@@ -18,8 +18,8 @@ import pytest
 from host._audit import verify_audit
 from host._client import RunnerClient
 from host._engine import LABEL_RUN, LABEL_SLUG
-from host._errors import ManifestError
 from host._runner import RunResult
+from host.core.errors import ManifestError
 from tests.hostile.conftest import Lab, Ledger, brief
 from tests.support.cli import cli, json_out
 from tests.support.engine import containers_with

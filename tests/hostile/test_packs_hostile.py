@@ -22,8 +22,8 @@ import docker.errors
 import pytest
 
 from host._config import load_config
-from host._errors import SandboxError
 from host._packs import LABEL_PACK, LockEntry, Lockfile, uninstall_pack
+from host.core.errors import SandboxError
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 
 pytestmark = pytest.mark.docker
@@ -39,7 +39,7 @@ import json, sys, time
 from pathlib import Path
 from host._config import load_config
 from host._engine import connect
-from host._errors import SandboxError
+from host.core.errors import SandboxError
 from host._packs import install_pack
 
 def peak_rss_kib():

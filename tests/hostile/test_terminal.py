@@ -41,7 +41,7 @@ so `\\r` itself is checked only for the raw ReportResult failure."""
 HOSTILE_SHOWN = (
     "\\x1b[2K\\x1b[1A\\x1b]0;pwned\\x07\\rok: fake (agent_sandbox)\\x9b31m\\u202etxt.exe\\u2066\\x1b[8mhidden"
 )
-"""HOSTILE exactly as the operator must see it (written out by hand, not computed by host/_terminal.py)."""
+"""HOSTILE exactly as the operator must see it (written out by hand, not computed by host/core/terminal)."""
 
 AGENT = STUBS + textwrap.dedent(
     """

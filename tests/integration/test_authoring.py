@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from host._errors import ManifestError
 from host._runner import RunResult
+from host.core.errors import ManifestError
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

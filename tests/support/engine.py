@@ -20,8 +20,8 @@ from host._engine import (
     owner_token,
 )
 from host._engine_http import EngineClient
-from host._errors import SandboxError
 from host._image import build_image
+from host.core.errors import SandboxError
 from tests.conftest import REQUIRE_DOCKER
 from tests.support.paths import REPO
 

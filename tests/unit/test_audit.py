@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from host._audit import END_GRACE_SECONDS, GENESIS, AuditLog, run_record, start_record, verify_audit
-from host._errors import AuditReason
+from host.core.errors import AuditReason
 from tests.support.paths import REPO
 
 FULL_LLM: dict[str, Any] = {

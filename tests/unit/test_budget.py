@@ -35,8 +35,8 @@ from host._budget import (
     transient_kind,
 )
 from host._config import LlmHostConfig, ModelPrice
-from host._errors import CallRefusal
 from host._policy import LlmPolicy
+from host.core.errors import CallRefusal
 from tests.support.fake_llm import Behaviour, FakeLlmServer
 
 MODEL = "host-model-7"

@@ -114,7 +114,7 @@ def test_json_log_lines_carry_the_threads_run_and_escape_everything() -> None:
     import logging
     import sys
 
-    from host._logs import JsonFormatter, RunIdFilter, run_context
+    from host.core.logs import JsonFormatter, RunIdFilter, run_context
 
     formatter = JsonFormatter()
     hostile = ("\x1b]0;pwn\x07",)

@@ -27,11 +27,11 @@ from host._engine import (
     owner_token,
     require_capable,
 )
-from host._errors import EngineError
 from host._image import BUILD_HINT
 from host._manifest import AgentManifest, ToolpackManifest, load_manifest
 from host._packs import Lockfile
 from host._tools import InstalledToolpack, ToolRunner, resolve_tool
+from host.core.errors import EngineError
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.packs import write_agent as write_pack
 from tests.support.paths import REPO
@@ -986,7 +986,7 @@ def test_errors_that_quote_pack_text_stay_on_their_two_lines(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from host._cli import main
-    from host._errors import PackError
+    from host.core.errors import PackError
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PackError(f"{HOSTILE}: symlinks are not allowed in a pack", hint=HOSTILE)

@@ -24,7 +24,7 @@ from host._config import (
     sandbox_enabled,
     set_image_pin,
 )
-from host._errors import AuditReason, ConfigError
+from host.core.errors import AuditReason, ConfigError
 
 
 def _write(tmp_path: Path, data: Any) -> dict[str, str]:

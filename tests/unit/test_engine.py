@@ -55,7 +55,7 @@ from host._engine import (
     verify_runtime,
 )
 from host._engine_http import IDLE_CONNECTIONS, EngineApiError
-from host._errors import (
+from host.core.errors import (
     AuditReason,
     EngineError,
     EngineImageNotFound,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from host._errors import AuditReason, SandboxError
 from host._fdbudget import COUNT_MARGIN_FDS, COUNT_MAX_AGE_SECONDS, FdBudget, open_fds, raise_nofile_limit
+from host.core.errors import AuditReason, SandboxError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,6 @@ import requests.exceptions
 
 from host import _image
 from host._engine import connect
-from host._errors import AuditReason, EngineError
 from host._image import (
     PULL_HINT,
     ImageStatus,
@@ -44,6 +43,7 @@ from host._image import (
     unpack_wheel,
     verify_pinned_image,
 )
+from host.core.errors import AuditReason, EngineError
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.fake_engine import FakeEngine
 

@@ -10,9 +10,9 @@ from typing import Any, NoReturn
 import grpc
 import pytest
 
-from host._json import DEFAULT_MAX_DEPTH, JsonRejected, check_finite, dumps_strict, loads_strict
 from host._runner import RunResult
 from host._serve import _kwargs, report_from
+from host.core.strictjson import DEFAULT_MAX_DEPTH, JsonRejected, check_finite, dumps_strict, loads_strict
 
 NON_FINITE_TEXTS = [
     "1e999",
@@ -218,7 +218,7 @@ def test_one_decoder_serves_concurrent_threads() -> None:
 
 
 def test_utf8_exceeds_counts_bytes_not_characters() -> None:
-    from host._json import utf8_exceeds
+    from host.core.strictjson import utf8_exceeds
 
     assert not utf8_exceeds("é" * 5, 10) and utf8_exceeds("é" * 6, 10)  # 2 bytes a character
     assert not utf8_exceeds("😀" * 2, 8) and utf8_exceeds("😀" * 2 + "a", 8)  # 4 bytes a character

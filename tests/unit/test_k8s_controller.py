@@ -22,7 +22,6 @@ import pytest
 
 from host._admission import admit
 from host._config import load_config
-from host._errors import AuditReason
 from host._k8s_api import KubeApi, KubeError
 from host._k8s_controller import (
     LOST,
@@ -40,6 +39,7 @@ from host._k8s_controller import (
 from host._k8s_objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, agentrun, pod_mismatches
 from host._k8s_pod import pod_for
 from host._packs import LockEntry, Lockfile
+from host.core.errors import AuditReason
 from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, kube_api
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import yaml
 
-from host._errors import AuditReason, ManifestError
 from host._manifest import (
     DEFAULT_PERMISSIONS,
     MAX_MANIFEST_BYTES,
@@ -29,7 +28,8 @@ from host._manifest import (
     manifest_data,
     parse_manifest,
 )
-from host._yaml import StrictLoader, load_yaml
+from host.core.errors import AuditReason, ManifestError
+from host.core.strictyaml import StrictLoader, load_yaml
 
 AGENT_YAML = """\
 package_id: research-agent

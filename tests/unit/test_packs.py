@@ -22,7 +22,6 @@ import requests
 
 from host import _lockfile, _packs
 from host._config import ConfigPaths, config_paths
-from host._errors import AuditReason, EngineRejected, ManifestError, PackError
 from host._manifest import load_manifest, manifest_data
 from host._packs import (
     LockEntry,
@@ -33,6 +32,7 @@ from host._packs import (
     verify_volume,
     volume_name,
 )
+from host.core.errors import AuditReason, EngineRejected, ManifestError, PackError
 from tests.support.tars import assert_ends_at_marker
 
 MARKER_MODULE = textwrap.dedent(

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from host._config import AgentSandboxConfig, LimitsCeiling, LlmHostConfig
-from host._errors import AuditReason, ConfigError, ManifestError
 from host._manifest import AgentManifest
 from host._policy import (
     GRANT_DECLARED,
@@ -24,7 +23,8 @@ from host._policy import (
     resolve_run_policy,
     route_run,
 )
-from host._vocab import Route
+from host.core.errors import AuditReason, ConfigError, ManifestError
+from host.core.vocab import Route
 from tests.support.cli import cli, json_out
 from tests.support.packs import write_agent
 from tests.support.schema import check_schema

@@ -18,9 +18,9 @@ import pytest
 
 import host._pool
 from host._engine import ContainerLimits
-from host._errors import SandboxError
 from host._pool import PoolSettings, WarmPools
 from host._sandbox import SandboxSpec
+from host.core.errors import SandboxError
 
 WAIT = 10.0
 """How long any wait may take before the test fails (never reached when the pool works)."""

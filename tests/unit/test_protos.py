@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from host._vocab import WireReason
+from host.core.vocab import WireReason
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import errors_pb2
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,13 +19,13 @@ import pytest
 
 from host._admission import Admission
 from host._config import load_config
-from host._errors import AuditReason, EngineError
 from host._hostproc import HostBackend, HostSpec
 from host._packs import LockEntry, Lockfile
 from host._result import RunResult
 from host._runner import SandboxHost
 from host._session import REPORT_HOLD_SECONDS, RunSession
 from host._workload import Teardowns, Workload
+from host.core.errors import AuditReason, EngineError
 
 AGENT = """
 import os, shutil, sys, time

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from host._config import AgentSandboxConfig, LimitsCeiling, load_config
-from host._errors import AuditReason
 from host._manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest
 from host._outcome import EndFacts, Ending, name_outcome
 from host._packs import LockEntry, Lockfile
@@ -35,6 +34,7 @@ from host._sequential import (
     split_tool,
 )
 from host._session import RunOutcome
+from host.core.errors import AuditReason
 from tests.support.paths import REPO
 from tests.support.step_tools import STEP_TOOLS, STEP_TOOLS_MANIFEST
 

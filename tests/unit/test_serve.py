@@ -278,7 +278,7 @@ def test_the_client_knows_a_host_from_a_draining_one(health: str | None) -> None
     from grpc_health.v1 import health as grpc_health
     from grpc_health.v1 import health_pb2
 
-    from host._errors import EngineError
+    from host.core.errors import EngineError
 
     checks = None
     if health is not None:
@@ -302,7 +302,7 @@ def test_the_client_knows_a_host_from_a_draining_one(health: str | None) -> None
 
 
 def test_the_client_says_nothing_answers_on_a_dead_socket(tmp_path: Path) -> None:
-    from host._errors import EngineError
+    from host.core.errors import EngineError
 
     with RunnerClient(tmp_path / "gone.sock", connect_timeout=0.5) as client:
         with pytest.raises(EngineError, match="nothing answers"):

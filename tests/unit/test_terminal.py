@@ -1,4 +1,4 @@
-"""host/_terminal.py: every character class that drives or deceives a terminal comes out escaped, visibly."""
+"""host/core/terminal.py: every character class that drives or deceives a terminal comes out escaped."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import unicodedata
 
 import pytest
 
-from host._terminal import LINE_LIMIT, safe_block, safe_line, safe_token
+from host.core.terminal import LINE_LIMIT, safe_block, safe_line, safe_token
 
 # (input, what safe_line shows): one per class the red-team report (issue 12, finding 7) names, and more.
 HOSTILE = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-from host._vocab import WireReason
+from host.core.vocab import WireReason
 
 
 class AuditReason(enum.StrEnum):
