@@ -31,7 +31,6 @@ from host import _tools
 from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
 from host._client import RunnerClient
-from host._config import LlmHostConfig, load_config
 from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, container_spec, remove_and_verify
 from host._llmtools import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host._policy import LlmPolicy, RunPolicy
@@ -43,6 +42,7 @@ from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_serv
 from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
 from host.aio import AsyncRunnerClient
+from host.spec.config import LlmHostConfig, load_config
 from sandbox_wrapper import PROTOCOL_VERSION
 
 RPC_CLIENT = """

@@ -17,9 +17,9 @@ import docker
 import docker.errors
 
 from bench._report import REPO
-from host._config import load_config
 from host._engine import LABEL_SLUG, owner_token
 from host._packs import install_pack, uninstall_pack
+from host.spec.config import load_config
 
 BENCH_LABEL = "io.agentnode.bench"
 """Every container the benchmark itself creates (floors, echo, stdio) carries this label with its run tag."""

@@ -43,7 +43,6 @@ from host._budget import (
     may_have_reached_provider,
     transient_kind,
 )
-from host._config import AgentLlmConfig, LlmHostConfig
 from host._llmtools import (
     EMPTY_CATALOG,
     MAX_TOOL_CALLS,
@@ -70,6 +69,7 @@ from host.core.calltrace import CallTrace
 from host.core.errors import CallRefusal, ConfigError
 from host.core.strictjson import check_finite
 from host.core.vocab import WireReason
+from host.spec.config import AgentLlmConfig, LlmHostConfig
 
 if TYPE_CHECKING:
     import anthropic

@@ -65,9 +65,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from host._config import ModelPrice
 from host.core.errors import CallRefusal
 from host.core.vocab import WireReason
+from host.spec.config import ModelPrice
 
 if TYPE_CHECKING:
     from host._policy import LlmPolicy

@@ -306,7 +306,7 @@ def _serve_socket() -> Path | None:
     import socket
     import stat
 
-    from host._config import config_paths
+    from host.spec.config import config_paths
 
     path = config_paths().admin_socket
     try:
@@ -496,8 +496,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return serve_node(os.environ)
 
-    from host._config import load_config
     from host._serve import parse_address, serve
+    from host.spec.config import load_config
 
     drain_seconds = DEFAULT_DRAIN_SECONDS if args.drain_seconds is None else args.drain_seconds
     if args.metrics is not None:
@@ -552,9 +552,9 @@ def _engine() -> tuple[Any, EngineError | None]:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from host._config import load_config
     from host._packs import install_pack
     from host._requirements import Source
+    from host.spec.config import load_config
 
     cfg = load_config()
     path = Path(args.path)
@@ -600,8 +600,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    from host._config import load_config
     from host._packs import uninstall_pack
+    from host.spec.config import load_config
 
     client, _ = _engine()
     leftover: str | None = None
@@ -653,8 +653,8 @@ def _volume_users(client: Any, name: str) -> int | None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from host._config import load_config
-    from host._lockfile import Lockfile
+    from host.spec.config import load_config
+    from host.spec.lockfile import Lockfile
 
     entries = Lockfile(load_config().paths.lockfile).entries()
     rows = [
@@ -683,8 +683,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from host._manifest import SLUG_RE
     from host._scaffold import next_steps, scaffold
+    from host.spec.manifest import SLUG_RE
 
     if not SLUG_RE.fullmatch(args.name):
         raise _UsageError(
@@ -706,9 +706,9 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from host._config import load_config, set_image_pin
     from host._engine import connect
     from host._image import build_image, image_status, pull_image, verify_pinned_image
+    from host.spec.config import load_config, set_image_pin
 
     cfg = load_config()
     client = connect()
@@ -870,7 +870,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from host._audit import RUN_EVENT, AuditLog, verify_audit
-    from host._config import load_config
+    from host.spec.config import load_config
 
     path = load_config().paths.audit_file
     if args.audit_cmd == "verify":

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host._config import HostConfig, load_config, sandbox_enabled
 from host._engine import (
     LABEL_OWNER,
     LABEL_RUN,
@@ -28,11 +27,12 @@ from host._engine import (
 from host._engine_http import EngineClient
 from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host._image import image_status, verify_pinned_image
-from host._lockfile import LockEntry, Lockfile
 from host._policy import route_run
 from host._volumes import verify_volume
 from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
 from host.core.vocab import HOST_TRUST, Route, Trust
+from host.spec.config import HostConfig, load_config, sandbox_enabled
+from host.spec.lockfile import LockEntry, Lockfile
 from sandbox_wrapper import PROTOCOL_VERSION
 
 # verify_pinned_image refuses in this order; each refusal has its own row.

@@ -25,7 +25,6 @@ from typing import Any
 from kubernetes import config as k8s_config
 
 from host._caller import CallerInfo
-from host._config import DEFAULT_MAX_RUNTIME_SECONDS
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
 from host._k8s_objects import (
     MAX_AGENTRUN_NAME_CHARS,
@@ -41,9 +40,10 @@ from host._k8s_objects import (
 )
 from host._k8s_pod import POD_START_GRACE_SECONDS
 from host._k8s_run import RUN_PATH, TERMINAL_PHASES, result_json
-from host._manifest import SLUG_RE
 from host.core.errors import AuditReason
 from host.core.vocab import Runtime
+from host.spec.config import DEFAULT_MAX_RUNTIME_SECONDS
+from host.spec.manifest import SLUG_RE
 
 DEFAULT_NAMESPACE = "default"
 """Where an AgentRun goes when neither --namespace nor the kubeconfig context (or the pod) names one."""

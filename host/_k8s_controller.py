@@ -17,7 +17,6 @@ import kopf
 from host._admission import Admission, admit
 from host._audit import AuditLog
 from host._caller import NO_CALLER
-from host._config import HostConfig, load_config, sandbox_enabled
 from host._k8s_api import KubeApi, KubeError, Ref
 from host._k8s_node import HostRoutesRefused
 from host._k8s_objects import (
@@ -41,12 +40,13 @@ from host._k8s_run import (
     refusal_status,
     run_request,
 )
-from host._manifest import SLUG_RE
 from host._packs import Lockfile
 from host._runaudit import RunAudit, RunFacts
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.core.terminal import safe_line
+from host.spec.config import HostConfig, load_config, sandbox_enabled
+from host.spec.manifest import SLUG_RE
 
 logger = logging.getLogger("agentnode.sandbox.controller")
 

@@ -26,9 +26,9 @@ from host._engine import (
     SOCKET_NAME,
     ContainerLimits,
 )
-from host._manifest import SLUG_RE
 from host._wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS, wrapper_env
 from host.core.vocab import Runtime
+from host.spec.manifest import SLUG_RE
 
 # --- the contract (docs/kubernetes.md) -------------------------------------------------------------------
 GROUP = "sandbox.agentnode.net"

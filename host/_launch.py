@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host._config import config_paths
 from host._engine import (
     ContainerLimits,
     EngineFacts,
@@ -20,11 +19,12 @@ from host._engine import (
     verify_runtime,
 )
 from host._engine_http import EngineClient
-from host._lockfile import LockEntry
 from host._pin import pinned_image_missing
 from host._seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
 from host._volumes import verify_volume
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
+from host.spec.config import config_paths
+from host.spec.lockfile import LockEntry
 
 
 @dataclass(frozen=True)

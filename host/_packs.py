@@ -23,24 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from host._config import ConfigPaths
 from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
 from host._image import daemon_arch
-from host._lockfile import (
-    MAX_LOCK_ENTRY_BYTES,
-    LockEntry,
-    Lockfile,
-    entry_too_big,
-)
-from host._manifest import (
-    MANIFEST_NAME,
-    AgentManifest,
-    ManifestWarnings,
-    ToolpackManifest,
-    load_manifest,
-    manifest_data,
-    parse_manifest,
-)
 from host._requirements import (
     MAX_PYPROJECT_BYTES,
     PYPROJECT,
@@ -72,6 +56,22 @@ from host.core.errors import (
 )
 from host.core.terminal import safe_line
 from host.core.vocab import HOST_TRUST, Trust
+from host.spec.config import ConfigPaths
+from host.spec.lockfile import (
+    MAX_LOCK_ENTRY_BYTES,
+    LockEntry,
+    Lockfile,
+    entry_too_big,
+)
+from host.spec.manifest import (
+    MANIFEST_NAME,
+    AgentManifest,
+    ManifestWarnings,
+    ToolpackManifest,
+    load_manifest,
+    manifest_data,
+    parse_manifest,
+)
 
 if TYPE_CHECKING:
     import docker

@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import quote
 
 from host._admission import Admission, admit
-from host._config import load_config
 from host._engine import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -50,9 +49,10 @@ from host._launch import (
     sandbox_spec,
     start_container,
 )
-from host._lockfile import Lockfile
 from host._pin import verify_pinned_image
 from host._rundir import RunDir, made_for, make_run_dir, run_dir_of
+from host.spec.config import load_config
+from host.spec.lockfile import Lockfile
 
 logger = logging.getLogger("agentnode.sandbox.prelaunch")
 

@@ -44,9 +44,9 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from host._image import sha256_file
 from host._tararchive import upload_tar
-from host._wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
 from host.core.errors import PackError
 from host.core.terminal import safe_line, safe_token
+from host.spec.wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement

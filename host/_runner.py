@@ -16,12 +16,10 @@ from host._admission import Admission, admit
 from host._audit import AuditLog
 from host._broker import LlmBroker
 from host._caller import NO_CALLER, CallerInfo, RunOverrides
-from host._config import HostConfig, load_config
 from host._engine import ContainerLimits, open_engine, owner_token, sweep_containers
 from host._engine_http import EngineClient
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
-from host._lockfile import Lockfile
 from host._outcome import Ending, conclude, watch
 from host._pool import PoolSettings, WarmPools
 from host._result import RunResult, from_error, from_outcome, host_fault, withheld
@@ -37,6 +35,8 @@ from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
+from host.spec.config import HostConfig, load_config
+from host.spec.lockfile import Lockfile
 
 if TYPE_CHECKING:
     from host._metrics import HostMetrics

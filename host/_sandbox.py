@@ -36,14 +36,14 @@ from host._launch import (
     sandbox_spec,
     start_container,
 )
-from host._lockfile import LockEntry, Lockfile
-from host._manifest import AgentManifest
 from host._pin import verify_pinned_image
 from host._pool import PoolSettings, WarmPools
 from host._session import RunSession, build_run_server
 from host._toollink import ToolLink
 from host._workload import SocketServer, Workload
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host.spec.lockfile import LockEntry, Lockfile
+from host.spec.manifest import AgentManifest
 
 if TYPE_CHECKING:
     from host._prelaunch import Prelaunched

@@ -7,8 +7,8 @@ import re
 import sys
 from pathlib import Path
 
-from host._manifest import SLUG_RE
 from host.core.errors import PackError
+from host.spec.manifest import SLUG_RE
 
 KINDS = ("agent", "toolpack")
 # The agent template calls the toolpack template's tool, so `init my-tools --type toolpack` pairs with it.

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import sandbox_wrapper._tool_exec
-from host._manifest import ToolpackManifest, ToolSpec
 from host.core.calltrace import CallTrace
 from host.core.errors import CallRefusal
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict, utf8_exceeds
 from host.core.vocab import HOST_TRUST, WireReason
+from host.spec.manifest import ToolpackManifest, ToolSpec
 from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
 
 if TYPE_CHECKING:

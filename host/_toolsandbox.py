@@ -24,14 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from host._config import HostConfig, sandbox_enabled
-from host._lockfile import Lockfile
 from host._sandbox import DockerBackend, ToolSandbox
 from host._toollink import LinkBroken, LinkTimeout
 from host._tools import MODE_TOOL_SANDBOX, InstalledToolpack, ResolvedTool, ToolOutcome, _outcome
 from host._workload import Teardowns
 from host.core.errors import ConfigError
 from host.core.strictjson import JsonRejected, dumps_strict
+from host.spec.config import HostConfig, sandbox_enabled
+from host.spec.lockfile import Lockfile
 
 logger = logging.getLogger("agentnode.sandbox.toolsandbox")
 

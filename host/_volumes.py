@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from host._engine import LABEL_ARTIFACT, engine_errors
 from host._engine_http import EngineClient
-from host._lockfile import LockEntry
 from host.core.errors import AuditReason, EngineNotFound, PackError
+from host.spec.lockfile import LockEntry
 
 if TYPE_CHECKING:
     import docker

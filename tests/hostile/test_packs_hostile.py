@@ -21,9 +21,9 @@ import docker
 import docker.errors
 import pytest
 
-from host._config import load_config
 from host._packs import LABEL_PACK, LockEntry, Lockfile, uninstall_pack
 from host.core.errors import SandboxError
+from host.spec.config import load_config
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 
 pytestmark = pytest.mark.docker
@@ -37,7 +37,7 @@ CHILD_TIMEOUT = 60.0
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from host._config import load_config
+from host.spec.config import load_config
 from host._engine import connect
 from host.core.errors import SandboxError
 from host._packs import install_pack

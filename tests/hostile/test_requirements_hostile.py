@@ -33,10 +33,10 @@ import docker
 import docker.errors
 import pytest
 
-from host._config import load_config
 from host._packs import LABEL_PACK, Lockfile, install_pack
 from host._requirements import MAX_PYPROJECT_BYTES, MAX_REQUIREMENTS, MAX_WHEELS, Source
 from host.core.errors import SandboxError
+from host.spec.config import load_config
 from tests.hostile.conftest import Lab, Ledger, brief, rss_bytes
 from tests.support.cli import cli
 

@@ -21,7 +21,6 @@ import docker.errors
 import pytest
 
 from host._broker import LlmBroker, LlmSession
-from host._config import load_config
 from host._engine import LABEL_SLUG, ContainerLimits, EngineKind
 from host._engine_http import EngineClient
 from host._image import LABEL_INPUTS_HASH
@@ -29,6 +28,7 @@ from host._packs import LABEL_ARTIFACT, Lockfile
 from host._policy import LlmPolicy
 from host._rundir import run_root
 from host._runner import RunResult, SandboxHost
+from host.spec.config import load_config
 from tests.support.fake_engine import FakeEngine
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

@@ -11,11 +11,11 @@ from typing import Any
 import docker
 import docker.errors
 
-from host._config import load_config
 from host._engine import open_engine
-from host._lockfile import Lockfile
 from host._packs import LABEL_PACK, LockEntry, install_pack
 from host._runner import SandboxHost
+from host.spec.config import load_config
+from host.spec.lockfile import Lockfile
 
 
 class HostState:

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from host._admission import admit
-from host._config import HostConfig, load_config
 from host._k8s_objects import agentrun as agentrun_body
 from host._k8s_pod import pod_for
-from host._manifest import manifest_data, parse_manifest
 from host._packs import LockEntry, Lockfile, artifact_hash
+from host.spec.config import HostConfig, load_config
+from host.spec.manifest import manifest_data, parse_manifest
 from tests.support.kubeapi import KubeAPI
 from tests.support.packs import write_agent
 from tests.support.paths import REPO

@@ -22,11 +22,11 @@ from types import TracebackType
 from typing import Any
 
 from host._broker import LlmBroker
-from host._config import LlmHostConfig
-from host._manifest import ToolpackManifest, ToolSpec
 from host._policy import LlmPolicy, RunPolicy
 from host._session import RunSession, RunTask, build_run_server
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
+from host.spec.config import LlmHostConfig
+from host.spec.manifest import ToolpackManifest, ToolSpec
 from sandbox_wrapper import PROTOCOL_VERSION
 
 REPO = Path(__file__).resolve().parents[2]

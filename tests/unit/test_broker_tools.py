@@ -14,7 +14,6 @@ import pytest
 from host import _broker, _wiring
 from host._broker import Completion, LlmBroker, LlmRefusal, LlmSession, json_string_bytes
 from host._budget import TOOL_PROMPT_TOKENS
-from host._config import LlmHostConfig
 from host._llmtools import (
     JSON_INSTRUCTION,
     JSON_MODE_CHARS,
@@ -36,9 +35,10 @@ from host._llmtools import (
     provider_names,
     tool_definition,
 )
-from host._manifest import ToolpackManifest, ToolSpec
 from host._policy import LlmPolicy, RunPolicy
 from host._tools import InstalledToolpack
+from host.spec.config import LlmHostConfig
+from host.spec.manifest import ToolpackManifest, ToolSpec
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer, FakeToolCall
 
 CANARY = "sk-canary-tools-51c0"

@@ -34,9 +34,9 @@ from host._budget import (
     retry_after_seconds,
     transient_kind,
 )
-from host._config import LlmHostConfig, ModelPrice
 from host._policy import LlmPolicy
 from host.core.errors import CallRefusal
+from host.spec.config import LlmHostConfig, ModelPrice
 from tests.support.fake_llm import Behaviour, FakeLlmServer
 
 MODEL = "host-model-7"

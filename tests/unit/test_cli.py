@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from host._audit import AuditLog, run_record
-from host._config import load_config
 from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host._engine import (
     LABEL_OWNER,
@@ -28,10 +27,11 @@ from host._engine import (
     require_capable,
 )
 from host._image import BUILD_HINT
-from host._manifest import AgentManifest, ToolpackManifest, load_manifest
 from host._packs import Lockfile
 from host._tools import InstalledToolpack, ToolRunner, resolve_tool
 from host.core.errors import EngineError
+from host.spec.config import load_config
+from host.spec.manifest import AgentManifest, ToolpackManifest, load_manifest
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.packs import write_agent as write_pack
 from tests.support.paths import REPO

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from host._config import (
+from host.core.errors import AuditReason, ConfigError
+from host.spec.config import (
     AgentLlmConfig,
     AgentSandboxConfig,
     KubernetesConfig,
@@ -24,7 +25,6 @@ from host._config import (
     sandbox_enabled,
     set_image_pin,
 )
-from host.core.errors import AuditReason, ConfigError
 
 
 def _write(tmp_path: Path, data: Any) -> dict[str, str]:
@@ -302,7 +302,7 @@ def test_set_image_pin_that_cannot_be_written_is_a_config_error(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     paths = config_paths({"AGENTNODE_CONFIG": str(tmp_path)})
-    monkeypatch.setattr("host._config.os.fsync", disk_full)
+    monkeypatch.setattr("host.spec.config.os.fsync", disk_full)
     with pytest.raises(ConfigError) as info:
         set_image_pin(paths, "sha256:1")
     assert info.value.message == f"{paths.config_file}: cannot write the config (OSError)"

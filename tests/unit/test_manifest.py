@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from host._manifest import (
+from host.core.errors import AuditReason, ManifestError
+from host.core.strictyaml import StrictLoader, load_yaml
+from host.spec.manifest import (
     DEFAULT_PERMISSIONS,
     MAX_MANIFEST_BYTES,
     MAX_WARNINGS,
@@ -28,8 +30,6 @@ from host._manifest import (
     manifest_data,
     parse_manifest,
 )
-from host.core.errors import AuditReason, ManifestError
-from host.core.strictyaml import StrictLoader, load_yaml
 
 AGENT_YAML = """\
 package_id: research-agent

@@ -20,9 +20,7 @@ import docker.errors
 import pytest
 import requests
 
-from host import _lockfile, _packs
-from host._config import ConfigPaths, config_paths
-from host._manifest import load_manifest, manifest_data
+from host import _packs
 from host._packs import (
     LockEntry,
     Lockfile,
@@ -33,6 +31,9 @@ from host._packs import (
     volume_name,
 )
 from host.core.errors import AuditReason, EngineRejected, ManifestError, PackError
+from host.spec import lockfile as _lockfile
+from host.spec.config import ConfigPaths, config_paths
+from host.spec.manifest import load_manifest, manifest_data
 from tests.support.tars import assert_ends_at_marker
 
 MARKER_MODULE = textwrap.dedent(

@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-from host._config import AgentSandboxConfig, LimitsCeiling, LlmHostConfig
-from host._manifest import AgentManifest
 from host._policy import (
     GRANT_DECLARED,
     GRANT_HOST_PATH,
@@ -25,6 +23,8 @@ from host._policy import (
 )
 from host.core.errors import AuditReason, ConfigError, ManifestError
 from host.core.vocab import Route
+from host.spec.config import AgentSandboxConfig, LimitsCeiling, LlmHostConfig
+from host.spec.manifest import AgentManifest
 from tests.support.cli import cli, json_out
 from tests.support.packs import write_agent
 from tests.support.schema import check_schema

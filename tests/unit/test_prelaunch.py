@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from host._admission import Admission, admit
-from host._config import load_config
 from host._engine import ContainerLimits, owner_token
 from host._engine_http import EngineClient
 from host._launch import SandboxSpec
-from host._lockfile import LockEntry, Lockfile
 from host._prelaunch import Prelaunched, prelaunch
 from host._rundir import RunDir, run_root
+from host.spec.config import load_config
+from host.spec.lockfile import LockEntry, Lockfile
 
 SLUG = "pre-unit"
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from host import _requirements as rq
-from host._config import ConfigPaths, config_paths
 from host._packs import LockEntry, Lockfile, install_pack, uninstall_pack, verify_volume, volume_name
 from host._requirements import (
     SITE_DIR,
@@ -37,6 +36,7 @@ from host._requirements import (
 from host._tools import ResolvedTool, ToolRunner
 from host._wiring import lookup_toolpack
 from host.core.errors import PackError
+from host.spec.config import ConfigPaths, config_paths
 from sandbox_wrapper import _runner
 from tests.support.tars import assert_ends_at_marker
 

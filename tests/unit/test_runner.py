@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from host._admission import Admission
-from host._config import load_config
 from host._hostproc import HostBackend, HostSpec
 from host._packs import LockEntry, Lockfile
 from host._result import RunResult
@@ -26,6 +25,7 @@ from host._runner import SandboxHost
 from host._session import REPORT_HOLD_SECONDS, RunSession
 from host._workload import Teardowns, Workload
 from host.core.errors import AuditReason, EngineError
+from host.spec.config import load_config
 
 AGENT = """
 import os, shutil, sys, time

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from host._config import AgentSandboxConfig, LimitsCeiling, load_config
-from host._manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest
 from host._outcome import EndFacts, Ending, name_outcome
 from host._packs import LockEntry, Lockfile
 from host._policy import resolve_run_policy
@@ -35,6 +33,8 @@ from host._sequential import (
 )
 from host._session import RunOutcome
 from host.core.errors import AuditReason
+from host.spec.config import AgentSandboxConfig, LimitsCeiling, load_config
+from host.spec.manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest
 from tests.support.paths import REPO
 from tests.support.step_tools import STEP_TOOLS, STEP_TOOLS_MANIFEST
 

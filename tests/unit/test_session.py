@@ -22,8 +22,6 @@ import grpc
 import pytest
 
 from host._broker import LlmBroker, LlmSession
-from host._config import LlmHostConfig
-from host._manifest import ToolpackManifest, ToolSpec
 from host._policy import LlmPolicy, RunPolicy
 from host._session import (
     MAX_MESSAGE_BYTES,
@@ -34,6 +32,8 @@ from host._session import (
     build_run_server,
 )
 from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
+from host.spec.config import LlmHostConfig
+from host.spec.manifest import ToolpackManifest, ToolSpec
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     errors_pb2,

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from host._manifest import ToolpackManifest, ToolSpec
 from host._tools import (
     InstalledToolpack,
     ResolvedTool,
@@ -24,6 +23,7 @@ from host._tools import (
     resolve_tool,
     schema_error,
 )
+from host.spec.manifest import ToolpackManifest, ToolSpec
 
 TOOL_MODULE = textwrap.dedent(
     """

@@ -18,9 +18,7 @@ from typing import Any
 
 import pytest
 
-from host._config import load_config
 from host._engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
-from host._manifest import ToolpackManifest
 from host._toollink import MAX_REPLY_BYTES, LinkBroken, LinkTimeout, ToolLink, reply_dict
 from host._tools import (
     MODE_TOOL_SANDBOX,
@@ -38,6 +36,8 @@ from host._toolsandbox import (
     ToolSandboxLauncher,
 )
 from host._workload import Teardowns
+from host.spec.config import load_config
+from host.spec.manifest import ToolpackManifest
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2
 from sandbox_wrapper._tool_exec import handle

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from host.core.errors import ManifestError, PackError
 
 if TYPE_CHECKING:
-    from host._manifest import AgentManifest, ToolpackManifest
+    from host.spec.manifest import AgentManifest, ToolpackManifest
 
 LOCKFILE_VERSION = 1
 MAX_LOCK_ENTRY_BYTES = 256 * 1024
@@ -54,7 +54,7 @@ class LockEntry:
         """What the sandbox volume holds: the artifact plus the recorded sandbox wheels (the artifact hash
         when there are none). Its name and label carry it, so a volume with other wheels is stale; a
         malformed record yields "" (no volume ever matches: the run fails closed)."""
-        from host._wheels import identity, recorded_wheels  # noqa: PLC0415  (installed packs only)
+        from host.spec.wheels import identity, recorded_wheels  # noqa: PLC0415  (installed packs only)
 
         try:
             return identity(self.artifact_hash, recorded_wheels(self.requirements, "sandbox"))
@@ -81,7 +81,7 @@ class LockEntry:
         kept = self.__dict__.get("_parsed")
         if kept is not None:
             return cast("AgentManifest | ToolpackManifest", kept)
-        from host._manifest import parse_manifest  # noqa: PLC0415  (YAML: not for `list`)
+        from host.spec.manifest import parse_manifest  # noqa: PLC0415  (YAML: not for `list`)
 
         try:
             parsed = parse_manifest(self.manifest, source=f"lockfile entry {self.slug}")
