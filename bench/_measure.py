@@ -28,7 +28,6 @@ from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
 from host import _tools
-from host._audit import AuditLog, run_record
 from host._broker import LlmBroker
 from host._client import RunnerClient
 from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, container_spec, remove_and_verify
@@ -42,6 +41,7 @@ from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_serv
 from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
 from host.aio import AsyncRunnerClient
+from host.audit.log import AuditLog, run_record
 from host.spec.config import LlmHostConfig, load_config
 from sandbox_wrapper import PROTOCOL_VERSION
 

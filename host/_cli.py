@@ -869,7 +869,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from host._audit import RUN_EVENT, AuditLog, verify_audit
+    from host.audit.log import RUN_EVENT, AuditLog, verify_audit
     from host.spec.config import load_config
 
     path = load_config().paths.audit_file

@@ -15,7 +15,6 @@ from typing import Any, Final
 import kopf
 
 from host._admission import Admission, admit
-from host._audit import AuditLog
 from host._caller import NO_CALLER
 from host._k8s_api import KubeApi, KubeError, Ref
 from host._k8s_node import HostRoutesRefused
@@ -42,6 +41,7 @@ from host._k8s_run import (
 )
 from host._packs import Lockfile
 from host._runaudit import RunAudit, RunFacts
+from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.core.terminal import safe_line

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from host._admission import Admission, admit
-from host._audit import AuditLog
 from host._broker import LlmBroker
 from host._caller import NO_CALLER, CallerInfo, RunOverrides
 from host._engine import ContainerLimits, open_engine, owner_token, sweep_containers
@@ -33,6 +32,7 @@ from host._toolsandbox import ToolSandboxLauncher
 from host._tracing import RunTracer
 from host._wiring import run_services, run_task
 from host._workload import Backend, Teardowns, Workload
+from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.spec.config import HostConfig, load_config

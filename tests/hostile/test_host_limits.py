@@ -15,10 +15,10 @@ from typing import Any
 import docker
 import pytest
 
-from host._audit import verify_audit
 from host._client import RunnerClient
 from host._engine import LABEL_RUN, LABEL_SLUG
 from host._runner import RunResult
+from host.audit.log import verify_audit
 from host.core.errors import ManifestError
 from tests.hostile.conftest import Lab, Ledger, brief
 from tests.support.cli import cli, json_out

@@ -16,8 +16,8 @@ from typing import Any
 import docker
 import pytest
 
-from host._audit import verify_audit
 from host._runner import RunResult
+from host.audit.log import verify_audit
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from host._audit import END_GRACE_SECONDS, GENESIS, AuditLog, run_record, start_record, verify_audit
+from host.audit.log import END_GRACE_SECONDS, GENESIS, AuditLog, run_record, start_record, verify_audit
 from host.core.errors import AuditReason
 from tests.support.paths import REPO
 
@@ -402,7 +402,7 @@ def test_parallel_appends_from_threads_keep_the_chain_intact(tmp_path: Path) -> 
 def test_parallel_appends_from_processes_keep_the_chain_intact(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     code = (
-        "import sys; from pathlib import Path; from host._audit import AuditLog\n"
+        "import sys; from pathlib import Path; from host.audit.log import AuditLog\n"
         "log = AuditLog(Path(sys.argv[1]))\n"
         "ok = [log.append({'event': 'agent_run', 'slug': 'p' + sys.argv[2], 'n': n}) for n in range(8)]\n"
         "sys.exit(0 if all(ok) else 1)\n"
@@ -557,7 +557,7 @@ def test_appends_need_no_new_descriptor_once_open(tmp_path: Path) -> None:
     code = f"""
 import os, resource, sys
 sys.path.insert(0, {str(REPO)!r})
-from host._audit import AuditLog, verify_audit
+from host.audit.log import AuditLog, verify_audit
 from pathlib import Path
 path = Path({str(tmp_path / "audit.jsonl")!r})
 log = AuditLog(path)

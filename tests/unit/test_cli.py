@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import yaml
 
-from host._audit import AuditLog, run_record
 from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host._engine import (
     LABEL_OWNER,
@@ -29,6 +28,7 @@ from host._engine import (
 from host._image import BUILD_HINT
 from host._packs import Lockfile
 from host._tools import InstalledToolpack, ToolRunner, resolve_tool
+from host.audit.log import AuditLog, run_record
 from host.core.errors import EngineError
 from host.spec.config import load_config
 from host.spec.manifest import AgentManifest, ToolpackManifest, load_manifest

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from host._audit import AuditLog, run_record
 from host._k8s_objects import API_VERSION, KIND, MAX_ERROR_CHARS, MAX_KWARGS_JSON_CHARS
 from host._k8s_run import (
     audit_digest,
@@ -19,6 +18,7 @@ from host._k8s_run import (
     status_for,
 )
 from host._result import RunResult
+from host.audit.log import AuditLog, run_record
 from host.core.errors import AuditReason, ConfigError
 
 
