@@ -30,7 +30,6 @@ from bench._stats import med, ratio, summary
 from host import _tools
 from host._broker import LlmBroker
 from host._client import RunnerClient
-from host._engine import LABEL_RUN, LABEL_SLUG, SANDBOX_GID, SANDBOX_UID, container_spec, remove_and_verify
 from host._llmtools import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host._policy import LlmPolicy, RunPolicy
 from host._pool import PoolSettings
@@ -42,6 +41,14 @@ from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, 
 from host._wiring import lookup_toolpack
 from host.aio import AsyncRunnerClient
 from host.audit.log import AuditLog, run_record
+from host.engine.engine import (
+    LABEL_RUN,
+    LABEL_SLUG,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    container_spec,
+    remove_and_verify,
+)
 from host.spec.config import LlmHostConfig, load_config
 from sandbox_wrapper import PROTOCOL_VERSION
 

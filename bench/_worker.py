@@ -58,8 +58,8 @@ def main() -> int:
         from bench._plan import Plan  # noqa: PLC0415
         from bench._report import IMAGE_ROOT  # noqa: PLC0415
         from bench._state import BenchState  # noqa: PLC0415
-        from host._engine import connect  # noqa: PLC0415
-        from host._image import build_image  # noqa: PLC0415
+        from host.engine.engine import connect  # noqa: PLC0415
+        from host.engine.image import build_image  # noqa: PLC0415
 
         plan = Plan.from_json(json.loads(sys.argv[1]))
         client = connect()

@@ -342,8 +342,8 @@ def _run_local(
     instead of preceding it. The host adopts the container, or the run takes the usual path."""
     import threading
 
-    from host._engine import ContainerLimits, owner_token
     from host._prelaunch import prelaunch
+    from host.engine.engine import ContainerLimits, owner_token
 
     loader = threading.Thread(target=_import_the_host, daemon=True, name="host-imports")
     early = None
@@ -543,7 +543,7 @@ def cmd_k8s_controller(args: argparse.Namespace) -> int:
 
 def _engine() -> tuple[Any, EngineError | None]:
     """The engine client, or None and the reason it is unreachable (installing trusted packs needs none)."""
-    from host._engine import connect
+    from host.engine.engine import connect
 
     try:
         return connect(), None
@@ -640,7 +640,7 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 def _volume_users(client: Any, name: str) -> int | None:
     """How many containers use the volume `name`: None when it is gone, 0 when that cannot be seen."""
-    from host._engine import engine_errors
+    from host.engine.engine import engine_errors
 
     try:
         with engine_errors():
@@ -706,8 +706,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from host._engine import connect
-    from host._image import build_image, image_status, pull_image, verify_pinned_image
+    from host.engine.engine import connect
+    from host.engine.image import build_image, image_status, pull_image, verify_pinned_image
     from host.spec.config import load_config, set_image_pin
 
     cfg = load_config()

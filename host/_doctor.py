@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host._engine import (
+from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
+from host._policy import route_run
+from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
+from host.core.vocab import HOST_TRUST, Route, Trust
+from host.engine.engine import (
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_WARM,
@@ -24,13 +28,9 @@ from host._engine import (
     owner_alive,
     require_capable,
 )
-from host._engine_http import EngineClient
-from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
-from host._image import image_status, verify_pinned_image
-from host._policy import route_run
-from host._volumes import verify_volume
-from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
-from host.core.vocab import HOST_TRUST, Route, Trust
+from host.engine.http import EngineClient
+from host.engine.image import image_status, verify_pinned_image
+from host.engine.volumes import verify_volume
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile
 from sandbox_wrapper import PROTOCOL_VERSION

@@ -370,8 +370,8 @@ class Headstart:
         self._wait(self._finished, 2 * ENGINE_TIMEOUT_SECONDS + 1)
         from pathlib import Path  # noqa: PLC0415 (only for a discard, as below)
 
-        from host._engine import open_engine, remove_and_verify  # noqa: PLC0415
         from host._rundir import RunDir  # noqa: PLC0415
+        from host.engine.engine import open_engine, remove_and_verify  # noqa: PLC0415
 
         try:
             client = open_engine({**os.environ, "DOCKER_HOST": f"unix://{self.engine_socket}"})  # its engine

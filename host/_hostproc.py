@@ -18,8 +18,8 @@ from host._explain import host_copy_error
 from host._rundir import RunDir
 from host._session import RunSession
 from host._workload import Workload
-from host._wrapper_env import WRAPPER_ARGS, wrapper_env
 from host.core.vocab import HOST_TRUST, Trust
+from host.engine.wrapper_env import WRAPPER_ARGS, wrapper_env
 
 _WRAPPER_CODE = str(Path(__file__).resolve().parent.parent)
 """Where the host's own copy of sandbox_wrapper is importable from."""

@@ -17,7 +17,8 @@ from host._caller import (
     MAX_TENANT_CHARS,
     CallerInfo,
 )
-from host._engine import (
+from host.core.vocab import Runtime
+from host.engine.engine import (
     HOME_IN_CONTAINER,
     PACK_DIR_IN_CONTAINER,
     SANDBOX_GID,
@@ -26,8 +27,7 @@ from host._engine import (
     SOCKET_NAME,
     ContainerLimits,
 )
-from host._wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS, wrapper_env
-from host.core.vocab import Runtime
+from host.engine.wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS, wrapper_env
 from host.spec.manifest import SLUG_RE
 
 # --- the contract (docs/kubernetes.md) -------------------------------------------------------------------

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from host._engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
-from host._image import daemon_arch
 from host._requirements import (
     MAX_PYPROJECT_BYTES,
     PYPROJECT,
@@ -44,8 +42,6 @@ from host._requirements import (
     resolve,
     site_archive,
 )
-from host._tararchive import upload_tar
-from host._volumes import verify_volume, volume_name
 from host.core.errors import (
     AuditReason,
     EngineError,
@@ -56,6 +52,10 @@ from host.core.errors import (
 )
 from host.core.terminal import safe_line
 from host.core.vocab import HOST_TRUST, Trust
+from host.engine.engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
+from host.engine.image import daemon_arch
+from host.engine.tararchive import upload_tar
+from host.engine.volumes import verify_volume, volume_name
 from host.spec.config import ConfigPaths
 from host.spec.lockfile import (
     MAX_LOCK_ENTRY_BYTES,

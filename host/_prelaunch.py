@@ -27,7 +27,9 @@ from typing import Any
 from urllib.parse import quote
 
 from host._admission import Admission, admit
-from host._engine import (
+from host._headstart import Headstart, forget, remember
+from host._rundir import RunDir, made_for, make_run_dir, run_dir_of
+from host.engine.engine import (
     SANDBOX_GID,
     SANDBOX_UID,
     ContainerLimits,
@@ -38,9 +40,8 @@ from host._engine import (
     remove_and_verify,
     verify_runtime,
 )
-from host._engine_http import EngineClient
-from host._headstart import Headstart, forget, remember
-from host._launch import (
+from host.engine.http import EngineClient
+from host.engine.launch import (
     SandboxSpec,
     container_name,
     import_root_of,
@@ -49,8 +50,7 @@ from host._launch import (
     sandbox_spec,
     start_container,
 )
-from host._pin import verify_pinned_image
-from host._rundir import RunDir, made_for, make_run_dir, run_dir_of
+from host.engine.pin import verify_pinned_image
 from host.spec.config import load_config
 from host.spec.lockfile import Lockfile
 

@@ -42,10 +42,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from host._image import sha256_file
-from host._tararchive import upload_tar
 from host.core.errors import PackError
 from host.core.terminal import safe_line, safe_token
+from host.engine.image import sha256_file
+from host.engine.tararchive import upload_tar
 from host.spec.wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
 
 if TYPE_CHECKING:

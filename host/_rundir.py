@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from host._engine import SOCKET_NAME
 from host.core.owner import owner_alive
+from host.engine.engine import SOCKET_NAME
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 from host._admission import Admission, admit
 from host._broker import LlmBroker
 from host._caller import NO_CALLER, CallerInfo, RunOverrides
-from host._engine import ContainerLimits, open_engine, owner_token, sweep_containers
-from host._engine_http import EngineClient
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
 from host._outcome import Ending, conclude, watch
@@ -35,6 +33,8 @@ from host._workload import Backend, Teardowns, Workload
 from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
+from host.engine.engine import ContainerLimits, open_engine, owner_token, sweep_containers
+from host.engine.http import EngineClient
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import Lockfile
 

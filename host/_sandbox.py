@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from host._admission import Admission
-from host._engine import (
+from host._pool import PoolSettings, WarmPools
+from host._session import RunSession, build_run_server
+from host._toollink import ToolLink
+from host._workload import SocketServer, Workload
+from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host.engine.engine import (
     SANDBOX_GID,
     SANDBOX_UID,
     ContainerLimits,
@@ -26,8 +31,8 @@ from host._engine import (
     read_logs,
     remove_and_verify,
 )
-from host._engine_http import EngineClient
-from host._launch import (
+from host.engine.http import EngineClient
+from host.engine.launch import (
     SandboxSpec,
     container_name,
     podman_seccomp_profile,
@@ -36,12 +41,7 @@ from host._launch import (
     sandbox_spec,
     start_container,
 )
-from host._pin import verify_pinned_image
-from host._pool import PoolSettings, WarmPools
-from host._session import RunSession, build_run_server
-from host._toollink import ToolLink
-from host._workload import SocketServer, Workload
-from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host.engine.pin import verify_pinned_image
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest
 

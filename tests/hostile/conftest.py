@@ -37,9 +37,9 @@ import docker.errors
 import pytest
 
 import host._wiring
-from host._engine import LABEL_OWNER, LABEL_SLUG, owner_token
 from host._runner import RunResult, SandboxHost
 from host._tools import ToolGate
+from host.engine.engine import LABEL_OWNER, LABEL_SLUG, owner_token
 from tests.conftest import REQUIRE_DOCKER
 from tests.support import fake_llm
 from tests.support.engine import (

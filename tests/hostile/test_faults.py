@@ -15,9 +15,9 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import LABEL_RUN
 from host._runner import RunResult
 from host.core.errors import AUDIT_REASONS
+from host.engine.engine import LABEL_RUN
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 from tests.support.fake_llm import Behaviour
 

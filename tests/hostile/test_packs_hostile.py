@@ -38,7 +38,7 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 from host.spec.config import load_config
-from host._engine import connect
+from host.engine.engine import connect
 from host.core.errors import SandboxError
 from host._packs import install_pack
 

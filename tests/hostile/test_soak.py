@@ -25,8 +25,8 @@ import docker
 import pytest
 import requests
 
-from host._engine import LABEL_OWNER, LABEL_SLUG, connect, owner_token
 from host._runner import RunResult, SandboxHost
+from host.engine.engine import LABEL_OWNER, LABEL_SLUG, connect, owner_token
 from tests.hostile.conftest import Lab, Ledger, brief
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
@@ -52,9 +52,9 @@ CONCURRENT_MAX_S = 180.0
 
 ENGINE_CONNECTIONS_MAX = 32
 """Connections to the engine's socket the engine clients' keep-alive pools may hold (the host's one pool
-keeps up to host._engine.ENGINE_SHARED_POOL_SIZE idle, the test's own client a few more). They are counted
-apart from the host's own descriptors and held to this bound: a leak of them would pass it within a few
-dozen runs."""
+keeps up to host.engine.engine.ENGINE_SHARED_POOL_SIZE idle, the test's own client a few more). They are
+counted apart from the host's own descriptors and held to this bound: a leak of them would pass it within a
+few dozen runs."""
 
 
 def _engine_sockets() -> set[str]:

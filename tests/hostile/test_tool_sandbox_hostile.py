@@ -30,10 +30,10 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import LABEL_TOOL_FOR, EngineKind
 from host._runner import RunResult, SandboxHost
 from host._toolsandbox import MAX_STARTS_PER_PACK
-from host._wrapper_env import wrapper_env
+from host.engine.engine import LABEL_TOOL_FOR, EngineKind
+from host.engine.wrapper_env import wrapper_env
 from tests.hostile.conftest import (
     CANARY,
     STUBS,

@@ -12,7 +12,7 @@ import pytest
 from bench import run
 from bench._plan import SECTION_NAMES
 from bench._report import SECTIONS, render
-from host._engine import LABEL_OWNER, owner_token
+from host.engine.engine import LABEL_OWNER, owner_token
 
 
 def check_smoke(data: dict[str, Any], text: str) -> None:

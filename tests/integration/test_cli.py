@@ -20,8 +20,8 @@ import docker
 import docker.errors
 import pytest
 
-from host._image import BUILD_HINT
 from host._packs import Lockfile
+from host.engine.image import BUILD_HINT
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
@@ -369,11 +369,13 @@ def test_per_run_limits_only_tighten_and_bind_the_sandboxed_run(
 
 
 RUN_NEEDS = ("grpc", "google.protobuf")
-RUN_NEEDS_NOT = ("docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
-                 "opentelemetry", "kubernetes", "kopf", "host._packs", "host._image", "host._requirements",
-                 "sandbox_wrapper._context", "sandbox_wrapper._runner", "host._serve",
-                 "host._client", "host._k8s_client", "host._k8s_api", "host._metrics", "host._doctor",
-                 "host._scaffold", "host.aio", "yaml", "packaging.requirements")  # fmt: skip
+RUN_NEEDS_NOT = (
+    "docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
+    "opentelemetry", "kubernetes", "kopf", "host._packs", "host.engine.image",
+    "host._requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
+    "host._serve", "host._client", "host._k8s_client", "host._k8s_api", "host._metrics",
+    "host._doctor", "host._scaffold", "host.aio", "yaml", "packaging.requirements"
+)  # fmt: skip
 IMPORT_PROBE = """
 import contextlib, io, json, sys
 from host._cli import main
@@ -389,7 +391,7 @@ def test_a_trivial_run_loads_only_what_it_uses(
     host_state: HostState, make_agent: Callable[..., Path]
 ) -> None:
     """A one-shot `run` of an agent that calls no tool and no model needs gRPC (the engine is spoken to with
-    the standard library: host._engine_http); not the docker SDK or its HTTP stack, the install and image
+    the standard library: host.engine.http); not the docker SDK or its HTTP stack, the install and image
     builder machinery, the providers' SDKs, metrics, tracing, Kubernetes, the serve host or its client,
     doctor, the scaffolder, nor the YAML and requirement parsers (the lockfile holds the validated
     manifest)."""

@@ -9,8 +9,8 @@ from typing import Any
 import docker
 import pytest
 
-from host._engine import EngineKind, container_runtime
-from host._engine_http import EngineClient
+from host.engine.engine import EngineKind, container_runtime
+from host.engine.http import EngineClient
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 

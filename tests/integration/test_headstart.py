@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from host._engine import LABEL_RUN, ContainerLimits, owner_token
-from host._engine_http import EngineApiError, EngineClient
 from host._headstart import Headstart, begin, load_record, record_path
 from host._prelaunch import Prelaunched, prelaunch
 from host._runner import RunResult
+from host.engine.engine import LABEL_RUN, ContainerLimits, owner_token
+from host.engine.http import EngineApiError, EngineClient
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

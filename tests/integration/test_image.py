@@ -12,9 +12,9 @@ from typing import Any
 import docker
 import pytest
 
-from host._engine import LABEL_OWNER, owner_token
-from host._image import build_image, image_inputs_hash, image_status, verify_pinned_image
 from host.core.errors import AuditReason, EngineError
+from host.engine.engine import LABEL_OWNER, owner_token
+from host.engine.image import build_image, image_inputs_hash, image_status, verify_pinned_image
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.paths import REPO
 

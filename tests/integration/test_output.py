@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from host._engine_http import EngineClient, LogStream
+from host.engine.http import EngineClient, LogStream
 from tests.support.host_state import HostState
 
 CHATTY = """

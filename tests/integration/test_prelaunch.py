@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from host._engine import LABEL_RUN, ContainerLimits, owner_token
-from host._engine_http import EngineClient
 from host._prelaunch import PRELAUNCH_SOCKET_WAIT, prelaunch
+from host.engine.engine import LABEL_RUN, ContainerLimits, owner_token
+from host.engine.http import EngineClient
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

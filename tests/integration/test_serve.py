@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from host._client import RunnerClient
 from host._doctor import leftover_check
-from host._engine import LABEL_OWNER, LABEL_RUN
-from host._engine_http import EngineClient
 from host._events import RunFinished, RunLog, RunStarted
 from host._serve import serve
 from host.aio import AsyncRunnerClient, CallerInfo
+from host.engine.engine import LABEL_OWNER, LABEL_RUN
+from host.engine.http import EngineClient
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from host._engine import (
+from host._rundir import run_root
+from host.engine.engine import (
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_SLUG,
@@ -23,7 +24,6 @@ from host._engine import (
     SOCKET_NAME,
     owner_token,
 )
-from host._rundir import run_root
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -10,7 +10,8 @@ import docker
 import docker.errors
 import pytest
 
-from host._engine import (
+from host.core.errors import SandboxError
+from host.engine.engine import (
     LABEL_OWNER,
     EngineKind,
     connect,
@@ -19,9 +20,8 @@ from host._engine import (
     open_engine,
     owner_token,
 )
-from host._engine_http import EngineClient
-from host._image import build_image
-from host.core.errors import SandboxError
+from host.engine.http import EngineClient
+from host.engine.image import build_image
 from tests.conftest import REQUIRE_DOCKER
 from tests.support.paths import REPO
 
@@ -30,7 +30,7 @@ TEST_RUNTIMES = tuple(
     name for name in os.environ.get("AGENTNODE_TEST_RUNTIMES", "runc,runsc").split(",") if name.strip()
 )
 """The runtimes engine tests run under: both on Docker; Podman's pass names the one its default runtime is
-(its compatible API cannot pick another: see `host._engine.EngineFacts.runtimes`)."""
+(its compatible API cannot pick another: see `host.engine.engine.EngineFacts.runtimes`)."""
 
 
 def runsc_available(client: docker.DockerClient) -> bool:

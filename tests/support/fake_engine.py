@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
-from host._engine_http import LIBPOD
+from host.engine.http import LIBPOD
 
 
 class FakeEngine:

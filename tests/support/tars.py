@@ -5,7 +5,7 @@ from __future__ import annotations
 import tarfile
 from typing import IO
 
-from host._tararchive import END_OF_ARCHIVE
+from host.engine.tararchive import END_OF_ARCHIVE
 
 
 def end_of_members(archive: IO[bytes]) -> int:

@@ -17,7 +17,11 @@ import pytest
 import yaml
 
 from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
-from host._engine import (
+from host._packs import Lockfile
+from host._tools import InstalledToolpack, ToolRunner, resolve_tool
+from host.audit.log import AuditLog, run_record
+from host.core.errors import EngineError
+from host.engine.engine import (
     LABEL_OWNER,
     LABEL_RUN,
     EngineFacts,
@@ -25,11 +29,7 @@ from host._engine import (
     owner_token,
     require_capable,
 )
-from host._image import BUILD_HINT
-from host._packs import Lockfile
-from host._tools import InstalledToolpack, ToolRunner, resolve_tool
-from host.audit.log import AuditLog, run_record
-from host.core.errors import EngineError
+from host.engine.image import BUILD_HINT
 from host.spec.config import load_config
 from host.spec.manifest import AgentManifest, ToolpackManifest, load_manifest
 from tests.support.cli import assert_error_lines, cli, json_out

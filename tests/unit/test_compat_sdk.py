@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import sandbox_wrapper
-from host._image import _wrapper_sources
 from host._tools import InstalledToolpack, ToolGate, ToolRunner
+from host.engine.image import _wrapper_sources
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from sandbox_wrapper._tool_exec import COMPAT_DIR
 from tests.support.paths import REPO

@@ -26,7 +26,15 @@ import requests
 import requests.exceptions
 import urllib3.exceptions
 
-from host._engine import (
+from host.core.errors import (
+    AuditReason,
+    EngineError,
+    EngineImageNotFound,
+    EngineNotFound,
+    EngineRejected,
+    PackError,
+)
+from host.engine.engine import (
     ENGINE_SHARED_POOL_SIZE,
     HOME_IN_CONTAINER,
     LABEL_OWNER,
@@ -54,15 +62,7 @@ from host._engine import (
     require_capable,
     verify_runtime,
 )
-from host._engine_http import IDLE_CONNECTIONS, EngineApiError
-from host.core.errors import (
-    AuditReason,
-    EngineError,
-    EngineImageNotFound,
-    EngineNotFound,
-    EngineRejected,
-    PackError,
-)
+from host.engine.http import IDLE_CONNECTIONS, EngineApiError
 from tests.support.fake_engine import FakeEngine
 
 MiB = 1024 * 1024

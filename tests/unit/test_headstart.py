@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from host import _headstart
-from host._engine import SOCKET_NAME, ContainerLimits, container_spec, create_body, owner_token
 from host._headstart import Headstart, begin, forget, load_record, plan, record_path, remember
-from host._launch import container_name
 from host._rundir import made_for, run_dir_of
+from host.engine.engine import SOCKET_NAME, ContainerLimits, container_spec, create_body, owner_token
+from host.engine.launch import container_name
 from tests.support.fake_engine import FakeEngine
 
 SLUG = "hs-agent"

@@ -23,9 +23,10 @@ import pytest
 import requests
 import requests.exceptions
 
-from host import _image
-from host._engine import connect
-from host._image import (
+from host.core.errors import AuditReason, EngineError
+from host.engine import image as _image
+from host.engine.engine import connect
+from host.engine.image import (
     PULL_HINT,
     ImageStatus,
     PinnedWheel,
@@ -43,7 +44,6 @@ from host._image import (
     unpack_wheel,
     verify_pinned_image,
 )
-from host.core.errors import AuditReason, EngineError
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.fake_engine import FakeEngine
 

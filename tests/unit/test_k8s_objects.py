@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from host._caller import MAX_LABELS, CallerInfo
-from host._engine import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
 from host._k8s_objects import (
     API_VERSION,
     CONTROLLER_NAME,
@@ -46,7 +45,8 @@ from host._k8s_objects import (
     quantity_cpu,
     run_pod,
 )
-from host._wrapper_env import WRAPPER_ARGS
+from host.engine.engine import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
+from host.engine.wrapper_env import WRAPPER_ARGS
 from tests.support.paths import REPO
 
 K8S_VERSIONS = ("1.36.0", "1.37.0")

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import host._pool
-from host._engine import ContainerLimits
 from host._pool import PoolSettings, WarmPools
 from host._sandbox import SandboxSpec
 from host.core.errors import SandboxError
+from host.engine.engine import ContainerLimits
 
 WAIT = 10.0
 """How long any wait may take before the test fails (never reached when the pool works)."""

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from host._seccomp import ENOSYS, EPERM, NAMESPACE_FLAGS, podman_profile, without_namespaces
 from host.core.errors import AuditReason, EngineError
+from host.engine.seccomp import ENOSYS, EPERM, NAMESPACE_FLAGS, podman_profile, without_namespaces
 
 # The shape of containers-common's default: one big unconditional allow rule naming the namespace calls,
 # and capability-conditional rules around them.

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from host._tararchive import END_OF_ARCHIVE, upload_tar
+from host.engine.tararchive import END_OF_ARCHIVE, upload_tar
 from tests.support.tars import assert_ends_at_marker, end_of_members
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from host._engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
 from host._toollink import MAX_REPLY_BYTES, LinkBroken, LinkTimeout, ToolLink, reply_dict
 from host._tools import (
     MODE_TOOL_SANDBOX,
@@ -36,6 +35,7 @@ from host._toolsandbox import (
     ToolSandboxLauncher,
 )
 from host._workload import Teardowns
+from host.engine.engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
 from host.spec.config import load_config
 from host.spec.manifest import ToolpackManifest
 from sandbox_wrapper import PROTOCOL_VERSION

@@ -23,8 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from host._engine import LABEL_PROTOCOL, EngineKind, engine_errors, facts_from
-from host._pin import (
+from host.core.errors import AuditReason, EngineError, EngineRejected
+from host.engine.engine import LABEL_PROTOCOL, EngineKind, engine_errors, facts_from
+from host.engine.pin import (
     _ID_PIN,
     BUILD_HINT,
     LABEL_INPUTS_HASH,
@@ -36,7 +37,6 @@ from host._pin import (
     pinned_image_missing,
     verify_pinned_image,
 )
-from host.core.errors import AuditReason, EngineError, EngineRejected
 from sandbox_wrapper import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class PinnedWheel:
 def default_repo_root() -> Path:
     """Where the image inputs are: the source checkout this module lives in (docker/, sandbox_wrapper/),
     or, installed from a wheel, the site-packages directory (sandbox_wrapper/ and host/_image_inputs/)."""
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 def docker_inputs(repo_root: Path) -> Path:

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from host._engine_http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
-from host._engine_http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
-from host._wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host.core.owner import owner_alive, owner_token
 from host.core.vocab import Runtime
+from host.engine.http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
+from host.engine.http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
+from host.engine.wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
 
 if TYPE_CHECKING:
     import docker
@@ -52,7 +52,7 @@ raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
 
 ENGINE_POOL_SIZE = 128
 ENGINE_SHARED_POOL_SIZE = IDLE_CONNECTIONS
-"""Idle connections the docker SDK's one Unix-socket pool keeps (host/_engine_sdk.py): as many as the host's
+"""Idle connections the docker SDK's one Unix-socket pool keeps (host/engine/sdk.py): as many as the host's
 own client keeps (`IDLE_CONNECTIONS` says why)."""
 ENGINE_FAILURES: tuple[type[Exception], ...] = (EngineApiError, OSError, http.client.HTTPException)
 """What an engine call of `EngineClient` raises when the engine fails or refuses: classified by
@@ -113,7 +113,7 @@ class EngineFacts:
     security_options: frozenset[str] = frozenset()
     """The names of the engine's security options: seccomp, apparmor, selinux, rootless, userns, cgroupns."""
     seccomp_profile_path: str = ""
-    """Podman: the default seccomp profile it applies (host._seccomp derives a run's from it)."""
+    """Podman: the default seccomp profile it applies (host.engine.seccomp derives a run's from it)."""
 
 
 def engine_kind(ping_headers: Mapping[str, str]) -> EngineKind:
@@ -204,7 +204,7 @@ def open_engine(env: Mapping[str, str] | None = None, *, timeout: float = 60) ->
 def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
     """A docker SDK client of the engine (pack volumes, image builds, pulls); the run path uses
     `open_engine`. The SDK is imported here, on first use, never by a run."""
-    from host._engine_sdk import connect_sdk  # noqa: PLC0415 (the SDK only when asked for)
+    from host.engine.sdk import connect_sdk  # noqa: PLC0415 (the SDK only when asked for)
 
     return connect_sdk(env, timeout=timeout)
 
@@ -430,12 +430,12 @@ def container_spec(
     `engine` is Docker's or Podman's; on Podman three things differ, each proven from inside by the live
     hardening tests: the home tmpfs' ownership is spelled `U` (Podman refuses `uid=`/`gid=`), /run and
     /var/tmp are overmounted read-only (with a read-only root Podman mounts writable, executable tmpfs
-    there), and the run names `seccomp_profile` (host._seccomp: Podman's default lets a process create
+    there), and the run names `seccomp_profile` (host.engine.seccomp: Podman's default lets a process create
     user namespaces; dockerd's does not).
     """
     podman = engine is EngineKind.PODMAN
     if podman and not seccomp_profile:
-        raise ValueError("a run on Podman needs its seccomp profile (host._seccomp.podman_profile)")
+        raise ValueError("a run on Podman needs its seccomp profile (host.engine.seccomp.podman_profile)")
     tmpfs_opts = "rw,noexec,nosuid,nodev"
     home_owner = "U" if podman else f"uid={SANDBOX_UID},gid={SANDBOX_GID}"
     sealed = "ro,noexec,nosuid,nodev,size=4096"

@@ -12,7 +12,7 @@ import docker
 import docker.constants
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
 
-from host._engine import (
+from host.engine.engine import (
     DEFAULT_DOCKER_HOST,
     ENGINE_POOL_SIZE,
     ENGINE_SHARED_POOL_SIZE,

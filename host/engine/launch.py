@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host._engine import (
+from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
+from host.engine.engine import (
     ContainerLimits,
     EngineFacts,
     EngineKind,
@@ -18,11 +19,10 @@ from host._engine import (
     require_capable,
     verify_runtime,
 )
-from host._engine_http import EngineClient
-from host._pin import pinned_image_missing
-from host._seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
-from host._volumes import verify_volume
-from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
+from host.engine.http import EngineClient
+from host.engine.pin import pinned_image_missing
+from host.engine.seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
+from host.engine.volumes import verify_volume
 from host.spec.config import config_paths
 from host.spec.lockfile import LockEntry
 
@@ -44,7 +44,7 @@ class SandboxSpec:
     engine: EngineKind = EngineKind.DOCKER
     """Which engine runs it (`EngineFacts.kind`): see `container_spec` for what differs on Podman."""
     seccomp_profile: str = ""
-    """On Podman, the path of the run's seccomp profile (host._seccomp); "" on Docker (its default)."""
+    """On Podman, the path of the run's seccomp profile (host.engine.seccomp); "" on Docker (its default)."""
 
     @property
     def pool_key(self) -> tuple[str, str, str, str]:
@@ -101,8 +101,8 @@ def import_root_of(entry: LockEntry) -> str:
 
 
 def podman_seccomp_profile(facts: EngineFacts, env: Mapping[str, str] | None) -> str:
-    """The Podman runs' seccomp profile (host._seccomp), written into the host's own directory (beside its
-    config: not a run's, so no run sweep ever takes it)."""
+    """The Podman runs' seccomp profile (host.engine.seccomp), written into the host's own directory (beside
+    its config: not a run's, so no run sweep ever takes it)."""
     directory = config_paths(env).dir / "seccomp"
     base = Path(facts.seccomp_profile_path) if facts.seccomp_profile_path else PODMAN_DEFAULT_PROFILE
     return str(podman_profile(directory, base))

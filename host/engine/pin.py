@@ -1,5 +1,5 @@
 """The pinned sandbox image as a run checks it: present, ours, speaking our protocol. Apart from the image
-builder (host._image), so that a run does not import it."""
+builder (host.engine.image), so that a run does not import it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from host._engine import LABEL_PROTOCOL, engine_errors
-from host._engine_http import EngineClient
 from host.core.errors import AuditReason, EngineError, EngineRejected
+from host.engine.engine import LABEL_PROTOCOL, engine_errors
+from host.engine.http import EngineClient
 from sandbox_wrapper import PROTOCOL_VERSION
 
 if TYPE_CHECKING:

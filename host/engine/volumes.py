@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from host._engine import LABEL_ARTIFACT, engine_errors
-from host._engine_http import EngineClient
 from host.core.errors import AuditReason, EngineNotFound, PackError
+from host.engine.engine import LABEL_ARTIFACT, engine_errors
+from host.engine.http import EngineClient
 from host.spec.lockfile import LockEntry
 
 if TYPE_CHECKING:

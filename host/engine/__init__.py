@@ -1,0 +1,1 @@
+"""The container engine: Docker's and Podman's API, the hardened spec, the pinned image, seccomp, volumes."""
