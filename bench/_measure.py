@@ -27,7 +27,6 @@ from bench._plan import CALL_ROUNDS
 from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
-from host import _tools
 from host._broker import LlmBroker
 from host._client import RunnerClient
 from host._llmtools import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
@@ -37,7 +36,6 @@ from host._rundir import make_run_dir
 from host._runner import RunResult, SandboxHost
 from host._sandbox import Sandbox
 from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
-from host._tools import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from host._wiring import lookup_toolpack
 from host.aio import AsyncRunnerClient
 from host.audit.log import AuditLog, run_record
@@ -50,6 +48,8 @@ from host.engine.engine import (
     remove_and_verify,
 )
 from host.spec.config import LlmHostConfig, load_config
+from host.tools import gate as _tools
+from host.tools.gate import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
 from sandbox_wrapper import PROTOCOL_VERSION
 
 RPC_CLIENT = """

@@ -40,10 +40,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from host._tools import MAX_ARGUMENTS_BYTES
 from host.core.strictjson import JsonRejected, check_finite, dumps_strict, loads_strict
 from host.core.vocab import WireReason
 from host.spec.manifest import ToolSpec
+from host.tools.gate import MAX_ARGUMENTS_BYTES
 
 MAX_TOOLS = 128
 """Tool definitions a run's catalog holds, and so at most what one request may name; more are dropped."""

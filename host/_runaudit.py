@@ -11,11 +11,11 @@ from typing import Any
 from host._admission import Admission
 from host._broker import LlmSession
 from host._caller import NO_CALLER, CallerInfo
-from host._tools import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
 from host.audit.log import AuditLog, run_record, start_record
 from host.core.errors import AuditReason, SandboxError
 from host.core.logs import set_run_id
 from host.core.vocab import Source
+from host.tools.gate import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
 
 
 @dataclass

@@ -25,7 +25,6 @@ from host._rundir import orphaned_runs, sweep_run_dirs
 from host._sandbox import DockerBackend
 from host._sequential import SequentialBackend
 from host._session import MAX_CONNECTIONS_PER_RUN, RunSession
-from host._tools import ToolRunner
 from host._toolsandbox import ToolSandboxLauncher
 from host._tracing import RunTracer
 from host._wiring import run_services, run_task
@@ -37,6 +36,7 @@ from host.engine.engine import ContainerLimits, open_engine, owner_token, sweep_
 from host.engine.http import EngineClient
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import Lockfile
+from host.tools.gate import ToolRunner
 
 if TYPE_CHECKING:
     from host._metrics import HostMetrics

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from host._admission import Admission
 from host._pool import PoolSettings, WarmPools
 from host._session import RunSession, build_run_server
-from host._toollink import ToolLink
 from host._workload import SocketServer, Workload
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host.engine.engine import (
@@ -44,6 +43,7 @@ from host.engine.launch import (
 from host.engine.pin import verify_pinned_image
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest
+from host.tools.link import ToolLink
 
 if TYPE_CHECKING:
     from host._prelaunch import Prelaunched

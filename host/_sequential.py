@@ -20,12 +20,12 @@ from typing import Any, ClassVar
 from host._admission import Admission
 from host._rundir import make_run_dir
 from host._session import RunOutcome, RunSession
-from host._tools import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
 from host._workload import Workload
 from host.core.errors import CallRefusal
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import WireReason
 from host.spec.manifest import OrchestrationStep
+from host.tools.gate import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
 from sandbox_wrapper import PROTOCOL_VERSION
 
 logger = logging.getLogger("agentnode.sandbox.sequential")

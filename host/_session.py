@@ -16,11 +16,11 @@ import grpc
 from host._broker import MAX_MESSAGES, Completion, LlmSession
 from host._llmtools import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
 from host._policy import RunPolicy
-from host._tools import ToolGate, ToolRefusal
 from host.core.errors import CallRefusal
 from host.core.logs import set_run_id
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import WireReason
+from host.tools.gate import ToolGate, ToolRefusal
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
 
@@ -30,7 +30,7 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The run server's gRPC message cap, both directions (the wrapper's channel allows 8 MiB, so this one
 binds): it bounds what one request makes the host hold. Each method has its own cap, checked before the
 request is decoded and, at the default limits, far below this one: FETCH_REQUEST_MAX_BYTES, a result of
-max_result_bytes plus REPORT_ENVELOPE_BYTES, a tool request of MAX_REQUEST_BYTES (host/_tools.py), an LLM
+max_result_bytes plus REPORT_ENVELOPE_BYTES, a tool request of MAX_REQUEST_BYTES (host/tools/gate.py), an LLM
 request of max_input_chars plus framing. A larger message never reaches a method: gRPC refuses it with a
 bare RESOURCE_EXHAUSTED (no reason)."""
 

@@ -3,7 +3,7 @@ its first call, reused for the run's later calls of that pack, and destroyed wit
 
 A tool sandbox is the Docker backend's container (host/_sandbox.py ToolSandbox: the agent's hardened profile,
 the run's runtime and image pin, the tool pack's own verified volume, its own socket) running the wrapper's
-tool-server mode; its calls cross a ToolLink (host/_toollink.py). The run's ToolGate decides every call as
+tool-server mode; its calls cross a ToolLink (host/tools/link.py). The run's ToolGate decides every call as
 for a trusted pack and hands community ones here; replies become ToolOutcomes through the same `_outcome`
 as the host worker's, so results, errors, size caps and timeouts read the same on both paths.
 
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from host._sandbox import DockerBackend, ToolSandbox
-from host._toollink import LinkBroken, LinkTimeout
-from host._tools import MODE_TOOL_SANDBOX, InstalledToolpack, ResolvedTool, ToolOutcome, _outcome
 from host._workload import Teardowns
 from host.core.errors import ConfigError
 from host.core.strictjson import JsonRejected, dumps_strict
 from host.spec.config import HostConfig, sandbox_enabled
 from host.spec.lockfile import Lockfile
+from host.tools.gate import MODE_TOOL_SANDBOX, InstalledToolpack, ResolvedTool, ToolOutcome, _outcome
+from host.tools.link import LinkBroken, LinkTimeout
 
 logger = logging.getLogger("agentnode.sandbox.toolsandbox")
 

@@ -38,8 +38,8 @@ import pytest
 
 import host._wiring
 from host._runner import RunResult, SandboxHost
-from host._tools import ToolGate
 from host.engine.engine import LABEL_OWNER, LABEL_SLUG, owner_token
+from host.tools.gate import ToolGate
 from tests.conftest import REQUIRE_DOCKER
 from tests.support import fake_llm
 from tests.support.engine import (

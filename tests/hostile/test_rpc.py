@@ -16,9 +16,9 @@ import pytest
 from host._broker import LlmBroker
 from host._policy import LlmPolicy, RunPolicy
 from host._session import RunSession, RunTask, build_run_server
-from host._tools import InstalledToolpack, ToolGate, ToolRunner
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, load_manifest
+from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     llm_pb2,

@@ -3,7 +3,7 @@ sandbox's limits, and the run it serves; a pack whose module is hostile at impor
 
 The attacker here is the tool, not the agent: a community (unverified) tool pack runs in a tool sandbox of
 its own (host/_toolsandbox.py), and its code shares a process with the tool server, so it can find the
-server's socket in its caller's frame and speak the framing (host/_toollink.py) itself, or replace the
+server's socket in its caller's frame and speak the framing (host/tools/link.py) itself, or replace the
 server's `answer` and reply to the right call id with whatever it likes. The agent only drives the calls,
 over its own gRPC channel (no circuit breaker or retry in between), and reports what each call returned.
 

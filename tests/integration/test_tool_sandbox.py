@@ -21,10 +21,10 @@ import pytest
 
 import host._wiring
 from host._runner import RunResult
-from host._tools import ToolGate
 from host.audit.log import verify_audit
 from host.engine.engine import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR, EngineKind
 from host.engine.wrapper_env import wrapper_env
+from host.tools.gate import ToolGate
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

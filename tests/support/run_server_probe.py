@@ -24,9 +24,9 @@ from typing import Any
 from host._broker import LlmBroker
 from host._policy import LlmPolicy, RunPolicy
 from host._session import RunSession, RunTask, build_run_server
-from host._tools import InstalledToolpack, ToolGate, ToolRunner
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 
 REPO = Path(__file__).resolve().parents[2]

@@ -35,9 +35,9 @@ from host._hostproc import HostSpec, host_wrapper_env
 from host._llmtools import MAX_TOOL_CALLS, MAX_TOOLS
 from host._policy import LlmPolicy
 from host._rundir import RunDir
-from host._tools import _worker_env
 from host.core.errors import ConfigError
 from host.spec.config import AgentLlmConfig, LlmHostConfig
+from host.tools.gate import _worker_env
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 
 CANARY = "sk-canary-XYZ"

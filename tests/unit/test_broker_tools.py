@@ -36,9 +36,9 @@ from host._llmtools import (
     tool_definition,
 )
 from host._policy import LlmPolicy, RunPolicy
-from host._tools import InstalledToolpack
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.tools.gate import InstalledToolpack
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer, FakeToolCall
 
 CANARY = "sk-canary-tools-51c0"

@@ -18,7 +18,6 @@ import yaml
 
 from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host._packs import Lockfile
-from host._tools import InstalledToolpack, ToolRunner, resolve_tool
 from host.audit.log import AuditLog, run_record
 from host.core.errors import EngineError
 from host.engine.engine import (
@@ -32,6 +31,7 @@ from host.engine.engine import (
 from host.engine.image import BUILD_HINT
 from host.spec.config import load_config
 from host.spec.manifest import AgentManifest, ToolpackManifest, load_manifest
+from host.tools.gate import InstalledToolpack, ToolRunner, resolve_tool
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.packs import write_agent as write_pack
 from tests.support.paths import REPO

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import sandbox_wrapper
-from host._tools import InstalledToolpack, ToolGate, ToolRunner
 from host.engine.image import _wrapper_sources
 from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper._tool_exec import COMPAT_DIR
 from tests.support.paths import REPO
 

@@ -33,10 +33,10 @@ from host._requirements import (
     recorded_wheels,
     validate_requirement,
 )
-from host._tools import ResolvedTool, ToolRunner
 from host._wiring import lookup_toolpack
 from host.core.errors import PackError
 from host.spec.config import ConfigPaths, config_paths
+from host.tools.gate import ResolvedTool, ToolRunner
 from sandbox_wrapper import _runner
 from tests.support.tars import assert_ends_at_marker
 

@@ -31,9 +31,9 @@ from host._session import (
     RunTask,
     build_run_server,
 )
-from host._tools import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.tools.gate import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     errors_pb2,
@@ -893,7 +893,7 @@ def test_refusals_before_decoding_need_no_decoding(env: Env, decodes: list[str])
 
 def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, decodes: list[str]) -> None:
     from host._session import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
-    from host._tools import MAX_REQUEST_BYTES
+    from host.tools.gate import MAX_REQUEST_BYTES
 
     fresh = env.start()
     fetch = session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION).SerializeToString()

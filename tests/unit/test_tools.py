@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from host._tools import (
+from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.tools.gate import (
     InstalledToolpack,
     ResolvedTool,
     ToolGate,
@@ -23,7 +24,6 @@ from host._tools import (
     resolve_tool,
     schema_error,
 )
-from host.spec.manifest import ToolpackManifest, ToolSpec
 
 TOOL_MODULE = textwrap.dedent(
     """
@@ -566,7 +566,7 @@ def test_a_refusal_before_parsing_allocates_nothing_for_the_arguments(
 
 
 def test_screen_refuses_without_a_request(tmp_path: Path, runner: ToolRunner) -> None:
-    from host._tools import MAX_REQUEST_BYTES
+    from host.tools.gate import MAX_REQUEST_BYTES
 
     calc = make_pack(tmp_path, "calc")
     nothing = gate_for(runner, calc, allowed=())
@@ -601,7 +601,7 @@ def test_non_finite_arguments_never_reach_a_schema_or_a_tool(
 
 @pytest.mark.parametrize("result_json", ["1e999", "[-1e999]", '{"a": NaN}', "[" * 65 + "]" * 65, "{oops"])
 def test_a_tool_result_that_is_not_strict_json_is_a_failed_call(result_json: str) -> None:
-    from host._tools import _outcome
+    from host.tools.gate import _outcome
 
     outcome = _outcome({"ok": True, "result_json": result_json})
     assert (outcome.success, outcome.result, outcome.error) == (
@@ -798,7 +798,7 @@ def test_an_unrestricted_gate_runs_any_installed_pack_and_refuses_what_is_not_in
 
 
 def test_a_gate_resolves_each_tool_once_per_looked_up_pack(tmp_path: Path, runner: ToolRunner) -> None:
-    from host._tools import RESOLVED_PER_RUN
+    from host.tools.gate import RESOLVED_PER_RUN
 
     first = single_tool_pack(tmp_path, "single", (), entrypoint="single")
     packs = {"single": first}
@@ -818,7 +818,7 @@ def test_a_gate_resolves_each_tool_once_per_looked_up_pack(tmp_path: Path, runne
 
 
 def test_only_large_arguments_wait_for_a_parse_slot(tmp_path: Path, runner: ToolRunner) -> None:
-    from host._tools import PARSE_SLOT_MIN_CHARS, PARSE_SLOTS
+    from host.tools.gate import PARSE_SLOT_MIN_CHARS, PARSE_SLOTS
 
     pack = make_pack(tmp_path, "calc")
     gate = gate_for(runner, pack)

@@ -18,16 +18,6 @@ from typing import Any
 
 import pytest
 
-from host._toollink import MAX_REPLY_BYTES, LinkBroken, LinkTimeout, ToolLink, reply_dict
-from host._tools import (
-    MODE_TOOL_SANDBOX,
-    InstalledToolpack,
-    ResolvedTool,
-    ToolGate,
-    ToolRefusal,
-    ToolRunner,
-    _outcome,
-)
 from host._toolsandbox import (
     MAX_LIVE_SANDBOXES,
     MAX_STARTS_PER_PACK,
@@ -38,6 +28,16 @@ from host._workload import Teardowns
 from host.engine.engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
 from host.spec.config import load_config
 from host.spec.manifest import ToolpackManifest
+from host.tools.gate import (
+    MODE_TOOL_SANDBOX,
+    InstalledToolpack,
+    ResolvedTool,
+    ToolGate,
+    ToolRefusal,
+    ToolRunner,
+    _outcome,
+)
+from host.tools.link import MAX_REPLY_BYTES, LinkBroken, LinkTimeout, ToolLink, reply_dict
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2
 from sandbox_wrapper._tool_exec import handle
