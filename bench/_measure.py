@@ -30,7 +30,6 @@ from bench._stats import med, ratio, summary
 from host._broker import LlmBroker
 from host._client import RunnerClient
 from host._llmtools import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
-from host._policy import LlmPolicy, RunPolicy
 from host._pool import PoolSettings
 from host._rundir import make_run_dir
 from host._runner import RunResult, SandboxHost
@@ -47,6 +46,7 @@ from host.engine.engine import (
     container_spec,
     remove_and_verify,
 )
+from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig, load_config
 from host.tools import gate as _tools
 from host.tools.gate import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool

@@ -64,11 +64,11 @@ from host._llmtools import (
     openai_request,
     prepare,
 )
-from host._policy import LlmPolicy
 from host.core.calltrace import CallTrace
 from host.core.errors import CallRefusal, ConfigError
 from host.core.strictjson import check_finite
 from host.core.vocab import WireReason
+from host.policy.rules import LlmPolicy
 from host.spec.config import AgentLlmConfig, LlmHostConfig
 
 if TYPE_CHECKING:

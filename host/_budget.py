@@ -70,7 +70,7 @@ from host.core.vocab import WireReason
 from host.spec.config import ModelPrice
 
 if TYPE_CHECKING:
-    from host._policy import LlmPolicy
+    from host.policy.rules import LlmPolicy
 
 _T = TypeVar("_T")
 
@@ -237,7 +237,7 @@ class LlmBudget:
 
     @classmethod
     def for_policy(cls, policy: LlmPolicy, prices: Mapping[str, ModelPrice] | None) -> LlmBudget:
-        """The budget of a run from its LlmPolicy (host/_policy.py) and the host's price table."""
+        """The budget of a run from its LlmPolicy (host/policy/rules.py) and the host's price table."""
         return cls(
             max_input_tokens=policy.max_input_tokens,
             max_output_tokens=policy.max_output_tokens,

@@ -176,7 +176,7 @@ RUN_PATH_LOCAL, RUN_PATH_SERVE, RUN_PATH_KUBERNETES = "local", "serve", "kuberne
 def _caller(args: argparse.Namespace) -> Any:
     """The run's caller metadata from --tenant, --request-id and --label KEY=VALUE; a bad value is a usage
     error naming the rule."""
-    from host._caller import CallerInfo, InvalidCaller
+    from host.policy.caller import CallerInfo, InvalidCaller
 
     labels: dict[str, str] = {}
     for pair in args.label or []:
@@ -192,7 +192,7 @@ def _caller(args: argparse.Namespace) -> Any:
 
 def _limits(args: argparse.Namespace) -> Any:
     """The run's tighter limits from --max-*; None when none was given; a bad value is a usage error."""
-    from host._caller import InvalidCaller, RunOverrides
+    from host.policy.caller import InvalidCaller, RunOverrides
 
     given = {name: getattr(args, name) for name in RunOverrides.__dataclass_fields__}
     if all(value is None for value in given.values()):

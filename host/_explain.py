@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from host._policy import RouteDecision, RunPolicy, declares_llm, resolve_run_policy, route_run
 from host.core.errors import AuditReason, PackError, RefusedError
 from host.core.vocab import Route, Trust
+from host.policy.rules import RouteDecision, RunPolicy, declares_llm, resolve_run_policy, route_run
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from host._admission import Admission
 from host._explain import host_copy_error
 from host._rundir import RunDir
 from host._session import RunSession
 from host._workload import Workload
 from host.core.vocab import HOST_TRUST, Trust
 from host.engine.wrapper_env import WRAPPER_ARGS, wrapper_env
+from host.policy.admission import Admission
 
 _WRAPPER_CODE = str(Path(__file__).resolve().parent.parent)
 """Where the host's own copy of sandbox_wrapper is importable from."""

@@ -24,7 +24,6 @@ from typing import Any
 
 from kubernetes import config as k8s_config
 
-from host._caller import CallerInfo
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
 from host._k8s_objects import (
     MAX_AGENTRUN_NAME_CHARS,
@@ -42,6 +41,7 @@ from host._k8s_pod import POD_START_GRACE_SECONDS
 from host._k8s_run import RUN_PATH, TERMINAL_PHASES, result_json
 from host.core.errors import AuditReason
 from host.core.vocab import Runtime
+from host.policy.caller import CallerInfo
 from host.spec.config import DEFAULT_MAX_RUNTIME_SECONDS
 from host.spec.manifest import SLUG_RE
 

@@ -14,8 +14,6 @@ from typing import Any, Final
 
 import kopf
 
-from host._admission import Admission, admit
-from host._caller import NO_CALLER
 from host._k8s_api import KubeApi, KubeError, Ref
 from host._k8s_node import HostRoutesRefused
 from host._k8s_objects import (
@@ -45,6 +43,8 @@ from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.core.terminal import safe_line
+from host.policy.admission import Admission, admit
+from host.policy.caller import NO_CALLER
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.manifest import SLUG_RE
 

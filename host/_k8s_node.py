@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from host._admission import Admission
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
 from host._k8s_objects import (
     LABEL_ROLE,
@@ -52,6 +51,7 @@ from host._session import RunSession, build_run_server
 from host._workload import Workload
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.engine.engine import SANDBOX_GID, SANDBOX_UID, owner_token
+from host.policy.admission import Admission
 from host.spec.config import HostConfig, load_config
 
 logger = logging.getLogger("agentnode.sandbox.node")

@@ -9,14 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from host._caller import (
-    MAX_LABEL_KEY_CHARS,
-    MAX_LABEL_VALUE_CHARS,
-    MAX_LABELS,
-    MAX_REQUEST_ID_CHARS,
-    MAX_TENANT_CHARS,
-    CallerInfo,
-)
 from host.core.vocab import Runtime
 from host.engine.engine import (
     HOME_IN_CONTAINER,
@@ -28,6 +20,14 @@ from host.engine.engine import (
     ContainerLimits,
 )
 from host.engine.wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS, wrapper_env
+from host.policy.caller import (
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+    MAX_REQUEST_ID_CHARS,
+    MAX_TENANT_CHARS,
+    CallerInfo,
+)
 from host.spec.manifest import SLUG_RE
 
 # --- the contract (docs/kubernetes.md) -------------------------------------------------------------------

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host._caller import CallerInfo, InvalidCaller
 from host._k8s_objects import (
     API_VERSION,
     KIND,
@@ -29,6 +28,7 @@ from host.core.errors import AuditReason, ConfigError
 from host.core.strictjson import JsonRejected, loads_strict
 from host.core.terminal import safe_line
 from host.core.vocab import Runtime
+from host.policy.caller import CallerInfo, InvalidCaller
 from host.spec.manifest import SLUG_RE
 
 # The bounds are the CRD's (host/_k8s_objects): an object must fit the API server's ~1.5 MiB, and a status

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from host._admission import Admission, admit
 from host._headstart import Headstart, forget, remember
 from host._rundir import RunDir, made_for, make_run_dir, run_dir_of
 from host.engine.engine import (
@@ -51,6 +50,7 @@ from host.engine.launch import (
     start_container,
 )
 from host.engine.pin import verify_pinned_image
+from host.policy.admission import Admission, admit
 from host.spec.config import load_config
 from host.spec.lockfile import Lockfile
 

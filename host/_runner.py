@@ -12,9 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from host._admission import Admission, admit
 from host._broker import LlmBroker
-from host._caller import NO_CALLER, CallerInfo, RunOverrides
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
 from host._outcome import Ending, conclude, watch
@@ -34,6 +32,8 @@ from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.engine.engine import ContainerLimits, open_engine, owner_token, sweep_containers
 from host.engine.http import EngineClient
+from host.policy.admission import Admission, admit
+from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import Lockfile
 from host.tools.gate import ToolRunner
@@ -181,7 +181,7 @@ class SandboxHost:
 
         `on_start(run_id)` is called once the workload serves the run; `on_stage(name)` as it passes
         each stage; `on_log(line)` for each line of the agent's output as it is written (within the log
-        cap). `caller` (host/_caller.py, validated) goes into the audit record; `limits` can only tighten
+        cap). `caller` (host/policy/caller, validated) goes into the audit record; `limits` can only tighten
         the run's effective policy. `defer(work)` takes the engine-heavy work that follows the result (a warm
         member's replacement may start, a background teardown is queued) to run once the result has reached
         its caller; by default it runs as the result is returned. `prelaunched` is a container a one-shot

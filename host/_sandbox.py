@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from host._admission import Admission
 from host._pool import PoolSettings, WarmPools
 from host._session import RunSession, build_run_server
 from host._workload import SocketServer, Workload
@@ -41,6 +40,7 @@ from host.engine.launch import (
     start_container,
 )
 from host.engine.pin import verify_pinned_image
+from host.policy.admission import Admission
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest
 from host.tools.link import ToolLink

@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 
 import grpc
 
-from host._caller import CallerInfo, InvalidCaller, RunOverrides
 from host._pool import PoolSettings
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult, SandboxHost
@@ -25,6 +24,7 @@ from host._session import REASON_METADATA_KEY
 from host.core.errors import SandboxError
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import Runtime, WireReason
+from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 

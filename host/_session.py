@@ -15,11 +15,11 @@ import grpc
 
 from host._broker import MAX_MESSAGES, Completion, LlmSession
 from host._llmtools import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
-from host._policy import RunPolicy
 from host.core.errors import CallRefusal
 from host.core.logs import set_run_id
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import WireReason
+from host.policy.rules import RunPolicy
 from host.tools.gate import ToolGate, ToolRefusal
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2

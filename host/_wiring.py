@@ -9,11 +9,11 @@ from typing import Any
 
 from host._broker import LlmBroker, LlmSession
 from host._llmtools import ToolCatalog, build_catalog
-from host._policy import RunPolicy
 from host._session import RunTask
 from host._toolsandbox import ToolSandboxes
 from host.core.strictjson import dumps_strict
 from host.core.vocab import HOST_TRUST, Trust
+from host.policy.rules import RunPolicy
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest, ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

@@ -23,7 +23,7 @@ from host._rundir import RunDir, make_run_dir
 from host._session import RunSession, build_run_server
 
 if TYPE_CHECKING:
-    from host._admission import Admission
+    from host.policy.admission import Admission
 
 logger = logging.getLogger("agentnode.sandbox.workload")
 

@@ -23,7 +23,6 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from host._caller import CallerInfo, InvalidCaller, RunOverrides
 from host._events import (
     MAX_MESSAGE_BYTES,
     RunEvent,
@@ -39,6 +38,7 @@ from host._events import (
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._result import RunResult
 from host.core.errors import EngineError, InvalidRequest, SandboxError
+from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
 
 
 class AsyncRunnerClient:

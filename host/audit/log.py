@@ -150,7 +150,7 @@ def run_record(
 
 
 def _sanitize_caller(caller: Mapping[str, Any]) -> dict[str, Any]:
-    """The caller's metadata (host/_caller.py validated it): its three fields as strings only."""
+    """The caller's metadata (host/policy/caller.py validated it): its three fields as strings only."""
     labels = caller.get("labels")
     return {
         "tenant": str(caller.get("tenant") or ""),

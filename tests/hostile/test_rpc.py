@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from host._broker import LlmBroker
-from host._policy import LlmPolicy, RunPolicy
 from host._session import RunSession, RunTask, build_run_server
+from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, load_manifest
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

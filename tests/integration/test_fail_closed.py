@@ -22,12 +22,12 @@ import pytest
 
 from host._broker import LlmBroker, LlmSession
 from host._packs import LABEL_ARTIFACT, Lockfile
-from host._policy import LlmPolicy
 from host._rundir import run_root
 from host._runner import RunResult, SandboxHost
 from host.engine.engine import LABEL_SLUG, ContainerLimits, EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
+from host.policy.rules import LlmPolicy
 from host.spec.config import load_config
 from tests.support.fake_engine import FakeEngine
 from tests.support.host_state import HostState

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from host._admission import admit
 from host._k8s_objects import agentrun as agentrun_body
 from host._k8s_pod import pod_for
 from host._packs import LockEntry, Lockfile, artifact_hash
+from host.policy.admission import admit
 from host.spec.config import HostConfig, load_config
 from host.spec.manifest import manifest_data, parse_manifest
 from tests.support.kubeapi import KubeAPI

@@ -22,8 +22,8 @@ from types import TracebackType
 from typing import Any
 
 from host._broker import LlmBroker
-from host._policy import LlmPolicy, RunPolicy
 from host._session import RunSession, RunTask, build_run_server
+from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

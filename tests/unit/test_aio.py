@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from host._caller import CallerInfo
 from host._serve import build_admin_server
 from host.aio import AsyncRunnerClient, RunFinished, RunLog, RunStarted
 from host.core.errors import EngineError, InvalidRequest
+from host.policy.caller import CallerInfo
 from tests.unit.test_serve import FakeHost
 
 

@@ -33,9 +33,9 @@ from host._broker import (
 from host._budget import RetryPolicy
 from host._hostproc import HostSpec, host_wrapper_env
 from host._llmtools import MAX_TOOL_CALLS, MAX_TOOLS
-from host._policy import LlmPolicy
 from host._rundir import RunDir
 from host.core.errors import ConfigError
+from host.policy.rules import LlmPolicy
 from host.spec.config import AgentLlmConfig, LlmHostConfig
 from host.tools.gate import _worker_env
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer

@@ -35,7 +35,7 @@ from host._llmtools import (
     provider_names,
     tool_definition,
 )
-from host._policy import LlmPolicy, RunPolicy
+from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack

@@ -34,8 +34,8 @@ from host._budget import (
     retry_after_seconds,
     transient_kind,
 )
-from host._policy import LlmPolicy
 from host.core.errors import CallRefusal
+from host.policy.rules import LlmPolicy
 from host.spec.config import LlmHostConfig, ModelPrice
 from tests.support.fake_llm import Behaviour, FakeLlmServer
 

@@ -1,5 +1,5 @@
-"""Caller metadata (host/_caller.py) and live log lines (host/_workload.CappedSink): bounded, validated, and
-never passing on more than the logs keep."""
+"""Caller metadata (host/policy/caller) and live log lines (host/_workload.CappedSink): bounded,
+validated, and never passing on more than the logs keep."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from host._caller import MAX_LABELS, CallerInfo, InvalidCaller
 from host._workload import MAX_LINE_BYTES, CappedSink
+from host.policy.caller import MAX_LABELS, CallerInfo, InvalidCaller
 
 
 def test_valid_metadata_is_kept_with_labels_sorted() -> None:
@@ -73,7 +73,7 @@ def test_live_lines_stop_where_the_logs_stop_and_long_lines_come_in_pieces() -> 
 
 
 def _policy(**llm: Any) -> Any:
-    from host._policy import LlmPolicy, RunPolicy
+    from host.policy.rules import LlmPolicy, RunPolicy
 
     grant = LlmPolicy(enabled=True, max_calls=10, max_input_chars=100, max_output_chars=100, **llm)
     return RunPolicy(allowed_packages=("a",), max_tool_calls=20, max_runtime_seconds=300, max_iterations=12,
@@ -81,7 +81,7 @@ def _policy(**llm: Any) -> Any:
 
 
 def test_overrides_only_ever_lower_a_limit() -> None:
-    from host._caller import RunOverrides
+    from host.policy.caller import RunOverrides
 
     policy = _policy(max_total_tokens=5000)
     tighter = RunOverrides.parse(max_runtime_seconds=5, max_tool_calls=0, max_iterations=3, max_llm_calls=2,
@@ -102,7 +102,7 @@ def test_overrides_only_ever_lower_a_limit() -> None:
      {"max_cost_usd": float("inf")}, {"max_memory": 1}],
 )  # fmt: skip
 def test_a_bad_override_is_refused_naming_the_limit(limits: dict[str, Any]) -> None:
-    from host._caller import RunOverrides
+    from host.policy.caller import RunOverrides
 
     with pytest.raises(InvalidCaller) as info:
         RunOverrides.parse(**limits)

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from host._caller import CallerInfo
 from host._cli import main
 from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
 from host._k8s_client import (
@@ -33,6 +32,7 @@ from host._k8s_client import (
 )
 from host._k8s_objects import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
 from host._k8s_run import result_json
+from host.policy.caller import CallerInfo
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, kube_api

@@ -20,7 +20,6 @@ from typing import Any
 import kopf
 import pytest
 
-from host._admission import admit
 from host._k8s_api import KubeApi, KubeError
 from host._k8s_controller import (
     LOST,
@@ -39,6 +38,7 @@ from host._k8s_objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, age
 from host._k8s_pod import pod_for
 from host._packs import LockEntry, Lockfile
 from host.core.errors import AuditReason
+from host.policy.admission import admit
 from host.spec.config import load_config
 from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, kube_api

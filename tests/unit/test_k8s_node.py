@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from host._admission import admit
 from host._k8s_api import KubeApi
 from host._k8s_node import PackStore, serve_node
 from host._k8s_pod import pod_for
@@ -25,6 +24,7 @@ from host._packs import Lockfile
 from host._rundir import RunDir
 from host.core.errors import AuditReason, EngineError
 from host.engine.engine import owner_token
+from host.policy.admission import admit
 from tests.support.k8s import NAMESPACE, NODE, Cluster, cluster, eventually
 from tests.support.kubeapi import kube_api
 

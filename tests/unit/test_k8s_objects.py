@@ -16,7 +16,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from host._caller import MAX_LABELS, CallerInfo
 from host._k8s_objects import (
     API_VERSION,
     CONTROLLER_NAME,
@@ -47,6 +46,7 @@ from host._k8s_objects import (
 )
 from host.engine.engine import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
 from host.engine.wrapper_env import WRAPPER_ARGS
+from host.policy.caller import MAX_LABELS, CallerInfo
 from tests.support.paths import REPO
 
 K8S_VERSIONS = ("1.36.0", "1.37.0")

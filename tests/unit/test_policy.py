@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from host._policy import (
+from host.core.errors import AuditReason, ConfigError, ManifestError
+from host.core.vocab import Route
+from host.policy.rules import (
     GRANT_DECLARED,
     GRANT_HOST_PATH,
     GRANT_LLM_ACCESS,
@@ -21,8 +23,6 @@ from host._policy import (
     resolve_run_policy,
     route_run,
 )
-from host.core.errors import AuditReason, ConfigError, ManifestError
-from host.core.vocab import Route
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, LlmHostConfig
 from host.spec.manifest import AgentManifest
 from tests.support.cli import cli, json_out

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from host._admission import Admission, admit
 from host._prelaunch import Prelaunched, prelaunch
 from host._rundir import RunDir, run_root
 from host.engine.engine import ContainerLimits, owner_token
 from host.engine.http import EngineClient
 from host.engine.launch import SandboxSpec
+from host.policy.admission import Admission, admit
 from host.spec.config import load_config
 from host.spec.lockfile import LockEntry, Lockfile
 

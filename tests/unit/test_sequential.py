@@ -17,7 +17,6 @@ import pytest
 
 from host._outcome import EndFacts, Ending, name_outcome
 from host._packs import LockEntry, Lockfile
-from host._policy import resolve_run_policy
 from host._runner import SandboxHost
 from host._sequential import (
     CONSUMED_KWARGS,
@@ -33,6 +32,7 @@ from host._sequential import (
 )
 from host._session import RunOutcome
 from host.core.errors import AuditReason
+from host.policy.rules import resolve_run_policy
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, load_config
 from host.spec.manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest
 from tests.support.paths import REPO

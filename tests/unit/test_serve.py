@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 import pytest
 
-from host._caller import CallerInfo, RunOverrides
 from host._client import RunnerClient
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host._runner import RunResult
 from host._serve import build_admin_server
+from host.policy.caller import CallerInfo, RunOverrides
 
 
 class FakeHost:

@@ -22,7 +22,6 @@ import grpc
 import pytest
 
 from host._broker import LlmBroker, LlmSession
-from host._policy import LlmPolicy, RunPolicy
 from host._session import (
     MAX_MESSAGE_BYTES,
     RefusalBudget,
@@ -31,6 +30,7 @@ from host._session import (
     RunTask,
     build_run_server,
 )
+from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner

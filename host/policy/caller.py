@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from host._policy import RunPolicy
+    from host.policy.rules import RunPolicy
 
 MAX_TENANT_CHARS = 64
 MAX_REQUEST_ID_CHARS = 128

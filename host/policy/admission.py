@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from host._explain import decide_route, effective_policy, installed_agent, refusal_error
-from host._policy import RunPolicy
 from host.core.errors import AuditReason, SandboxError
 from host.core.vocab import COMMUNITY_TRUST, Route, Source, Trust
+from host.policy.rules import RunPolicy
 from host.spec.config import HostConfig
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest
