@@ -552,8 +552,8 @@ def _engine() -> tuple[Any, EngineError | None]:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from host._packs import install_pack
-    from host._requirements import Source
+    from host.packs.install import install_pack
+    from host.packs.requirements import Source
     from host.spec.config import load_config
 
     cfg = load_config()
@@ -600,7 +600,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    from host._packs import uninstall_pack
+    from host.packs.install import uninstall_pack
     from host.spec.config import load_config
 
     client, _ = _engine()
@@ -683,7 +683,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from host._scaffold import next_steps, scaffold
+    from host.packs.scaffold import next_steps, scaffold
     from host.spec.manifest import SLUG_RE
 
     if not SLUG_RE.fullmatch(args.name):

@@ -37,12 +37,12 @@ from host._k8s_run import (
     refusal_status,
     run_request,
 )
-from host._packs import Lockfile
 from host._runaudit import RunAudit, RunFacts
 from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.core.terminal import safe_line
+from host.packs.install import Lockfile
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER
 from host.spec.config import HostConfig, load_config, sandbox_enabled

@@ -1,5 +1,5 @@
 """Pack volumes as a run stands on them: their names and the check that the one a run mounts is the installed
-pack's. Apart from the install machinery (host._packs), so that a run does not import it."""
+pack's. Apart from the install machinery (host.packs.install), so that a run does not import it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The lockfile: the host's record of installed packs, read on every run, so reading it imports no engine SDK.
 
-`list`, `audit` and the run path's routing read it; installing (host/_packs.py) writes it. A manifest is
+`list`, `audit` and the run path's routing read it; installing (host/packs/install) writes it. A manifest is
 validated again only when an entry is used (LockEntry.parsed_manifest), and the requirement records only
 when their wheels are asked for.
 """
@@ -64,7 +64,7 @@ class LockEntry:
     def host_interpreter(self) -> Path | None:
         """The interpreter of a trusted toolpack's own environment (None: it has no requirements and runs
         under the host's interpreter). A malformed record names a path that does not exist: fail closed."""
-        from host._requirements import VENV_DIR, recorded_wheels  # noqa: PLC0415
+        from host.packs.requirements import VENV_DIR, recorded_wheels  # noqa: PLC0415
 
         try:
             wheels = recorded_wheels(self.requirements, "host")

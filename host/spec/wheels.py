@@ -1,5 +1,5 @@
 """A lockfile's record of a pack's wheels, and what a volume holding them is named by: read by every run, so
-apart from the resolver (host._requirements), which a run never imports."""
+apart from the resolver (host.packs.requirements), which a run never imports."""
 
 from __future__ import annotations
 

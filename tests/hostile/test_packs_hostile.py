@@ -21,8 +21,8 @@ import docker
 import docker.errors
 import pytest
 
-from host._packs import LABEL_PACK, LockEntry, Lockfile, uninstall_pack
 from host.core.errors import SandboxError
+from host.packs.install import LABEL_PACK, LockEntry, Lockfile, uninstall_pack
 from host.spec.config import load_config
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from host.spec.config import load_config
 from host.engine.engine import connect
 from host.core.errors import SandboxError
-from host._packs import install_pack
+from host.packs.install import install_pack
 
 def peak_rss_kib():
     # VmHWM belongs to this process image; ru_maxrss would carry over the forking parent's peak.

@@ -1,6 +1,6 @@
 """Hostile Python requirements at install: a pack's pyproject.toml and the wheels its requirements bring.
 
-A pack's `[project].dependencies` are pack-authored text that reaches pip on the host (host/_requirements.py),
+A pack's `[project].dependencies` are pack text that reaches pip on the host (host/packs/requirements),
 and the wheels pip brings are published by anyone. Every install here goes through the real
 `install_pack` with the real engine (community agents get a volume), against a spy package index on the
 host's loopback (PIP_INDEX_URL, which the host passes to pip as the operator's configuration): a refusal
@@ -33,9 +33,9 @@ import docker
 import docker.errors
 import pytest
 
-from host._packs import LABEL_PACK, Lockfile, install_pack
-from host._requirements import MAX_PYPROJECT_BYTES, MAX_REQUIREMENTS, MAX_WHEELS, Source
 from host.core.errors import SandboxError
+from host.packs.install import LABEL_PACK, Lockfile, install_pack
+from host.packs.requirements import MAX_PYPROJECT_BYTES, MAX_REQUIREMENTS, MAX_WHEELS, Source
 from host.spec.config import load_config
 from tests.hostile.conftest import Lab, Ledger, brief, rss_bytes
 from tests.support.cli import cli

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from host._packs import Lockfile
+from host.packs.install import Lockfile
 from tests.hostile.conftest import STUBS, Lab, Ledger, brief
 from tests.support.cli import cli
 

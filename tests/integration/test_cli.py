@@ -20,8 +20,8 @@ import docker
 import docker.errors
 import pytest
 
-from host._packs import Lockfile
 from host.engine.image import BUILD_HINT
+from host.packs.install import Lockfile
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
@@ -371,10 +371,10 @@ def test_per_run_limits_only_tighten_and_bind_the_sandboxed_run(
 RUN_NEEDS = ("grpc", "google.protobuf")
 RUN_NEEDS_NOT = (
     "docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
-    "opentelemetry", "kubernetes", "kopf", "host._packs", "host.engine.image",
-    "host._requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
+    "opentelemetry", "kubernetes", "kopf", "host.packs.install", "host.engine.image",
+    "host.packs.requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
     "host._serve", "host._client", "host._k8s_client", "host._k8s_api", "host._metrics",
-    "host._doctor", "host._scaffold", "host.aio", "yaml", "packaging.requirements"
+    "host._doctor", "host.packs.scaffold", "host.aio", "yaml", "packaging.requirements"
 )  # fmt: skip
 IMPORT_PROBE = """
 import contextlib, io, json, sys

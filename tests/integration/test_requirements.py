@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from host._packs import LockEntry, Lockfile
-from host._requirements import SITE_DIR, VENV_DIR, Source
 from host.core.errors import PackError
+from host.packs.install import LockEntry, Lockfile
+from host.packs.requirements import SITE_DIR, VENV_DIR, Source
 from tests.support.cli import cli, json_out
 from tests.support.host_state import HostState
 

@@ -11,9 +11,9 @@ from typing import Any
 import docker
 import docker.errors
 
-from host._packs import LABEL_PACK, LockEntry, install_pack
 from host._runner import SandboxHost
 from host.engine.engine import open_engine
+from host.packs.install import LABEL_PACK, LockEntry, install_pack
 from host.spec.config import load_config
 from host.spec.lockfile import Lockfile
 

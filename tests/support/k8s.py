@@ -21,7 +21,7 @@ import yaml
 
 from host._k8s_objects import agentrun as agentrun_body
 from host._k8s_pod import pod_for
-from host._packs import LockEntry, Lockfile, artifact_hash
+from host.packs.install import LockEntry, Lockfile, artifact_hash
 from host.policy.admission import admit
 from host.spec.config import HostConfig, load_config
 from host.spec.manifest import manifest_data, parse_manifest

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
-from host._packs import Lockfile
 from host.audit.log import AuditLog, run_record
 from host.core.errors import EngineError
 from host.engine.engine import (
@@ -29,6 +28,7 @@ from host.engine.engine import (
     require_capable,
 )
 from host.engine.image import BUILD_HINT
+from host.packs.install import Lockfile
 from host.spec.config import load_config
 from host.spec.manifest import AgentManifest, ToolpackManifest, load_manifest
 from host.tools.gate import InstalledToolpack, ToolRunner, resolve_tool
@@ -889,7 +889,7 @@ def test_arg_values_must_be_strict_json(
 
 
 def _entry(**fields: Any) -> Any:
-    from host._packs import LockEntry
+    from host.packs.install import LockEntry
 
     base: dict[str, Any] = {
         "slug": "spoof", "version": "1.0.0", "package_type": "agent", "trust_level": "unverified",
@@ -908,7 +908,7 @@ def test_install_shows_a_hostile_version_quoted_and_escaped(
 ) -> None:
     from host._cli import main
 
-    monkeypatch.setattr("host._packs.install_pack", lambda *a, **k: _entry(version=SPOOF_VERSION))
+    monkeypatch.setattr("host.packs.install.install_pack", lambda *a, **k: _entry(version=SPOOF_VERSION))
     assert main(["install", str(tmp_path)]) == 0
     out, _ = capsys.readouterr()
     assert out == 'installed spoof "1.0.0 (agent, trust curated)\\r\\x1b[2K" (agent, trust unverified)\n'
@@ -991,7 +991,7 @@ def test_errors_that_quote_pack_text_stay_on_their_two_lines(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PackError(f"{HOSTILE}: symlinks are not allowed in a pack", hint=HOSTILE)
 
-    monkeypatch.setattr("host._packs.install_pack", refuse)
+    monkeypatch.setattr("host.packs.install.install_pack", refuse)
     assert main(["install", str(in_process.parent)]) == 1
     _, err = capsys.readouterr()
     assert len(err.splitlines()) == 2

@@ -36,8 +36,8 @@ from host._k8s_controller import (
 )
 from host._k8s_objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, agentrun, pod_mismatches
 from host._k8s_pod import pod_for
-from host._packs import LockEntry, Lockfile
 from host.core.errors import AuditReason
+from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import admit
 from host.spec.config import load_config
 from tests.support.k8s import eventually as poll

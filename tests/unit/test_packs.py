@@ -20,8 +20,9 @@ import docker.errors
 import pytest
 import requests
 
-from host import _packs
-from host._packs import (
+from host.core.errors import AuditReason, EngineRejected, ManifestError, PackError
+from host.packs import install as _packs
+from host.packs.install import (
     LockEntry,
     Lockfile,
     artifact_hash,
@@ -30,7 +31,6 @@ from host._packs import (
     verify_volume,
     volume_name,
 )
-from host.core.errors import AuditReason, EngineRejected, ManifestError, PackError
 from host.spec import lockfile as _lockfile
 from host.spec.config import ConfigPaths, config_paths
 from host.spec.manifest import load_manifest, manifest_data

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from host import _requirements as rq
-from host._packs import LockEntry, Lockfile, install_pack, uninstall_pack, verify_volume, volume_name
-from host._requirements import (
+from host._wiring import lookup_toolpack
+from host.core.errors import PackError
+from host.packs import requirements as rq
+from host.packs.install import LockEntry, Lockfile, install_pack, uninstall_pack, verify_volume, volume_name
+from host.packs.requirements import (
     SITE_DIR,
     VENV_DIR,
     Declared,
@@ -33,8 +35,6 @@ from host._requirements import (
     recorded_wheels,
     validate_requirement,
 )
-from host._wiring import lookup_toolpack
-from host.core.errors import PackError
 from host.spec.config import ConfigPaths, config_paths
 from host.tools.gate import ResolvedTool, ToolRunner
 from sandbox_wrapper import _runner

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from host._hostproc import HostBackend, HostSpec
-from host._packs import LockEntry, Lockfile
 from host._result import RunResult
 from host._runner import SandboxHost
 from host._session import REPORT_HOLD_SECONDS, RunSession
 from host._workload import Teardowns, Workload
 from host.core.errors import AuditReason, EngineError
+from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import Admission
 from host.spec.config import load_config
 

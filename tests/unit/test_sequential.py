@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from host._outcome import EndFacts, Ending, name_outcome
-from host._packs import LockEntry, Lockfile
 from host._runner import SandboxHost
 from host._sequential import (
     CONSUMED_KWARGS,
@@ -32,6 +31,7 @@ from host._sequential import (
 )
 from host._session import RunOutcome
 from host.core.errors import AuditReason
+from host.packs.install import LockEntry, Lockfile
 from host.policy.rules import resolve_run_policy
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, load_config
 from host.spec.manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest

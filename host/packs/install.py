@@ -23,7 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from host._requirements import (
+from host.core.errors import (
+    AuditReason,
+    EngineError,
+    EngineImageNotFound,
+    EngineNotFound,
+    EngineRejected,
+    PackError,
+)
+from host.core.terminal import safe_line
+from host.core.vocab import HOST_TRUST, Trust
+from host.engine.engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
+from host.engine.image import daemon_arch
+from host.engine.tararchive import upload_tar
+from host.engine.volumes import verify_volume, volume_name
+from host.packs.requirements import (
     MAX_PYPROJECT_BYTES,
     PYPROJECT,
     SITE_DIR,
@@ -42,20 +56,6 @@ from host._requirements import (
     resolve,
     site_archive,
 )
-from host.core.errors import (
-    AuditReason,
-    EngineError,
-    EngineImageNotFound,
-    EngineNotFound,
-    EngineRejected,
-    PackError,
-)
-from host.core.terminal import safe_line
-from host.core.vocab import HOST_TRUST, Trust
-from host.engine.engine import LABEL_ARTIFACT, PACK_DIR_IN_CONTAINER, engine_errors
-from host.engine.image import daemon_arch
-from host.engine.tararchive import upload_tar
-from host.engine.volumes import verify_volume, volume_name
 from host.spec.config import ConfigPaths
 from host.spec.lockfile import (
     MAX_LOCK_ENTRY_BYTES,
@@ -594,7 +594,7 @@ def install_pack(
     """Install a pack: validate, hash, copy (volume for agents, host copy for host-trusted code), record.
 
     The pack's Python requirements (pyproject.toml) are resolved to wheels from `source` and installed
-    with each copy (host/_requirements.py); `progress` gets a line per stage of that.
+    with each copy (host/packs/requirements.py); `progress` gets a line per stage of that.
     What installs but is probably wrong (unknown or misspelled manifest keys, dependencies that are not
     installed) is appended to `warnings` when given: terminal-safe lines, at most MAX_WARNINGS and a count.
     """
