@@ -27,9 +27,7 @@ from bench._plan import CALL_ROUNDS
 from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
-from host._broker import LlmBroker
 from host._client import RunnerClient
-from host._llmtools import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host._pool import PoolSettings
 from host._rundir import make_run_dir
 from host._runner import RunResult, SandboxHost
@@ -46,6 +44,8 @@ from host.engine.engine import (
     container_spec,
     remove_and_verify,
 )
+from host.llm.broker import LlmBroker
+from host.llm.toolcalls import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig, load_config
 from host.tools import gate as _tools
@@ -822,7 +822,7 @@ def _tools_call(state: BenchState) -> _ToolsCall:
         response_format={"type": "json_schema", "name": "bench_answer",
                          "schema": json.dumps(schema, separators=(",", ":"))},
     )
-    # What the broker sends (host/_broker.py: the adapter's request and its max_tokens for these caps).
+    # What the broker sends (host/llm/broker.py: the adapter's request and its max_tokens for these caps).
     sent = {**openai_request(prepare(call, check_tools(call.tools, catalog))),
             "max_completion_tokens": min(16384, math.ceil(24000 / 3))}
     return _ToolsCall(catalog, schema, call, sent)

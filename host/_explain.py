@@ -153,7 +153,7 @@ def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explan
     entry = installed_agent(Lockfile(cfg.paths.lockfile), slug)
     decision = decide_route(entry, cfg, environ)
     manifest, policy = effective_policy(entry, cfg, decision.route)
-    from host._broker import LlmBroker  # noqa: PLC0415  only the explanation needs it, not every run's admission
+    from host.llm.broker import LlmBroker  # noqa: PLC0415  only the explanation needs it, not every run's admission
 
     provider = LlmBroker(cfg.agent_sandbox.llm, environ).describe(slug)
     return Explanation(entry, decision, manifest, policy, cfg, provider)

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from host._broker import LlmSession
 from host.audit.log import AuditLog, run_record, start_record
 from host.core.errors import AuditReason, SandboxError
 from host.core.logs import set_run_id
 from host.core.vocab import Source
+from host.llm.broker import LlmSession
 from host.policy.admission import Admission
 from host.policy.caller import NO_CALLER, CallerInfo
 from host.tools.gate import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate

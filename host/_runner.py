@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from host._broker import LlmBroker
 from host._fdbudget import FdBudget
 from host._hostproc import HostBackend
 from host._outcome import Ending, conclude, watch
@@ -32,6 +31,7 @@ from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.engine.engine import ContainerLimits, open_engine, owner_token, sweep_containers
 from host.engine.http import EngineClient
+from host.llm.broker import LlmBroker
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
 from host.spec.config import HostConfig, load_config

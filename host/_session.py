@@ -13,12 +13,12 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from host._broker import MAX_MESSAGES, Completion, LlmSession
-from host._llmtools import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
 from host.core.errors import CallRefusal
 from host.core.logs import set_run_id
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import WireReason
+from host.llm.broker import MAX_MESSAGES, Completion, LlmSession
+from host.llm.toolcalls import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
 from host.policy.rules import RunPolicy
 from host.tools.gate import ToolGate, ToolRefusal
 from sandbox_wrapper import PROTOCOL_VERSION
@@ -100,7 +100,7 @@ _STATUS: dict[WireReason, grpc.StatusCode] = {
     WireReason.RUN_DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
     WireReason.HOST_ERROR: grpc.StatusCode.INTERNAL,
     WireReason.TOO_MANY_REFUSALS: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    WireReason.LLM_TOKEN_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,  # host/_budget.py (metered)
+    WireReason.LLM_TOKEN_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,  # host/llm/budget.py (metered)
     WireReason.LLM_COST_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
@@ -804,7 +804,7 @@ class _RunServices:
                 )
 
     def list_tools(self, raw: bytes, call: _Call, context: grpc.ServicerContext) -> llm_pb2.ListToolsResponse:
-        """The run's tool definitions (host/_llmtools.py: built once per run from the lockfile); no LLM
+        """The run's tool definitions (host/llm/toolcalls.py: built once per run from the lockfile); no LLM
         grant needed."""
         _, llm = self.session.require_open()
         if len(raw) > LIST_TOOLS_REQUEST_MAX_BYTES:

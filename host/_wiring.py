@@ -7,12 +7,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from host._broker import LlmBroker, LlmSession
-from host._llmtools import ToolCatalog, build_catalog
 from host._session import RunTask
 from host._toolsandbox import ToolSandboxes
 from host.core.strictjson import dumps_strict
 from host.core.vocab import HOST_TRUST, Trust
+from host.llm.broker import LlmBroker, LlmSession
+from host.llm.toolcalls import ToolCatalog, build_catalog
 from host.policy.rules import RunPolicy
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest, ToolpackManifest, ToolSpec

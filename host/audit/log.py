@@ -42,7 +42,7 @@ _LLM_COUNTER_KEYS = (
     "refused_model",
     "refused_tool",
     "provider_errors",
-    # token and cost budgets (host/_budget.py) and provider retries: counts, never text
+    # token and cost budgets (host/llm/budget.py) and provider retries: counts, never text
     "input_tokens",
     "output_tokens",
     "overshoot_tokens",
@@ -109,7 +109,7 @@ def run_record(
     worker processes (trusted and curated packs) and `tool_calls_tool_sandbox` in the run's tool sandboxes
     (community packs), of which it started `tool_sandboxes_started`. `llm_tool_calls` counts the tool calls
     completions returned to the agent (the model's requests, whether or not the agent then ran them), of which
-    `llm_tool_calls_refused` named no tool the request offered (host/_llmtools.py).
+    `llm_tool_calls_refused` named no tool the request offered (host/llm/toolcalls.py).
 
     Only these typed fields reach the log. `llm` (effective caps + usage counters, None when no LLM policy
     applied) is filtered to the known keys with the expected types (ints, the `enabled` bool, the host-side

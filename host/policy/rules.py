@@ -53,7 +53,7 @@ class LlmPolicy:
     granted_by: str = ""
     """What granted it: GRANT_LLM_ACCESS, GRANT_DECLARED or GRANT_HOST_PATH; "" when not granted."""
     max_input_tokens: int | None = None
-    """Token budgets (host/_budget.py), reserved before each provider call: the input estimate per call,
+    """Token budgets (host/llm/budget.py), reserved before each provider call: the input estimate per call,
     the output tokens asked for per call, and all tokens of the run; None: no token cap (the character
     caps still bound every call)."""
     max_output_tokens: int | None = None

@@ -85,7 +85,7 @@ class LlmHostConfig:
     max_output_chars: int | None = None
     allowed_models: tuple[str, ...] | None = None
     max_input_tokens: int | None = None
-    """Token ceilings (host/_budget.py): per call for input and output, per run in all; None: no ceiling."""
+    """Token ceilings (host/llm/budget): per call for input and output, per run in all; None: no ceiling."""
     max_output_tokens: int | None = None
     max_total_tokens: int | None = None
     max_cost_usd: float | None = None

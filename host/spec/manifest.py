@@ -60,7 +60,7 @@ FORMAT_ENTRYPOINT_RE = re.compile(rf"{_FORMAT_IDENT}(?:\.{_FORMAT_IDENT})+:{_FOR
 """The format's v2 entrypoint: a v1 module path, `:`, a function name."""
 LLM_CAP_KEYS = ("max_calls", "max_input_chars", "max_output_chars")
 LLM_TOKEN_CAP_KEYS = ("max_input_tokens", "max_output_tokens", "max_total_tokens")
-"""Token budgets (host/_budget.py): input and output per call, everything per run."""
+"""Token budgets (host/llm/budget.py): input and output per call, everything per run."""
 LLM_COST_CAP_KEY = "max_cost_usd"
 """The run's provider cost budget in USD, a positive number."""
 MAX_COST_USD = 1_000_000.0

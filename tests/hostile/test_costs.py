@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from host._broker import MAX_MESSAGES
 from host._runner import RunResult, SandboxHost
 from host._session import (
     HANDSHAKE_TIMEOUT_MS,
@@ -31,6 +30,7 @@ from host._session import (
     _Call,
     _RunServices,
 )
+from host.llm.broker import MAX_MESSAGES
 from tests.hostile.conftest import CANARY, STUBS, Lab, Ledger, brief, rss_bytes
 
 pytestmark = pytest.mark.docker

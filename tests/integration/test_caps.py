@@ -415,7 +415,7 @@ CASES = {
         1,
         {"max_calls": 20, "max_input_chars": 24000, "max_output_chars": 24000},
     ),
-    # Token and cost budgets (host/_budget.py): reserved before the call from an input estimate, settled
+    # Token and cost budgets (host/llm/budget.py): reserved before the call from an input estimate, settled
     # from the provider's usage (the fake counts characters: "hi" is 2 input tokens, "fake reply" 10 out).
     "token-budget-refuses-naming-max-total-tokens": LlmCase(
         "enabled: true\nmax_output_tokens: 20\nmax_total_tokens: 30\n",

@@ -20,12 +20,12 @@ import docker
 import docker.errors
 import pytest
 
-from host._broker import LlmBroker, LlmSession
 from host._rundir import run_root
 from host._runner import RunResult, SandboxHost
 from host.engine.engine import LABEL_SLUG, ContainerLimits, EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
+from host.llm.broker import LlmBroker, LlmSession
 from host.packs.install import LABEL_ARTIFACT, Lockfile
 from host.policy.rules import LlmPolicy
 from host.spec.config import load_config

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from host._broker import LlmBroker
 from host._session import RunSession, RunTask, build_run_server
+from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec

@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
-from host._broker import (
+from host._hostproc import HostSpec, host_wrapper_env
+from host._rundir import RunDir
+from host.core.errors import ConfigError
+from host.llm.broker import (
     MAX_ENV_FILE_BYTES,
     MAX_MESSAGES,
     MESSAGE_OVERHEAD_CHARS,
@@ -30,11 +33,8 @@ from host._broker import (
     parse_env_text,
     read_env_file,
 )
-from host._budget import RetryPolicy
-from host._hostproc import HostSpec, host_wrapper_env
-from host._llmtools import MAX_TOOL_CALLS, MAX_TOOLS
-from host._rundir import RunDir
-from host.core.errors import ConfigError
+from host.llm.budget import RetryPolicy
+from host.llm.toolcalls import MAX_TOOL_CALLS, MAX_TOOLS
 from host.policy.rules import LlmPolicy
 from host.spec.config import AgentLlmConfig, LlmHostConfig
 from host.tools.gate import _worker_env

@@ -1,4 +1,4 @@
-"""Tool calling and structured output in the LLM broker: the mappings as data (host/_llmtools.py), and the
+"""Tool calling and structured output in the LLM broker: the mappings as data (host/llm/toolcalls.py), and the
 real openai/anthropic SDK clients against the local fake provider (tests/support/fake_llm.py)."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from host import _broker, _wiring
-from host._broker import Completion, LlmBroker, LlmRefusal, LlmSession, json_string_bytes
-from host._budget import TOOL_PROMPT_TOKENS
-from host._llmtools import (
+from host import _wiring
+from host.llm import broker as _broker
+from host.llm.broker import Completion, LlmBroker, LlmRefusal, LlmSession, json_string_bytes
+from host.llm.budget import TOOL_PROMPT_TOKENS
+from host.llm.toolcalls import (
     JSON_INSTRUCTION,
     JSON_MODE_CHARS,
     MAX_TOOLS,
@@ -853,7 +854,7 @@ def test_screen_refuses_too_many_tools_before_decoding(srv: FakeLlmServer) -> No
 def test_every_admitted_call_is_settled_exactly_once(
     provider: str, srv: FakeLlmServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The budget hook's contract (host/_budget.py settles or releases there): once per admitted call, with
+    """The budget hook's contract (host/llm/budget.py settles or releases there): once per admitted call, with
     the provider's usage when there is one, whatever way the call ends."""
     settled: list[tuple[int, int] | None] = []
     monkeypatch.setattr(

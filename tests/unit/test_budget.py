@@ -14,8 +14,9 @@ import httpx2
 import openai
 import pytest
 
-from host._broker import LlmBroker, LlmRefusal, LlmSession
-from host._budget import (
+from host.core.errors import CallRefusal
+from host.llm.broker import LlmBroker, LlmRefusal, LlmSession
+from host.llm.budget import (
     CAP_COST,
     CAP_INPUT,
     CAP_TOTAL,
@@ -34,7 +35,6 @@ from host._budget import (
     retry_after_seconds,
     transient_kind,
 )
-from host.core.errors import CallRefusal
 from host.policy.rules import LlmPolicy
 from host.spec.config import LlmHostConfig, ModelPrice
 from tests.support.fake_llm import Behaviour, FakeLlmServer

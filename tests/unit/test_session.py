@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 import pytest
 
-from host._broker import LlmBroker, LlmSession
 from host._session import (
     MAX_MESSAGE_BYTES,
     RefusalBudget,
@@ -30,6 +29,7 @@ from host._session import (
     RunTask,
     build_run_server,
 )
+from host.llm.broker import LlmBroker, LlmSession
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
@@ -922,8 +922,8 @@ def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, deco
 
 
 def test_a_call_carries_at_most_max_messages(env: Env, decodes: list[str]) -> None:
-    from host._broker import MAX_MESSAGES
-    from host._llmtools import MAX_TOOLS
+    from host.llm.broker import MAX_MESSAGES
+    from host.llm.toolcalls import MAX_TOOLS
 
     llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=10**6, max_output_chars=100)
     run = env.started(llm=llm)
@@ -1047,7 +1047,7 @@ def test_host_error_warnings_are_rate_limited_per_run(env: Env, caplog: pytest.L
 
 def test_llm_input_counts_roles_and_overhead_on_the_wire(env: Env) -> None:
     """Finding 3: many empty messages used to reach the provider as megabytes under a 2,000-character cap."""
-    from host._broker import MESSAGE_OVERHEAD_CHARS
+    from host.llm.broker import MESSAGE_OVERHEAD_CHARS
 
     llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=2000, max_output_chars=100)
     run = env.started(llm=llm)
@@ -1224,7 +1224,7 @@ def test_non_finite_tool_arguments_never_reach_a_tool(env: Env, arguments: str) 
 
 def _with_tools(run: Run, env: Env) -> None:
     """The run's catalog, as host/_wiring.py builds it: the allowlisted packs' declared tools."""
-    from host._llmtools import build_catalog
+    from host.llm.toolcalls import build_catalog
 
     packs = [env.packs[slug] for slug in ("word-tools", "community-tools")]
     run.session.llm.use_tools(lambda: build_catalog((p.slug, p.manifest.tools) for p in packs))  # type: ignore[union-attr]

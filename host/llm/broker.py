@@ -6,7 +6,7 @@ Which provider and model serve a run: the host config's `agent_sandbox.llm` pins
 entry in `agent-config.json`, then auto-detection (OPENAI_API_KEY, then ANTHROPIC_API_KEY).
 
 A sandboxed agent sends messages (and, optionally, the names of tools from its run's catalog, a tool choice
-and a response format: host/_llmtools.py); the broker checks them against the run's `LlmPolicy`, calls the
+and a response format: host/llm/toolcalls.py); the broker checks them against the run's `LlmPolicy`, calls the
 host-chosen provider and model with the host's own tool definitions, and answers with text, tool calls, a
 finish reason and token counts. Every refusal and provider failure becomes an `LlmRefusal` with a fixed,
 generic message: provider error text can carry the key, URLs or the prompt, so it is never relayed, logged
@@ -30,7 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
-from host._budget import (
+from host.core.calltrace import CallTrace
+from host.core.errors import CallRefusal, ConfigError
+from host.core.strictjson import check_finite
+from host.core.vocab import WireReason
+from host.llm.budget import (
     UNPRICED_HINT,
     BudgetRefusal,
     LlmBudget,
@@ -43,7 +47,7 @@ from host._budget import (
     may_have_reached_provider,
     transient_kind,
 )
-from host._llmtools import (
+from host.llm.toolcalls import (
     EMPTY_CATALOG,
     MAX_TOOL_CALLS,
     MAX_TOOLS,
@@ -64,10 +68,6 @@ from host._llmtools import (
     openai_request,
     prepare,
 )
-from host.core.calltrace import CallTrace
-from host.core.errors import CallRefusal, ConfigError
-from host.core.strictjson import check_finite
-from host.core.vocab import WireReason
 from host.policy.rules import LlmPolicy
 from host.spec.config import AgentLlmConfig, LlmHostConfig
 
@@ -167,7 +167,7 @@ class Completion:
     input_tokens: int
     output_tokens: int
     tool_calls: tuple[ModelToolCall, ...] = ()
-    """The model's tool calls, in its order (host/_llmtools.py normalizes both APIs to this shape)."""
+    """The model's tool calls, in its order (host/llm/toolcalls.py normalizes both APIs to this shape)."""
 
     @property
     def output_chars(self) -> int:
@@ -333,7 +333,7 @@ def _openai_call(request: Prepared, call: Any, taken: set[str]) -> ModelToolCall
 
 class _AnthropicAdapter:
     """Anthropic through the anthropic SDK's messages API; system messages go to `system=`, tool calls are
-    tool_use blocks, a JSON response format is a forced response tool (host/_llmtools.py)."""
+    tool_use blocks, a JSON response format is a forced response tool (host/llm/toolcalls.py)."""
 
     def __init__(self, binding: _Binding, timeout: float) -> None:
         import anthropic  # noqa: PLC0415  see _OpenAiAdapter
@@ -728,7 +728,7 @@ class LlmSession:
     the provider is called, so concurrent calls can never exceed `max_calls`.
 
     Order: granted → message count → tools on the run's catalog → well-formed → input size → provider
-    configured → model allowed → token/cost budget (host/_budget.py: reserved, settled after the call) →
+    configured → model allowed → token/cost budget (host/llm/budget.py: reserved, settled after the call) →
     call slot. Only the last two consume anything: a request refused earlier cost nothing and is not
     charged. A transient provider failure (429, 5xx, a reset connection) is retried within the call's one
     slot, with bounded backoff, never past the run's deadline nor after the run ended; the retry keeps the
@@ -748,7 +748,7 @@ class LlmSession:
         self._policy = policy
         self._resolution = broker._default if resolution is None else resolution
         self._lock = threading.Lock()
-        # Token and cost budgets and provider retries (host/_budget.py): reserved in _admit, settled in
+        # Token and cost budgets and provider retries (host/llm/budget.py): reserved in _admit, settled in
         # _settled; counts only, for the audit (budget_usage).
         self._budget = LlmBudget.for_policy(policy, broker._host.prices)
         self._retries = RetryCounts()
@@ -983,7 +983,7 @@ class LlmSession:
             return dict(self._usage)
 
     def budget_usage(self) -> dict[str, Any]:
-        """Token, cost and retry counts (host/_budget.py), for the audit record only."""
+        """Token, cost and retry counts (host/llm/budget.py), for the audit record only."""
         return {**self._budget.totals(), **self._retries.totals()}
 
     def _retrying(self, attempt: Callable[[], _T], admitted: _Admitted) -> _T:
@@ -1082,7 +1082,7 @@ class LlmSession:
             raise LlmRefusal(WireReason.LLM_UNAVAILABLE)
         max_tokens = max(1, math.ceil(self._policy.max_output_chars / _CHARS_PER_TOKEN))
         max_tokens = min(_MAX_TOKENS_CEILING, max_tokens)
-        # Budgets (host/_budget.py): reserved after every free check and before the call slot, in one step
+        # Budgets (host/llm/budget.py): reserved after every free check and before the call slot, in one step
         # under the budget's lock; max_tokens becomes what is left. A refusal names its cap (nothing spent).
         try:
             reservation = self._budget.reserve(_estimate(request), binding.model, output_limit=max_tokens)
@@ -1158,7 +1158,7 @@ class _Admitted:
 
 
 def _estimate(request: Prepared) -> int:
-    """The request's input-token bound (host/_budget.py): every text it sends, roles, names and ids, and the
+    """The request's input-token bound (host/llm/budget): every text it sends, roles, names and ids, and the
     providers' hidden tool prompt when it defines tools or asks for JSON."""
     # Catalog names and the provider-safe names actually sent, both: whichever is longer is covered.
     names: list[str] = [x for t in request.tools for x in (t.name, request.names.get(t.name, ""))]
