@@ -28,12 +28,6 @@ from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
 from host._client import RunnerClient
-from host._pool import PoolSettings
-from host._rundir import make_run_dir
-from host._runner import RunResult, SandboxHost
-from host._sandbox import Sandbox
-from host._session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
-from host._wiring import lookup_toolpack
 from host.aio import AsyncRunnerClient
 from host.audit.log import AuditLog, run_record
 from host.engine.engine import (
@@ -47,6 +41,12 @@ from host.engine.engine import (
 from host.llm.broker import LlmBroker
 from host.llm.toolcalls import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host.policy.rules import LlmPolicy, RunPolicy
+from host.runtime.backends.container import Sandbox
+from host.runtime.pool import PoolSettings
+from host.runtime.rundir import make_run_dir
+from host.runtime.runner import RunResult, SandboxHost
+from host.runtime.session import MAX_MESSAGE_BYTES, RunSession, RunTask, build_run_server
+from host.runtime.wiring import lookup_toolpack
 from host.spec.config import LlmHostConfig, load_config
 from host.tools import gate as _tools
 from host.tools.gate import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
@@ -336,18 +336,18 @@ def _cli_run(state: BenchState, runtime: str, *, path: str = "local") -> tuple[f
 
 def _early_modules() -> str:
     """What the revision measured imports before it asks the engine for the run's container: the head
-    start's light modules (host/_headstart.py) where it has one, else the prelaunch's."""
+    start's light modules (host/runtime/headstart.py) where it has one, else the prelaunch's."""
     if (CODE_ROOT / "host" / "_headstart.py").is_file():
         return "host._entry"
-    return "host._cli, host._prelaunch"
+    return "host._cli, host.runtime.prelaunch"
 
 
 def _has_prelaunch() -> bool:
-    """Does the revision measured start a run's container before its other imports (host/_prelaunch.py)?"""
+    """Does the revision measured start a run's container before its other imports (runtime/prelaunch.py)?"""
     return (CODE_ROOT / "host" / "_prelaunch.py").is_file()
 
 
-def _cli_imports(modules: str = "host._cli, host._runner") -> float:
+def _cli_imports(modules: str = "host._cli, host.runtime.runner") -> float:
     """A new interpreter importing `modules` (by default what `run` imports) and exiting."""
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", f"import {modules}"], cwd=CODE_ROOT, check=True,
@@ -411,9 +411,9 @@ def cli(state: BenchState, runtime: str, reps: int) -> dict[str, Any]:
     """Process to process, as a user meets it: `agentnode-sandbox run --json` of the trivial agent against
     `docker run --rm ... python3 -c 'import grpc'` (the docker CLI floor), interleaved; then, a quarter as
     often, a new interpreter doing only the command's imports, one doing only those made before the run's
-    container is asked for (host/_headstart.py, else host/_prelaunch.py: the rest overlap the engine's
-    work), and one importing only the library any host of this design needs (gRPC); then the same command
-    while a `serve` host runs."""
+    container is asked for (host/runtime/headstart.py, else host/runtime/prelaunch.py: the rest overlap the
+    engine's work), and one importing only the library any host of this design needs (gRPC); then the same
+    command while a `serve` host runs."""
     ours: list[float] = []
     runs: list[float] = []
     floor: list[float] = []

@@ -414,8 +414,8 @@ _CLI = (
     "where the process's time goes (the run's duration counts from its container's head start or "
     "prelaunch, and only the imports made before that container is asked for precede the engine's work: "
     "the rest overlap it; every run after the section's first starts from the command's record, "
-    "host/_headstart.py); a new interpreter importing only gRPC is the floor of any host of this design "
-    "written in Python. Then the "
+    "host/runtime/headstart.py); a new interpreter importing only gRPC is the floor of any host of this "
+    "design written in Python. Then the "
     "same command while `serve` runs for the same config with a pool of one for the agent (`run` finds its "
     "default socket and submits there; `path` serve), interleaved with docker run again."
 )

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from host._client import RunnerClient
-    from host._runner import RunResult, SandboxHost
     from host.core.errors import (
         AuditReason,
         ConfigError,
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
         RefusedError,
         SandboxError,
     )
+    from host.runtime.runner import RunResult, SandboxHost
 
 _EXPORTS = {
     "AuditReason": "host.core.errors",
@@ -31,8 +31,8 @@ _EXPORTS = {
     "PackError": "host.core.errors",
     "RefusedError": "host.core.errors",
     "SandboxError": "host.core.errors",
-    "RunResult": "host._runner",
-    "SandboxHost": "host._runner",
+    "RunResult": "host.runtime.runner",
+    "SandboxHost": "host.runtime.runner",
     "RunnerClient": "host._client",
 }
 

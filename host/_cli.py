@@ -24,8 +24,8 @@ from host.core.terminal import safe_block, safe_line, safe_token
 from host.core.vocab import Route, Runtime, Trust
 
 if TYPE_CHECKING:
-    from host._headstart import Headstart
-    from host._runner import RunResult
+    from host.runtime.headstart import Headstart
+    from host.runtime.runner import RunResult
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -288,7 +288,7 @@ def _run_on_kubernetes(args: argparse.Namespace, kwargs: dict[str, Any], caller:
 
 def _result_of(payload: Mapping[str, Any]) -> RunResult:
     """A `run --json` object as the RunResult a local run returns (to_json gives the same object back)."""
-    from host._result import RunResult
+    from host.runtime.result import RunResult
 
     return RunResult(
         success=payload["success"] is True, result=payload["result"], error=payload["error"] or "",
@@ -337,13 +337,13 @@ def _run_local(
 ) -> tuple[RunResult, int]:
     """The run in this process: (its result, how many audit writes failed).
 
-    The run's container is started first, with light modules only (host/_prelaunch.py), while another
+    The run's container is started first, with light modules only (host/runtime/prelaunch.py), while another
     thread imports the rest of the host: those imports then overlap the engine's start of the container
     instead of preceding it. The host adopts the container, or the run takes the usual path."""
     import threading
 
-    from host._prelaunch import prelaunch
     from host.engine.engine import ContainerLimits, owner_token
+    from host.runtime.prelaunch import prelaunch
 
     loader = threading.Thread(target=_import_the_host, daemon=True, name="host-imports")
     early = None
@@ -355,7 +355,7 @@ def _run_local(
         if loader.ident is None:  # never started (no container was): import now
             loader.start()
         loader.join()
-        from host._runner import SandboxHost
+        from host.runtime.runner import SandboxHost
 
         host = SandboxHost(metrics=False)
         try:
@@ -375,7 +375,7 @@ def _import_the_host() -> None:
     """Import what a local run needs beyond the prelaunch (gRPC, the session, the broker); a failure is
     raised again, with its traceback, by the import in the main thread."""
     with contextlib.suppress(Exception):
-        import host._runner  # noqa: F401
+        import host.runtime.runner  # noqa: F401
 
 
 def _run_on_serve(client: Any, args: argparse.Namespace, kwargs: dict[str, Any], caller: Any,
@@ -1050,7 +1050,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _error_payload(args: argparse.Namespace, error: str, code: str, hint: str) -> dict[str, Any]:
     """The --json object of a failed command; `run` keeps its full result shape."""
     if args.cmd == "run":
-        from host._result import RunResult
+        from host.runtime.result import RunResult
 
         failed = RunResult(success=False, error=error, error_code=code, hint=hint).to_json()
         return {**failed, "path": getattr(args, "path_taken", RUN_PATH_LOCAL)}
@@ -1165,8 +1165,8 @@ class _EXIT:
 
 def entry(headstart: Headstart | None = None) -> NoReturn:
     """The CLI's process (host/_entry.py): `main()`, then exit with its code. `headstart` is the container
-    started for this command before the CLI was imported (host/_headstart.py): the run takes it, or it is
-    removed here."""
+    started for this command before the CLI was imported (host/runtime/headstart.py): the run takes it, or it
+    is removed here."""
     try:
         code = main(headstart=headstart)
     finally:

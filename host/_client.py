@@ -13,9 +13,9 @@ import grpc
 
 from host._events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields, result_from, rpc_error
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host._result import RunResult
 from host.core.errors import AuditReason, EngineError
 from host.policy.caller import CallerInfo, RunOverrides
+from host.runtime.result import RunResult
 
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _NOT_SERVING = b"\x08\x02"

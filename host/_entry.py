@@ -1,7 +1,7 @@
 """The `agentnode-sandbox` console script (and `python -m host`): a cold run's head start, then the CLI.
 
 Only `os`, `sys` and the head start's own light modules are imported before a known `run` command's
-container is asked for (host/_headstart.py); the CLI's imports follow while the engine starts it.
+container is asked for (host/runtime/headstart.py); the CLI's imports follow while the engine starts it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from host._headstart import begin
+from host.runtime.headstart import begin
 
 
 def entry() -> None:

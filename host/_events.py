@@ -14,11 +14,11 @@ from typing import Any
 import grpc
 
 from host._proto.agentnode.sandbox.v1 import runner_pb2
-from host._result import RunResult
 from host.core.errors import AuditReason, EngineError, InvalidRequest, SandboxError
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.terminal import safe_line
 from host.policy.caller import CallerInfo, RunOverrides
+from host.runtime.result import RunResult
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The admin server's message cap, both directions."""

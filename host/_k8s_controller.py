@@ -37,7 +37,6 @@ from host._k8s_run import (
     refusal_status,
     run_request,
 )
-from host._runaudit import RunAudit, RunFacts
 from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
@@ -45,6 +44,7 @@ from host.core.terminal import safe_line
 from host.packs.install import Lockfile
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER
+from host.runtime.runaudit import RunAudit, RunFacts
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.manifest import SLUG_RE
 

@@ -43,15 +43,15 @@ from host._k8s_run import (
     run_request,
     status_for,
 )
-from host._result import RunResult
-from host._rundir import RunDir, run_root
-from host._runner import SandboxHost
-from host._session import RunSession, build_run_server
-from host._workload import Workload
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.engine.engine import SANDBOX_GID, SANDBOX_UID, owner_token
 from host.packs.install import SKIP_DIRS, SKIP_SUFFIXES, LockEntry, artifact_hash
 from host.policy.admission import Admission
+from host.runtime.result import RunResult
+from host.runtime.rundir import RunDir, run_root
+from host.runtime.runner import SandboxHost
+from host.runtime.session import RunSession, build_run_server
+from host.runtime.workload import Workload
 from host.spec.config import HostConfig, load_config
 
 logger = logging.getLogger("agentnode.sandbox.node")

@@ -59,7 +59,8 @@ NAMESPACE = "agentnode-system"
 POD_UID_ENV = "AGENTNODE_POD_UID"
 RUN_DIR_PREFIX = "run-"
 """A run pod's socket directory is `<RUN_HOST_DIR>/run-<pod uid>`: the node agent's run root holds run
-directories by the single-host naming (host/_rundir.py): its startup sweep audits what a crashed one left."""
+directories by the single-host naming (host/runtime/rundir.py): its startup sweep audits what a crashed one
+left."""
 RUNTIME_CLASS = "gvisor"
 """The RuntimeClass of a runsc run (handler runsc); a runc run names none and gets the node's default."""
 AGENT_CONTAINER = "agent"

@@ -23,12 +23,12 @@ from host._k8s_objects import (
     MAX_KWARGS_JSON_CHARS,
     MAX_RESULT_JSON_CHARS,
 )
-from host._result import RunResult
 from host.core.errors import AuditReason, ConfigError
 from host.core.strictjson import JsonRejected, loads_strict
 from host.core.terminal import safe_line
 from host.core.vocab import Runtime
 from host.policy.caller import CallerInfo, InvalidCaller
+from host.runtime.result import RunResult
 from host.spec.manifest import SLUG_RE
 
 # The bounds are the CRD's (host/_k8s_objects): an object must fit the API server's ~1.5 MiB, and a status

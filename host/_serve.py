@@ -17,14 +17,14 @@ from typing import Any, NoReturn
 
 import grpc
 
-from host._pool import PoolSettings
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host._runner import RunResult, SandboxHost
-from host._session import REASON_METADATA_KEY
 from host.core.errors import SandboxError
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import Runtime, WireReason
 from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
+from host.runtime.pool import PoolSettings
+from host.runtime.runner import RunResult, SandboxHost
+from host.runtime.session import REASON_METADATA_KEY
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 

@@ -36,9 +36,9 @@ from host._events import (
     rpc_error,
 )
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host._result import RunResult
 from host.core.errors import EngineError, InvalidRequest, SandboxError
 from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
+from host.runtime.result import RunResult
 
 
 class AsyncRunnerClient:

@@ -37,8 +37,8 @@ EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4
 SOCKET_WAIT_CEILING_SECONDS = 600.0
 """The most AGENTNODE_SOCKET_WAIT_SECONDS may ask for: a pod's deadline ends it sooner anyway."""
 SOCKET_POLL_SECONDS = 0.005
-"""A cold run's wrapper may be ready before its host serves the socket (host/_prelaunch.py): each poll's
-wait is latency the run pays, and a stat every 5 ms costs nothing measurable."""
+"""A cold run's wrapper may be ready before its host serves the socket (host/runtime/prelaunch.py): each
+poll's wait is latency the run pays, and a stat every 5 ms costs nothing measurable."""
 
 # The result must also fit in one message this channel sends, next to the envelope. The host's own cap
 # (max_result_bytes, which it always sends) is lower, so this ceiling only binds a host that sends none.
@@ -96,8 +96,8 @@ def main(before_pack: Callable[[], None] = lambda: None) -> int:
 
 def mark_output(mark: bytes) -> None:
     """Write the host's end-of-output mark once to each output stream, after what the agent wrote: the host
-    then knows it holds all of it without waiting for the stream to end (host/_workload.py). One write per
-    stream, so the mark is never split by another thread's output; a closed stream is skipped."""
+    then knows it holds all of it without waiting for the stream to end (host/runtime/workload.py). One write
+    per stream, so the mark is never split by another thread's output; a closed stream is skipped."""
     if not mark:
         return
     _flush_output()

@@ -1,9 +1,9 @@
 """When each tool and LLM call of a run started and ended, for the run's trace: a bounded list of timings.
 
-The gate and the LLM session record here as calls end; host/_tracing.py turns the list into child spans of
-the run's span once the run is over, so no tracing context has to cross into the run's server threads.
-Attributes are host facts only (a pack slug that passed its pattern, a tool name from the lockfile, fixed
-reason codes, counts): never an argument, a prompt, a completion or a name an agent made up.
+The gate and the LLM session record here as calls end; host/runtime/telemetry/tracing.py turns the list into
+child spans of the run's span once the run is over, so no tracing context has to cross into the run's server
+threads. Attributes are host facts only (a pack slug that passed its pattern, a tool name from the lockfile,
+fixed reason codes, counts): never an argument, a prompt, a completion or a name an agent made up.
 """
 
 from __future__ import annotations

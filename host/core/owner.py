@@ -1,5 +1,5 @@
 """Which host process owns a run: a token that survives pid reuse, read with `os` alone (a cold run names
-its owner before its other imports: host/_headstart.py)."""
+its owner before its other imports: host/runtime/headstart.py)."""
 
 from __future__ import annotations
 

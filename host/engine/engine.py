@@ -426,7 +426,7 @@ def container_spec(
     that run: the wrapper's tool-server mode and LABEL_TOOL_FOR are the only differences from a run's.
     `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
     `socket_wait` > 0 lets the wrapper wait that many seconds for its socket (a container started before its
-    host serves the socket: host/_prelaunch.py).
+    host serves the socket: host/runtime/prelaunch.py).
     `engine` is Docker's or Podman's; on Podman three things differ, each proven from inside by the live
     hardening tests: the home tmpfs' ownership is spelled `U` (Podman refuses `uid=`/`gid=`), /run and
     /var/tmp are overmounted read-only (with a read-only root Podman mounts writable, executable tmpfs

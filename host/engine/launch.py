@@ -1,5 +1,6 @@
 """A sandbox's container from verified inputs to started, with no gRPC: what a cold `run` does first, so that
-the rest of the host's imports overlap the engine's start instead of preceding it (host/_prelaunch.py)."""
+the rest of the host's imports overlap the engine's start instead of preceding it
+(host/runtime/prelaunch.py)."""
 
 from __future__ import annotations
 
@@ -120,8 +121,8 @@ def sandbox_keywords(
     socket_wait: float = 0.0,
 ) -> dict[str, Any]:
     """The `container_spec` of one sandbox of `spec`: what `start_container` creates (and what a replayed
-    create request must equal: host/_prelaunch.py). `socket_wait` > 0 lets the wrapper wait that long for
-    the run's socket to appear (a container started before its host serves the socket)."""
+    create request must equal: host/runtime/prelaunch.py). `socket_wait` > 0 lets the wrapper wait that long
+    for the run's socket to appear (a container started before its host serves the socket)."""
     return container_spec(
         image=spec.image_id,
         run_id=run_id,

@@ -780,7 +780,7 @@ class LlmSession:
         self._closed.set()
 
     def use_tools(self, catalog: Callable[[], ToolCatalog]) -> None:
-        """Where the run's tool catalog comes from (host/_wiring.py); built on first use, once per run.
+        """Where the run's tool catalog comes from (host/runtime/wiring.py); built on first use, once per run.
         Without it the run has no tools to offer a model."""
         self._tools = catalog
 

@@ -651,7 +651,7 @@ def install_pack(
         site_prefix = f"{import_subdir}/{SITE_DIR}" if import_subdir else SITE_DIR
         # A host-trusted agent installed without engine or image gets no volume: it runs on the host path,
         # and a policy that sandboxes it fails closed (volume_missing) until it is reinstalled. A community
-        # toolpack gets one too: its calls run in tool sandboxes (host/_toolsandbox.py).
+        # toolpack gets one too: its calls run in tool sandboxes (host/runtime/toolsandbox.py).
         in_volume = (is_agent or level not in HOST_TRUST) and client is not None and bool(image)
         sandbox_wheels = host_wheels = None
         if declared.requirements and in_volume:

@@ -34,7 +34,7 @@ from host.spec.manifest import ToolpackManifest, ToolSpec
 from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
 
 if TYPE_CHECKING:
-    from host._toolsandbox import ToolSandboxes
+    from host.runtime.toolsandbox import ToolSandboxes
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,8 @@ class ToolGate:
         self._deadline = deadline
         self._tool_timeout = tool_timeout
         self._lock = threading.Lock()
-        self.trace = CallTrace()  # each decided call's timing, for the run's trace (host/_tracing.py)
+        # each decided call's timing, for the run's trace (host/runtime/telemetry/tracing.py)
+        self.trace = CallTrace()
         self._parsing = threading.BoundedSemaphore(PARSE_SLOTS)
         self._resolved: dict[tuple[str, str], tuple[InstalledToolpack, ResolvedTool]] = {}
         self._calls_made = 0

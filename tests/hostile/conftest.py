@@ -36,9 +36,9 @@ import docker
 import docker.errors
 import pytest
 
-import host._wiring
-from host._runner import RunResult, SandboxHost
+import host.runtime.wiring
 from host.engine.engine import LABEL_OWNER, LABEL_SLUG, owner_token
+from host.runtime.runner import RunResult, SandboxHost
 from host.tools.gate import ToolGate
 from tests.conftest import REQUIRE_DOCKER
 from tests.support import fake_llm
@@ -556,7 +556,8 @@ def runtime_pair(docker_client: docker.DockerClient) -> tuple[str, ...]:
 @pytest.fixture
 def short_tool_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
     """Give hosts created afterwards a HOST_TOOL_TIMEOUT tool timeout instead of the 60 s default."""
-    monkeypatch.setattr(host._wiring, "ToolGate", functools.partial(ToolGate, tool_timeout=HOST_TOOL_TIMEOUT))
+    timed = functools.partial(ToolGate, tool_timeout=HOST_TOOL_TIMEOUT)
+    monkeypatch.setattr(host.runtime.wiring, "ToolGate", timed)
     return HOST_TOOL_TIMEOUT
 
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from host._runner import RunResult, SandboxHost
-from host._session import (
+from host.llm.broker import MAX_MESSAGES
+from host.runtime.runner import RunResult, SandboxHost
+from host.runtime.session import (
     HANDSHAKE_TIMEOUT_MS,
     MAX_CONNECTIONS_PER_RUN,
     REFUSAL_BURST,
@@ -30,7 +31,6 @@ from host._session import (
     _Call,
     _RunServices,
 )
-from host.llm.broker import MAX_MESSAGES
 from tests.hostile.conftest import CANARY, STUBS, Lab, Ledger, brief, rss_bytes
 
 pytestmark = pytest.mark.docker

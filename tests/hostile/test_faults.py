@@ -15,9 +15,9 @@ import docker
 import docker.errors
 import pytest
 
-from host._runner import RunResult
 from host.core.errors import AUDIT_REASONS
 from host.engine.engine import LABEL_RUN
+from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 from tests.support.fake_llm import Behaviour
 
@@ -81,7 +81,7 @@ def run(context, **kwargs):
 
 HOST_PROCESS = """
 import json, sys
-from host._runner import SandboxHost
+from host.runtime.runner import SandboxHost
 host = SandboxHost(env=json.loads(sys.argv[1]))
 print("host up", flush=True)
 host.run(sys.argv[2], runtime=sys.argv[3], kwargs={"mode": "sleep"})

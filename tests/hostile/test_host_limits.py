@@ -16,10 +16,10 @@ import docker
 import pytest
 
 from host._client import RunnerClient
-from host._runner import RunResult
 from host.audit.log import verify_audit
 from host.core.errors import ManifestError
 from host.engine.engine import LABEL_RUN, LABEL_SLUG
+from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief
 from tests.support.cli import cli, json_out
 from tests.support.engine import containers_with

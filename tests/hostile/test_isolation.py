@@ -9,7 +9,7 @@ import docker
 import docker.errors
 import pytest
 
-from host._runner import RunResult
+from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief
 
 pytestmark = pytest.mark.docker

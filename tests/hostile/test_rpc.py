@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import pytest
 
-from host._session import RunSession, RunTask, build_run_server
 from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
+from host.runtime.session import RunSession, RunTask, build_run_server
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, load_manifest
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from host._runner import RunResult, SandboxHost
-from host._sequential import MAX_KEPT_RESULTS_BYTES
+from host.runtime.backends.sequential import MAX_KEPT_RESULTS_BYTES
+from host.runtime.runner import RunResult, SandboxHost
 from host.tools.gate import MAX_ARGUMENTS_BYTES
 from tests.hostile.conftest import TOOLPACK, Lab, Ledger, brief, rss_bytes
 from tests.support.cli import cli

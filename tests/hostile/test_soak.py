@@ -25,8 +25,8 @@ import docker
 import pytest
 import requests
 
-from host._runner import RunResult, SandboxHost
 from host.engine.engine import LABEL_OWNER, LABEL_SLUG, connect, owner_token
+from host.runtime.runner import RunResult, SandboxHost
 from tests.hostile.conftest import Lab, Ledger, brief
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]

@@ -2,7 +2,7 @@
 sandbox's limits, and the run it serves; a pack whose module is hostile at import.
 
 The attacker here is the tool, not the agent: a community (unverified) tool pack runs in a tool sandbox of
-its own (host/_toolsandbox.py), and its code shares a process with the tool server, so it can find the
+its own (host/runtime/toolsandbox.py), and its code shares a process with the tool server, so it can find the
 server's socket in its caller's frame and speak the framing (host/tools/link.py) itself, or replace the
 server's `answer` and reply to the right call id with whatever it likes. The agent only drives the calls,
 over its own gRPC channel (no circuit breaker or retry in between), and reports what each call returned.
@@ -30,10 +30,10 @@ import docker
 import docker.errors
 import pytest
 
-from host._runner import RunResult, SandboxHost
-from host._toolsandbox import MAX_STARTS_PER_PACK
 from host.engine.engine import LABEL_TOOL_FOR, EngineKind
 from host.engine.wrapper_env import wrapper_env
+from host.runtime.runner import RunResult, SandboxHost
+from host.runtime.toolsandbox import MAX_STARTS_PER_PACK
 from tests.hostile.conftest import (
     CANARY,
     STUBS,

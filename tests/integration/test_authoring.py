@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from host._runner import RunResult
 from host.core.errors import ManifestError
+from host.runtime.runner import RunResult
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

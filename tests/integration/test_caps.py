@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from host._runner import RunResult
 from host.audit.log import verify_audit
+from host.runtime.runner import RunResult
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 from tests.support.host_state import HostState
 

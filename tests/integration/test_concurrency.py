@@ -10,9 +10,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from host._runner import RunResult
 from host.audit.log import verify_audit
 from host.engine.engine import LABEL_OWNER, owner_token
+from host.runtime.runner import RunResult
 from tests.support.fake_llm import Behaviour, FakeLlmServer
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

@@ -20,14 +20,14 @@ import docker
 import docker.errors
 import pytest
 
-from host._rundir import run_root
-from host._runner import RunResult, SandboxHost
 from host.engine.engine import LABEL_SLUG, ContainerLimits, EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
 from host.llm.broker import LlmBroker, LlmSession
 from host.packs.install import LABEL_ARTIFACT, Lockfile
 from host.policy.rules import LlmPolicy
+from host.runtime.rundir import run_root
+from host.runtime.runner import RunResult, SandboxHost
 from host.spec.config import load_config
 from tests.support.fake_engine import FakeEngine
 from tests.support.host_state import HostState

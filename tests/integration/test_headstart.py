@@ -1,5 +1,5 @@
-"""A cold run's container started from the command's record before anything else (host/_headstart.py), on
-the real engine: adopted when it is exactly the sandbox the host verified, removed otherwise, and never a
+"""A cold run's container started from the command's record before anything else (host/runtime/headstart.py),
+on the real engine: adopted when it is exactly the sandbox the host verified, removed otherwise, and never a
 cause of anything the usual path would not do (no implicit volume, no pack code before verification)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from host._headstart import Headstart, begin, load_record, record_path
-from host._prelaunch import Prelaunched, prelaunch
-from host._runner import RunResult
 from host.engine.engine import LABEL_RUN, ContainerLimits, owner_token
 from host.engine.http import EngineApiError, EngineClient
+from host.runtime.headstart import Headstart, begin, load_record, record_path
+from host.runtime.prelaunch import Prelaunched, prelaunch
+from host.runtime.runner import RunResult
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from host._tracing import RunTracer
 from host.core.logs import JsonFormatter, RunIdFilter
 from host.policy.caller import CallerInfo
+from host.runtime.telemetry.tracing import RunTracer
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

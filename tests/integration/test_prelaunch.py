@@ -1,5 +1,6 @@
-"""A one-shot run's container started before the host is built (host/_prelaunch.py), on the real engine: the
-host adopts it only when it is the very sandbox the run would start; any other is removed, verifiably."""
+"""A one-shot run's container started before the host is built (host/runtime/prelaunch.py), on the real
+engine: the host adopts it only when it is the very sandbox the run would start; any other is removed,
+verifiably."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from host._prelaunch import PRELAUNCH_SOCKET_WAIT, prelaunch
 from host.engine.engine import LABEL_RUN, ContainerLimits, owner_token
 from host.engine.http import EngineClient
+from host.runtime.prelaunch import PRELAUNCH_SOCKET_WAIT, prelaunch
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -16,8 +16,8 @@ from typing import Any
 import docker
 import pytest
 
-from host._runner import RunResult
 from host.audit.log import verify_audit
+from host.runtime.runner import RunResult
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -20,10 +20,10 @@ import docker
 import docker.errors
 import pytest
 
-from host._pool import PoolSettings
 from host.audit.log import verify_audit
 from host.engine.engine import LABEL_OWNER
 from host.packs.install import Lockfile
+from host.runtime.pool import PoolSettings
 from tests.support.cli import cli, json_out
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from host._rundir import run_root
 from host.engine.engine import (
     LABEL_OWNER,
     LABEL_RUN,
@@ -24,6 +23,7 @@ from host.engine.engine import (
     SOCKET_NAME,
     owner_token,
 )
+from host.runtime.rundir import run_root
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -11,9 +11,9 @@ import docker
 import docker.errors
 import pytest
 
-from host._rundir import make_run_dir
-from host._runner import SandboxHost
 from host.engine.engine import LABEL_OWNER, LABEL_RUN, LABEL_SLUG, owner_alive, owner_token
+from host.runtime.rundir import make_run_dir
+from host.runtime.runner import SandboxHost
 from tests.support.host_state import HostState
 
 pytestmark = pytest.mark.docker

@@ -19,11 +19,11 @@ from typing import Any
 import docker
 import pytest
 
-import host._wiring
-from host._runner import RunResult
+import host.runtime.wiring
 from host.audit.log import verify_audit
 from host.engine.engine import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR, EngineKind
 from host.engine.wrapper_env import wrapper_env
+from host.runtime.runner import RunResult
 from host.tools.gate import ToolGate
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
@@ -225,7 +225,7 @@ def _run(state: HostState, calls: list[Any], *, then: str = "", watch: _Watch | 
 @pytest.fixture
 def short_tool_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
     """Runs' gates give each tool call 3 s instead of 60."""
-    monkeypatch.setattr(host._wiring, "ToolGate", partial(ToolGate, tool_timeout=3.0))
+    monkeypatch.setattr(host.runtime.wiring, "ToolGate", partial(ToolGate, tool_timeout=3.0))
     return 3.0
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import docker
 import docker.errors
 
-from host._runner import SandboxHost
 from host.engine.engine import open_engine
 from host.packs.install import LABEL_PACK, LockEntry, install_pack
+from host.runtime.runner import SandboxHost
 from host.spec.config import load_config
 from host.spec.lockfile import Lockfile
 

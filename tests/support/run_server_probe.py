@@ -21,9 +21,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from host._session import RunSession, RunTask, build_run_server
 from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
+from host.runtime.session import RunSession, RunTask, build_run_server
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 
-from host._hostproc import HostSpec, host_wrapper_env
-from host._rundir import RunDir
 from host.core.errors import ConfigError
 from host.llm.broker import (
     MAX_ENV_FILE_BYTES,
@@ -36,6 +34,8 @@ from host.llm.broker import (
 from host.llm.budget import RetryPolicy
 from host.llm.toolcalls import MAX_TOOL_CALLS, MAX_TOOLS
 from host.policy.rules import LlmPolicy
+from host.runtime.backends.hostproc import HostSpec, host_wrapper_env
+from host.runtime.rundir import RunDir
 from host.spec.config import AgentLlmConfig, LlmHostConfig
 from host.tools.gate import _worker_env
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer

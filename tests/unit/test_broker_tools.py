@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from host import _wiring
 from host.llm import broker as _broker
 from host.llm.broker import Completion, LlmBroker, LlmRefusal, LlmSession, json_string_bytes
 from host.llm.budget import TOOL_PROMPT_TOKENS
@@ -37,6 +36,7 @@ from host.llm.toolcalls import (
     tool_definition,
 )
 from host.policy.rules import LlmPolicy, RunPolicy
+from host.runtime import wiring as _wiring
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack

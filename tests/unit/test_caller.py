@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from host._workload import MAX_LINE_BYTES, CappedSink
 from host.policy.caller import MAX_LABELS, CallerInfo, InvalidCaller
+from host.runtime.workload import MAX_LINE_BYTES, CappedSink
 
 
 def test_valid_metadata_is_kept_with_labels_sorted() -> None:

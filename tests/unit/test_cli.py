@@ -772,11 +772,11 @@ def fake_run(monkeypatch: pytest.MonkeyPatch, result: Any) -> None:
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr("host._runner.SandboxHost", FakeHost)
+    monkeypatch.setattr("host.runtime.runner.SandboxHost", FakeHost)
 
 
 def _run_result(**fields: Any) -> Any:
-    from host._runner import RunResult
+    from host.runtime.runner import RunResult
 
     base: dict[str, Any] = {"mode_used": "agent_sandbox", "run_id": "a" * 32, "duration_ms": 5}
     base["logs"] = HOSTILE

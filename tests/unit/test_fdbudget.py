@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from host._fdbudget import COUNT_MARGIN_FDS, COUNT_MAX_AGE_SECONDS, FdBudget, open_fds, raise_nofile_limit
 from host.core.errors import AuditReason, SandboxError
+from host.runtime.fdbudget import (
+    COUNT_MARGIN_FDS,
+    COUNT_MAX_AGE_SECONDS,
+    FdBudget,
+    open_fds,
+    raise_nofile_limit,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,7 +125,7 @@ def test_concurrent_admissions_never_overshoot() -> None:
 def test_the_soft_limit_is_raised_towards_the_hard_limit() -> None:
     code = (
         f"import resource, sys; sys.path.insert(0, {str(REPO)!r});"
-        "from host._fdbudget import raise_nofile_limit;"
+        "from host.runtime.fdbudget import raise_nofile_limit;"
         "print(raise_nofile_limit(4096), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
     out = subprocess.run(

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from host import _headstart
-from host._headstart import Headstart, begin, forget, load_record, plan, record_path, remember
-from host._rundir import made_for, run_dir_of
 from host.engine.engine import SOCKET_NAME, ContainerLimits, container_spec, create_body, owner_token
 from host.engine.launch import container_name
+from host.runtime import headstart as _headstart
+from host.runtime.headstart import Headstart, begin, forget, load_record, plan, record_path, remember
+from host.runtime.rundir import made_for, run_dir_of
 from tests.support.fake_engine import FakeEngine
 
 SLUG = "hs-agent"

@@ -20,11 +20,11 @@ import pytest
 from host._k8s_api import KubeApi
 from host._k8s_node import PackStore, serve_node
 from host._k8s_pod import pod_for
-from host._rundir import RunDir
 from host.core.errors import AuditReason, EngineError
 from host.engine.engine import owner_token
 from host.packs.install import Lockfile
 from host.policy.admission import admit
+from host.runtime.rundir import RunDir
 from tests.support.k8s import NAMESPACE, NODE, Cluster, cluster, eventually
 from tests.support.kubeapi import kube_api
 

@@ -17,9 +17,9 @@ from host._k8s_run import (
     run_request,
     status_for,
 )
-from host._result import RunResult
 from host.audit.log import AuditLog, run_record
 from host.core.errors import AuditReason, ConfigError
+from host.runtime.result import RunResult
 
 
 def agentrun(**spec: Any) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from host._outcome import EndFacts, Ending, name_outcome, watch
-from host._session import RunOutcome
 from host.core.errors import AuditReason
+from host.runtime.outcome import EndFacts, Ending, name_outcome, watch
+from host.runtime.session import RunOutcome
 
 
 class Clock:

@@ -1,5 +1,5 @@
-"""The run's end-of-output mark (host/_workload.py): found in each stream wherever frames split it, never
-kept, and the reason a result waits only until the output is in, not until the stream ends."""
+"""The run's end-of-output mark (host/runtime/workload.py): found in each stream wherever frames split it,
+never kept, and the reason a result waits only until the output is in, not until the stream ends."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from host._rundir import RunDir
-from host._session import RunSession
-from host._workload import (
+from host.runtime.rundir import RunDir
+from host.runtime.session import RunSession
+from host.runtime.workload import (
     CappedSink,
     Frame,
     OutputMarks,

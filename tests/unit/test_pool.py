@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-import host._pool
-from host._pool import PoolSettings, WarmPools
-from host._sandbox import SandboxSpec
+import host.runtime.pool
 from host.core.errors import SandboxError
 from host.engine.engine import ContainerLimits
+from host.runtime.backends.container import SandboxSpec
+from host.runtime.pool import PoolSettings, WarmPools
 
 WAIT = 10.0
 """How long any wait may take before the test fails (never reached when the pool works)."""
@@ -286,7 +286,7 @@ def test_a_refill_waits_for_the_claimed_run_to_settle(
     engine: Engine, make_pools: Callable[..., ObservedPools], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A launch keeps the host's cores busy: the refill starts once the claimed run has its result."""
-    monkeypatch.setattr(host._pool, "REFILL_DEFER_SECONDS", 60.0)  # only settled() can end the wait
+    monkeypatch.setattr(host.runtime.pool, "REFILL_DEFER_SECONDS", 60.0)  # only settled() can end the wait
     pools = make_pools(PoolSettings(size=1))
     s = spec()
     pools.want(s)
@@ -309,7 +309,7 @@ def test_a_refill_waits_for_the_claimed_run_to_settle(
 def test_a_run_that_never_settles_delays_its_refill_only_boundedly(
     engine: Engine, make_pools: Callable[..., ObservedPools], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(host._pool, "REFILL_DEFER_SECONDS", 0.05)
+    monkeypatch.setattr(host.runtime.pool, "REFILL_DEFER_SECONDS", 0.05)
     pools = make_pools(PoolSettings(size=2))
     s = spec()
     pools.want(s)
@@ -323,7 +323,7 @@ def test_a_run_that_never_settles_delays_its_refill_only_boundedly(
 def test_close_ends_a_deferred_refill_without_launching(
     engine: Engine, make_pools: Callable[..., ObservedPools], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(host._pool, "REFILL_DEFER_SECONDS", 60.0)
+    monkeypatch.setattr(host.runtime.pool, "REFILL_DEFER_SECONDS", 60.0)
     pools = make_pools(PoolSettings(size=1))
     s = spec()
     pools.want(s)
@@ -403,7 +403,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The filler's back-off sleeps, recorded instead of slept (the pool module's clock otherwise)."""
     asked: list[float] = []
     fake = types.SimpleNamespace(monotonic=time.monotonic, sleep=asked.append)
-    monkeypatch.setattr(host._pool, "time", fake)
+    monkeypatch.setattr(host.runtime.pool, "time", fake)
     return asked
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from host._prelaunch import Prelaunched, prelaunch
-from host._rundir import RunDir, run_root
 from host.engine.engine import ContainerLimits, owner_token
 from host.engine.http import EngineClient
 from host.engine.launch import SandboxSpec
 from host.policy.admission import Admission, admit
+from host.runtime.prelaunch import Prelaunched, prelaunch
+from host.runtime.rundir import RunDir, run_root
 from host.spec.config import load_config
 from host.spec.lockfile import LockEntry, Lockfile
 
@@ -83,7 +83,8 @@ def test_the_run_adopts_only_the_very_sandbox_it_would_start(env: dict[str, str]
     admission = _admission(env)
     pin, limits = "sha256:" + "b" * 64, ContainerLimits()
     assert _prelaunched(admission).serves(admission, pin=pin, limits=limits)
-    # a head start's container (host/_headstart.py) has no preload: its wrapper imports the entrypoint later
+    # a head start's container (host/runtime/headstart.py) has no preload: its wrapper imports the entrypoint
+    # later
     assert _prelaunched(admission, preload="").serves(admission, pin=pin, limits=limits)
     unfit: dict[str, dict[str, Any]] = {
         "pack version": {"artifact_hash": "e" * 64},

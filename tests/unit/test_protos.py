@@ -45,7 +45,7 @@ def test_wire_reason_is_exactly_the_generated_error_reason() -> None:
 
 
 def test_the_host_status_table_is_typed_and_total() -> None:
-    from host import _session
+    from host.runtime import session as _session
 
     assert set(_session._STATUS) == set(WireReason)
     assert all(type(reason) is WireReason for reason in _session._STATUS)

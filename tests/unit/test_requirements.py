@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from host._wiring import lookup_toolpack
 from host.core.errors import PackError
 from host.packs import requirements as rq
 from host.packs.install import LockEntry, Lockfile, install_pack, uninstall_pack, verify_volume, volume_name
@@ -35,6 +34,7 @@ from host.packs.requirements import (
     recorded_wheels,
     validate_requirement,
 )
+from host.runtime.wiring import lookup_toolpack
 from host.spec.config import ConfigPaths, config_paths
 from host.tools.gate import ResolvedTool, ToolRunner
 from sandbox_wrapper import _runner

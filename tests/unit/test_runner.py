@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from host._hostproc import HostBackend, HostSpec
-from host._result import RunResult
-from host._runner import SandboxHost
-from host._session import REPORT_HOLD_SECONDS, RunSession
-from host._workload import Teardowns, Workload
 from host.core.errors import AuditReason, EngineError
 from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import Admission
+from host.runtime.backends.hostproc import HostBackend, HostSpec
+from host.runtime.result import RunResult
+from host.runtime.runner import SandboxHost
+from host.runtime.session import REPORT_HOLD_SECONDS, RunSession
+from host.runtime.workload import Teardowns, Workload
 from host.spec.config import load_config
 
 AGENT = """

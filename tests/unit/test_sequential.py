@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from host._outcome import EndFacts, Ending, name_outcome
-from host._runner import SandboxHost
-from host._sequential import (
+from host.core.errors import AuditReason
+from host.packs.install import LockEntry, Lockfile
+from host.policy.rules import resolve_run_policy
+from host.runtime.backends.sequential import (
     CONSUMED_KWARGS,
     PipelineOutcome,
     evaluate_when,
@@ -29,10 +30,9 @@ from host._sequential import (
     run_pipeline,
     split_tool,
 )
-from host._session import RunOutcome
-from host.core.errors import AuditReason
-from host.packs.install import LockEntry, Lockfile
-from host.policy.rules import resolve_run_policy
+from host.runtime.outcome import EndFacts, Ending, name_outcome
+from host.runtime.runner import SandboxHost
+from host.runtime.session import RunOutcome
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, load_config
 from host.spec.manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest
 from tests.support.paths import REPO
@@ -624,8 +624,8 @@ def test_admission_refusals_stay_as_they_are(lab: Lab) -> None:
 
 def test_a_failed_runs_steps_completed_cross_the_admin_socket() -> None:
     from host._client import result_from
-    from host._result import RunResult
     from host._serve import report_from
+    from host.runtime.result import RunResult
 
     entry = {"name": "s", "tool": "t", "success": False, "duration_ms": 1.0, "skipped": False}
     steps = {"steps_completed": [entry]}

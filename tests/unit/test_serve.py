@@ -18,9 +18,9 @@ import pytest
 
 from host._client import RunnerClient
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host._runner import RunResult
 from host._serve import build_admin_server
 from host.policy.caller import CallerInfo, RunOverrides
+from host.runtime.runner import RunResult
 
 
 class FakeHost:

@@ -21,7 +21,9 @@ from typing import Any
 import grpc
 import pytest
 
-from host._session import (
+from host.llm.broker import LlmBroker, LlmSession
+from host.policy.rules import LlmPolicy, RunPolicy
+from host.runtime.session import (
     MAX_MESSAGE_BYTES,
     RefusalBudget,
     RunOutcome,
@@ -29,8 +31,6 @@ from host._session import (
     RunTask,
     build_run_server,
 )
-from host.llm.broker import LlmBroker, LlmSession
-from host.policy.rules import LlmPolicy, RunPolicy
 from host.spec.config import LlmHostConfig
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
@@ -274,7 +274,7 @@ def test_errors_proto_names_a_status_for_every_reason() -> None:
 
 
 def test_server_status_table_matches_errors_proto() -> None:
-    from host import _session
+    from host.runtime import session as _session
 
     assert _session._STATUS == PROTO_STATUS
 
@@ -803,7 +803,7 @@ MiB = 1 << 20
 @pytest.fixture
 def decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The request types the run servers decoded (our own decoding step, counted)."""
-    from host import _session
+    from host.runtime import session as _session
 
     seen: list[str] = []
     real = _session._decode
@@ -892,7 +892,7 @@ def test_refusals_before_decoding_need_no_decoding(env: Env, decodes: list[str])
 
 
 def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, decodes: list[str]) -> None:
-    from host._session import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
+    from host.runtime.session import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
     from host.tools.gate import MAX_REQUEST_BYTES
 
     fresh = env.start()
@@ -1002,7 +1002,7 @@ def test_any_report_past_the_state_checks_ends_the_run(
 def test_a_host_fault_while_reading_a_report_still_ends_the_run(
     env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from host import _session
+    from host.runtime import session as _session
 
     def broken(text: str, max_bytes: int) -> Any:
         raise RecursionError(HOST_SECRET)
@@ -1019,7 +1019,7 @@ def test_a_host_fault_while_reading_a_report_still_ends_the_run(
 def test_host_error_warnings_are_rate_limited_per_run(env: Env, caplog: pytest.LogCaptureFixture) -> None:
     """An agent that can provoke a HOST_ERROR cannot flood the host log: a few lines at once, then one a
     minute, each saying how many were not logged; every one is counted."""
-    from host._session import HOST_ERROR_LOG_BURST, HOST_ERROR_LOG_REFILL_PER_SECOND, RefusalBudget
+    from host.runtime.session import HOST_ERROR_LOG_BURST, HOST_ERROR_LOG_REFILL_PER_SECOND, RefusalBudget
 
     caplog.set_level(logging.WARNING, logger="agentnode.sandbox.session")
     now = [50.0]
@@ -1064,7 +1064,7 @@ def test_llm_input_counts_roles_and_overhead_on_the_wire(env: Env) -> None:
 
 
 def test_refusals_are_throttled_per_run_until_the_budget_refills(env: Env, decodes: list[str]) -> None:
-    from host._session import REFUSAL_BURST, REFUSAL_REFILL_PER_SECOND
+    from host.runtime.session import REFUSAL_BURST, REFUSAL_REFILL_PER_SECOND
 
     now = [1000.0]
     run = env.started(refusals=RefusalBudget(clock=lambda: now[0]))
@@ -1088,7 +1088,7 @@ def test_refusals_are_throttled_per_run_until_the_budget_refills(env: Env, decod
 
 
 def test_budget_and_state_refusals_do_not_drain_the_refusal_budget(env: Env) -> None:
-    from host._session import REFUSAL_BURST
+    from host.runtime.session import REFUSAL_BURST
 
     run = env.started(max_tool_calls=1, broker=env.broker({}))  # no provider configured on the host
     assert run.run_tool("word-tools", "echo", {}).success
@@ -1158,7 +1158,7 @@ def _outcome_of(call: Callable[[], Any]) -> Any:
 
 
 def test_a_connection_flood_is_bounded_before_the_handshake() -> None:
-    from host._session import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN
+    from host.runtime.session import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN
 
     with ServerProbe({}) as probe:
         base = probe.command("report")["fds"]
@@ -1223,7 +1223,7 @@ def test_non_finite_tool_arguments_never_reach_a_tool(env: Env, arguments: str) 
 
 
 def _with_tools(run: Run, env: Env) -> None:
-    """The run's catalog, as host/_wiring.py builds it: the allowlisted packs' declared tools."""
+    """The run's catalog, as host/runtime/wiring.py builds it: the allowlisted packs' declared tools."""
     from host.llm.toolcalls import build_catalog
 
     packs = [env.packs[slug] for slug in ("word-tools", "community-tools")]

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from host._toolsandbox import (
+from host.engine.engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
+from host.runtime.toolsandbox import (
     MAX_LIVE_SANDBOXES,
     MAX_STARTS_PER_PACK,
     ToolSandboxes,
     ToolSandboxLauncher,
 )
-from host._workload import Teardowns
-from host.engine.engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
+from host.runtime.workload import Teardowns
 from host.spec.config import load_config
 from host.spec.manifest import ToolpackManifest
 from host.tools.gate import (
@@ -508,7 +508,7 @@ def test_a_run_has_at_most_so_many_sandboxes(sandboxes: ToolSandboxes) -> None:
 def test_a_run_starts_at_most_so_many_sandboxes_in_all(
     sandboxes: ToolSandboxes, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("host._toolsandbox.MAX_STARTS_PER_RUN", 2)
+    monkeypatch.setattr("host.runtime.toolsandbox.MAX_STARTS_PER_RUN", 2)
     assert _call(sandboxes, "crash").error == "tool sandbox crashed"
     assert _call(sandboxes, "tick", slug="b").success
     refused = _call(sandboxes, "tick")

@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from host._hostproc import HostSpec, host_command, host_wrapper_env
-from host._rundir import RunDir
 from host.engine.engine import SOCKET_NAME, container_spec
+from host.runtime.backends.hostproc import HostSpec, host_command, host_wrapper_env
+from host.runtime.rundir import RunDir
 
 LOCATIONS = {"HOME", "PATH", "PYTHONPATH", "AGENTNODE_SOCKET", "AGENTNODE_IMPORT_ROOT"}
 """The only keys whose values may differ between backends: where things are."""

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from host._session import RunOutcome
 from host.core.errors import AuditReason
 from host.core.strictjson import loads_strict
 from host.core.vocab import Runtime
+from host.runtime.session import RunOutcome
 
 WATCH_TICK_SECONDS = 0.05
 """How often the workload is polled (cgroup counters, socket directory) while a run lasts."""

@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from host._rundir import make_run_dir
-from host._session import RunOutcome, RunSession
-from host._workload import Workload
 from host.core.errors import CallRefusal
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import WireReason
 from host.policy.admission import Admission
+from host.runtime.rundir import make_run_dir
+from host.runtime.session import RunOutcome, RunSession
+from host.runtime.workload import Workload
 from host.spec.manifest import OrchestrationStep
 from host.tools.gate import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
 from sandbox_wrapper import PROTOCOL_VERSION

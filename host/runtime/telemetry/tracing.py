@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from host._runaudit import RunFacts
+    from host.runtime.runaudit import RunFacts
 
 logger = logging.getLogger("agentnode.sandbox.tracing")
 

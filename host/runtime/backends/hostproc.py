@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import ClassVar
 
 from host._explain import host_copy_error
-from host._rundir import RunDir
-from host._session import RunSession
-from host._workload import Workload
 from host.core.vocab import HOST_TRUST, Trust
 from host.engine.wrapper_env import WRAPPER_ARGS, wrapper_env
 from host.policy.admission import Admission
+from host.runtime.rundir import RunDir
+from host.runtime.session import RunSession
+from host.runtime.workload import Workload
 
-_WRAPPER_CODE = str(Path(__file__).resolve().parent.parent)
+_WRAPPER_CODE = str(Path(__file__).resolve().parents[3])
 """Where the host's own copy of sandbox_wrapper is importable from."""
 
 

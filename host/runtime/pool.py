@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from host.core.errors import SandboxError
 
 if TYPE_CHECKING:  # annotations only: the Docker backend owns its pools
-    from host._sandbox import Sandbox, SandboxSpec
+    from host.runtime.backends.container import Sandbox, SandboxSpec
 
 logger = logging.getLogger("agentnode.sandbox.pool")
 

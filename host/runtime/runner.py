@@ -12,20 +12,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from host._fdbudget import FdBudget
-from host._hostproc import HostBackend
-from host._outcome import Ending, conclude, watch
-from host._pool import PoolSettings, WarmPools
-from host._result import RunResult, from_error, from_outcome, host_fault, withheld
-from host._runaudit import RunAudit, RunFacts
-from host._rundir import orphaned_runs, sweep_run_dirs
-from host._sandbox import DockerBackend
-from host._sequential import SequentialBackend
-from host._session import MAX_CONNECTIONS_PER_RUN, RunSession
-from host._toolsandbox import ToolSandboxLauncher
-from host._tracing import RunTracer
-from host._wiring import run_services, run_task
-from host._workload import Backend, Teardowns, Workload
 from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
@@ -34,13 +20,27 @@ from host.engine.http import EngineClient
 from host.llm.broker import LlmBroker
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
+from host.runtime.backends.container import DockerBackend
+from host.runtime.backends.hostproc import HostBackend
+from host.runtime.backends.sequential import SequentialBackend
+from host.runtime.fdbudget import FdBudget
+from host.runtime.outcome import Ending, conclude, watch
+from host.runtime.pool import PoolSettings, WarmPools
+from host.runtime.result import RunResult, from_error, from_outcome, host_fault, withheld
+from host.runtime.runaudit import RunAudit, RunFacts
+from host.runtime.rundir import orphaned_runs, sweep_run_dirs
+from host.runtime.session import MAX_CONNECTIONS_PER_RUN, RunSession
+from host.runtime.telemetry.tracing import RunTracer
+from host.runtime.toolsandbox import ToolSandboxLauncher
+from host.runtime.wiring import run_services, run_task
+from host.runtime.workload import Backend, Teardowns, Workload
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import Lockfile
 from host.tools.gate import ToolRunner
 
 if TYPE_CHECKING:
-    from host._metrics import HostMetrics
-    from host._prelaunch import Prelaunched
+    from host.runtime.prelaunch import Prelaunched
+    from host.runtime.telemetry.metrics import HostMetrics
 
 logger = logging.getLogger("agentnode.sandbox.runner")
 
@@ -102,11 +102,11 @@ class SandboxHost:
         self.teardowns = Teardowns(background=async_teardown)
         self.tool_sandboxes = ToolSandboxLauncher(self.docker, self.teardowns, self.config, self.env)
         self._active: dict[str, RunSession] = {}
-        # Counted at each run's end, from its audit facts (host/_metrics.py). A one-shot `run` process has no
-        # one to report to (metrics=False): prometheus-client is then never imported.
+        # Counted at each run's end, from its audit facts (host/runtime/telemetry/metrics.py). A one-shot
+        # `run` process has no one to report to (metrics=False): prometheus-client is then never imported.
         self.metrics: HostMetrics | None = None
         if metrics:
-            from host._metrics import HostMetrics  # noqa: PLC0415
+            from host.runtime.telemetry.metrics import HostMetrics  # noqa: PLC0415
 
             self.metrics = HostMetrics()
             self.metrics.watch(lambda: len(self._active), lambda: self.pools)
@@ -185,10 +185,11 @@ class SandboxHost:
         the run's effective policy. `defer(work)` takes the engine-heavy work that follows the result (a warm
         member's replacement may start, a background teardown is queued) to run once the result has reached
         its caller; by default it runs as the result is returned. `prelaunched` is a container a one-shot
-        `run` started for this run before the host was built (host/_prelaunch.py): adopted if it is the
+        `run` started for this run before the host was built (host/runtime/prelaunch.py): adopted if it is the
         sandbox this run would start, else left for the caller to discard.
         """
-        # a prelaunched container began the run (host/_prelaunch.py): its time counts, and the deadline's
+        # a prelaunched container began the run (host/runtime/prelaunch.py): its time counts, and the
+        # deadline's
         started = time.monotonic() if prelaunched is None else min(time.monotonic(), prelaunched.launched_at)
         run = RunFacts(started=started, on_stage=on_stage, on_log=on_log,
                        caller=caller or NO_CALLER)  # fmt: skip
@@ -250,7 +251,7 @@ class SandboxHost:
         with contextlib.suppress(Exception):
             self.fds.refresh()  # the descriptor count the next admission would otherwise take
         if run.warm and self.pools is not None:
-            self.pools.settled(run.run_id)  # its pool may refill now (host/_pool.py)
+            self.pools.settled(run.run_id)  # its pool may refill now (host/runtime/pool.py)
         if run.after_result is not None:
             try:
                 run.after_result()  # inline once the host closes: a failure keeps the result
@@ -325,9 +326,9 @@ class SandboxHost:
             if ending is not Ending.REPORTED:
                 work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
             # The last lines, for the result and a follower: an agent that returned has its output in once the
-            # wrapper's marks arrive (host/_workload.py), an exited one once its stream ends. A run that was
-            # stopped has no marks; a background teardown (serve) on Docker, whose stream carries output as it
-            # is written, answers without waiting for the container's end unless someone follows.
+            # wrapper's marks arrive (host/runtime/workload.py), an exited one once its stream ends. A run
+            # that was stopped has no marks; a background teardown (serve) on Docker, whose stream carries
+            # output as it is written, answers without waiting for the container's end unless someone follows.
             if ending in (Ending.REPORTED, Ending.EXITED):
                 work.settle_logs(_LOG_SETTLE_ENDED_SECONDS)
             elif not (self.teardowns.background and a.sandboxed) or run.on_log is not None or work.logs_lag:

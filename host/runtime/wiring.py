@@ -7,13 +7,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from host._session import RunTask
-from host._toolsandbox import ToolSandboxes
 from host.core.strictjson import dumps_strict
 from host.core.vocab import HOST_TRUST, Trust
 from host.llm.broker import LlmBroker, LlmSession
 from host.llm.toolcalls import ToolCatalog, build_catalog
 from host.policy.rules import RunPolicy
+from host.runtime.session import RunTask
+from host.runtime.toolsandbox import ToolSandboxes
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest, ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

@@ -102,7 +102,7 @@ def make_run_dir(run_id: str, owner: str, env: Mapping[str, str] | None = None) 
 def made_for(rundir: RunDir, owner: str) -> bool:
     """Is `rundir` a run directory as `make_run_dir` makes it for `owner`: a real directory (no link) of this
     user's, private, holding nothing yet, and its owner file (likewise this user's) naming `owner`? A
-    directory another process made (host/_headstart.py) is served only if it is."""
+    directory another process made (host/runtime/headstart.py) is served only if it is."""
     try:
         found, marker = os.lstat(rundir.path), os.lstat(rundir.owner_file)
         if not (stat.S_ISDIR(found.st_mode) and stat.S_ISREG(marker.st_mode)):

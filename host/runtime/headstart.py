@@ -1,9 +1,9 @@
 """A cold `run`'s container created and started from the request its last run sent, before any other import.
 
 A new `run` process spends ~100 ms importing and checking before it can ask the engine for its container
-(host/_prelaunch.py), and the engine then takes ~200 ms (runc) to start it. When the same command ran before
-with the same config, lockfile and environment, its create request is known: `remember` keeps it (with the
-run id, owner and socket directory as placeholders) in the config directory, and `begin` replays it on a
+(host/runtime/prelaunch.py), and the engine then takes ~200 ms (runc) to start it. When the same command ran
+before with the same config, lockfile and environment, its create request is known: `remember` keeps it (with
+the run id, owner and socket directory as placeholders) in the config directory, and `begin` replays it on a
 thread at the process's first step. Up to that request only builtin modules are imported (no `json`,
 `socket` or `threading`: their imports would come first); the CLI's imports and checks then overlap the
 engine's work.
@@ -11,8 +11,8 @@ engine's work.
 Nothing here is trusted. The replayed container has no preload, so its wrapper imports nothing of the pack:
 it waits for its socket, which the host serves only after it has admitted the run, verified the pin and
 the volume, and found that the request replayed is exactly the one it would send for this run
-(`host._prelaunch`). Any difference, a failure or a refusal removes the container (verified) and the run
-takes the usual path. A record is read only if this user owns it and its directory and no one else may
+(`host.runtime.prelaunch`). Any difference, a failure or a refusal removes the container (verified) and the
+run takes the usual path. A record is read only if this user owns it and its directory and no one else may
 write either: writing one takes what running `docker` takes. Bounded: a record is at most
 `MAX_RECORD_BYTES`, an engine answer at most `MAX_ANSWER_BYTES`.
 """
@@ -267,7 +267,7 @@ def _instantiate(
 
 class Headstart:
     """A container being created and started from a record, on a thread of its own; adopted by the host
-    (host/_prelaunch.py) or discarded (`discard`, verified removal)."""
+    (host/runtime/prelaunch.py) or discarded (`discard`, verified removal)."""
 
     def __init__(self, slug: str, runtime: str, record: Mapping[str, str]) -> None:
         self.slug, self.runtime = slug, runtime
@@ -280,7 +280,7 @@ class Headstart:
         self.error = ""
         self.started_ok = False
         self.adopted = False
-        """Taken by the run as its sandbox (host/_prelaunch.py): then never discarded."""
+        """Taken by the run as its sandbox (host/runtime/prelaunch.py): then never discarded."""
         self._settled = False
         per_run = {"name": self.name, "run_id": self.run_id, "owner": self.owner}
         self.rundir = _instantiate({"rundir": record["rundir"]}, rundir="", **per_run)["rundir"]
@@ -370,8 +370,8 @@ class Headstart:
         self._wait(self._finished, 2 * ENGINE_TIMEOUT_SECONDS + 1)
         from pathlib import Path  # noqa: PLC0415 (only for a discard, as below)
 
-        from host._rundir import RunDir  # noqa: PLC0415
         from host.engine.engine import open_engine, remove_and_verify  # noqa: PLC0415
+        from host.runtime.rundir import RunDir  # noqa: PLC0415
 
         try:
             client = open_engine({**os.environ, "DOCKER_HOST": f"unix://{self.engine_socket}"})  # its engine

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from host.core.errors import AuditReason, SandboxError
 
 if TYPE_CHECKING:  # (the admin client imports this module, and needs none of the run server's)
-    from host._outcome import Outcome
+    from host.runtime.outcome import Outcome
 
 
 @dataclass

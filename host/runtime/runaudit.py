@@ -38,7 +38,7 @@ class RunFacts:
     after_result: Callable[[], None] | None = None
     """Work the run's result need not wait for (a background teardown): done once the result is fixed."""
     release: Callable[[], None] | None = None
-    """Lets a held ReportResult answer go (host/_session.py, `hold_report`): called once the end record
+    """Lets a held ReportResult answer go (host/runtime/session.py, `hold_report`): called once the end record
     is written, and again (harmlessly) after the result."""
 
     def fix_id(self, run_id: str, *, warm: bool = False, placed: bool = True) -> None:

@@ -1,11 +1,12 @@
 """One run's tool sandboxes: each community tool pack the run calls gets a container of its own, started on
 its first call, reused for the run's later calls of that pack, and destroyed with the run.
 
-A tool sandbox is the Docker backend's container (host/_sandbox.py ToolSandbox: the agent's hardened profile,
-the run's runtime and image pin, the tool pack's own verified volume, its own socket) running the wrapper's
-tool-server mode; its calls cross a ToolLink (host/tools/link.py). The run's ToolGate decides every call as
-for a trusted pack and hands community ones here; replies become ToolOutcomes through the same `_outcome`
-as the host worker's, so results, errors, size caps and timeouts read the same on both paths.
+A tool sandbox is the Docker backend's container (host/runtime/backends/container.py ToolSandbox: the agent's
+hardened profile, the run's runtime and image pin, the tool pack's own verified volume, its own socket)
+running the wrapper's tool-server mode; its calls cross a ToolLink (host/tools/link.py). The run's ToolGate
+decides every call as for a trusted pack and hands community ones here; replies become ToolOutcomes through
+the same `_outcome` as the host worker's, so results, errors, size caps and timeouts read the same on both
+paths.
 
 Rules: one call at a time per sandbox (later calls of that pack queue, within their own timeout); a call's
 timeout covers a start it needs; a call that times out, or whose sandbox dies or breaks the protocol, fails
@@ -24,10 +25,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from host._sandbox import DockerBackend, ToolSandbox
-from host._workload import Teardowns
 from host.core.errors import ConfigError
 from host.core.strictjson import JsonRejected, dumps_strict
+from host.runtime.backends.container import DockerBackend, ToolSandbox
+from host.runtime.workload import Teardowns
 from host.spec.config import HostConfig, sandbox_enabled
 from host.spec.lockfile import Lockfile
 from host.tools.gate import MODE_TOOL_SANDBOX, InstalledToolpack, ResolvedTool, ToolOutcome, _outcome

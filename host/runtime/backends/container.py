@@ -11,9 +11,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from host._pool import PoolSettings, WarmPools
-from host._session import RunSession, build_run_server
-from host._workload import SocketServer, Workload
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host.engine.engine import (
     SANDBOX_GID,
@@ -41,12 +38,15 @@ from host.engine.launch import (
 )
 from host.engine.pin import verify_pinned_image
 from host.policy.admission import Admission
+from host.runtime.pool import PoolSettings, WarmPools
+from host.runtime.session import RunSession, build_run_server
+from host.runtime.workload import SocketServer, Workload
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest
 from host.tools.link import ToolLink
 
 if TYPE_CHECKING:
-    from host._prelaunch import Prelaunched
+    from host.runtime.prelaunch import Prelaunched
 
 logger = logging.getLogger("agentnode.sandbox.sandbox")
 
@@ -135,10 +135,10 @@ class Sandbox(Workload):
         session: RunSession,
         run_info: Mapping[str, object] | None = None,
     ) -> Self:
-        """Serve the socket of a container already started (host/_prelaunch.py), whose wrapper is waiting for
-        it: the crash record first, then the server, then the socket handed to the container's user. A
-        failure tears the container down before the error rises. `client` (the host's) serves it from here:
-        the prelaunch's own is closed."""
+        """Serve the socket of a container already started (host/runtime/prelaunch.py), whose wrapper is
+        waiting for it: the crash record first, then the server, then the socket handed to the container's
+        user. A failure tears the container down before the error rises. `client` (the host's) serves it from
+        here: the prelaunch's own is closed."""
         early.adopted = True
         early.client.close()
         rundir = early.rundir

@@ -19,8 +19,8 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from host._rundir import RunDir, make_run_dir
-from host._session import RunSession, build_run_server
+from host.runtime.rundir import RunDir, make_run_dir
+from host.runtime.session import RunSession, build_run_server
 
 if TYPE_CHECKING:
     from host.policy.admission import Admission
@@ -234,7 +234,7 @@ class Workload:
     session: RunSession
     rundir: RunDir
     server: SocketServer | None
-    """The run's socket server; None for a workload that serves no socket (host/_sequential.py)."""
+    """The run's socket server; None for a workload that serves no socket (runtime/backends/sequential.py)."""
     launched_at: float = field(default_factory=time.monotonic)
     sink: CappedSink = field(default_factory=CappedSink)
     exit_info: dict[str, Any] = field(default_factory=dict)

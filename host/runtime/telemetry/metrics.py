@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from host._pool import WarmPools
-    from host._runaudit import RunFacts
+    from host.runtime.pool import WarmPools
+    from host.runtime.runaudit import RunFacts
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 """Histogram buckets from a warm run's milliseconds to the longest runtime a manifest may ask for."""

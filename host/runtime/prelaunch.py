@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from host._headstart import Headstart, forget, remember
-from host._rundir import RunDir, made_for, make_run_dir, run_dir_of
 from host.engine.engine import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -51,6 +49,8 @@ from host.engine.launch import (
 )
 from host.engine.pin import verify_pinned_image
 from host.policy.admission import Admission, admit
+from host.runtime.headstart import Headstart, forget, remember
+from host.runtime.rundir import RunDir, made_for, make_run_dir, run_dir_of
 from host.spec.config import load_config
 from host.spec.lockfile import Lockfile
 
@@ -119,8 +119,8 @@ def prelaunch(
     start. Begun earlier, it would compete with the checks and the create for the interpreter's lock, each
     engine answer waiting for it (measured: ~+50 ms before the start under runc).
 
-    `headstart` is the container this process started from the command's record (host/_headstart.py): it is
-    taken if it is exactly the sandbox verified here, else removed; either way it is settled on return.
+    `headstart` is the container this process started from the command's record (host/runtime/headstart.py):
+    it is taken if it is exactly the sandbox verified here, else removed; either way it is settled on return.
     """
     try:
         return _prelaunch(slug, runtime=runtime, owner=owner, env=env, limits=limits, starting=starting,
@@ -223,7 +223,7 @@ def _once(work: Callable[[], None]) -> Callable[[], None]:
 
 def _replayable(spec: SandboxSpec, *, client: EngineClient, run_id: str, owner: str, rundir: RunDir,
                 name: str) -> tuple[dict[str, Any], str, str]:  # fmt: skip
-    """What a head start of `spec` sends for run `run_id` (host/_headstart.py): its create body, create
+    """What a head start of `spec` sends for run `run_id` (host/runtime/headstart.py): its create body, create
     target and start target. No preload: nothing of the pack is imported before the host has verified it."""
     keywords = sandbox_keywords(
         dataclasses.replace(spec, preload=""), run_id=run_id, name=name, owner=owner,

@@ -163,7 +163,8 @@ class RunTask:
 
 @dataclass
 class RunOutcome:
-    """What the wrapper (or a host-side runner: host/_sequential.py) reported: a JSON value or a failure."""
+    """What the wrapper (or a host-side runner: host/runtime/backends/sequential.py) reported: a JSON value or
+    a failure."""
 
     value_json: str | None = None
     failure_code: str = ""
@@ -254,7 +255,7 @@ class RunSession:
     released: threading.Event = field(default_factory=threading.Event)
     output_mark: bytes = b""
     """What the wrapper writes to each output stream once the agent returned (FetchTask hands it over);
-    set by a workload that reads the output (host/_workload.py), empty where nothing looks for it."""
+    set by a workload that reads the output (host/runtime/workload.py), empty where nothing looks for it."""
     _fetching: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _host_error_log: RefusalBudget = field(init=False)
@@ -281,8 +282,8 @@ class RunSession:
             return unlogged
 
     def listen_logs(self, listener: Callable[[str], None] | None) -> None:
-        """Where the agent's output lines go as they are written (host/_workload.py feeds `log_line`); lines
-        written before a listener is set (a warm member's boot) are kept in the logs only."""
+        """Where the agent's output lines go as they are written (host/runtime/workload.py feeds `log_line`);
+        lines written before a listener is set (a warm member's boot) are kept in the logs only."""
         self._log_listener = listener
 
     def log_line(self, line: str) -> None:
