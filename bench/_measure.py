@@ -27,8 +27,8 @@ from bench._plan import CALL_ROUNDS
 from bench._report import CODE_ROOT, TOOL_SANDBOX_STAGES
 from bench._state import BENCH_LABEL, FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, ratio, summary
-from host._client import RunnerClient
 from host.aio import AsyncRunnerClient
+from host.api.client import RunnerClient
 from host.audit.log import AuditLog, run_record
 from host.engine.engine import (
     LABEL_RUN,

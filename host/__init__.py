@@ -11,7 +11,7 @@ TYPE_CHECKING = False  # not typing's: importing typing costs ~3 ms of every com
 if TYPE_CHECKING:
     from typing import Any
 
-    from host._client import RunnerClient
+    from host.api.client import RunnerClient
     from host.core.errors import (
         AuditReason,
         ConfigError,
@@ -33,7 +33,7 @@ _EXPORTS = {
     "SandboxError": "host.core.errors",
     "RunResult": "host.runtime.runner",
     "SandboxHost": "host.runtime.runner",
-    "RunnerClient": "host._client",
+    "RunnerClient": "host.api.client",
 }
 
 __all__ = [

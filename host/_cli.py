@@ -381,7 +381,7 @@ def _import_the_host() -> None:
 def _run_on_serve(client: Any, args: argparse.Namespace, kwargs: dict[str, Any], caller: Any,
                   limits: Any) -> RunResult:  # fmt: skip
     """The run on a `serve` host through `client` (a RunnerClient); --follow streams its lines."""
-    from host._events import RunFinished, RunLog
+    from host.api.events import RunFinished, RunLog
 
     if not args.follow:
         result: RunResult = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
@@ -423,7 +423,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         socket_path = args.via or found
         served: RunResult | None = None
         if socket_path is not None:
-            from host._client import RunnerClient
+            from host.api.client import RunnerClient
 
             with RunnerClient(socket_path, connect_timeout=SERVE_PROBE_SECONDS if found else 5.0) as client:
                 try:
@@ -496,7 +496,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return serve_node(os.environ)
 
-    from host._serve import parse_address, serve
+    from host.api.server import parse_address, serve
     from host.spec.config import load_config
 
     drain_seconds = DEFAULT_DRAIN_SECONDS if args.drain_seconds is None else args.drain_seconds
@@ -1081,7 +1081,7 @@ def _forward(args: argparse.Namespace, raw: list[str], via: str) -> int:
     """This command line, run by the `serve` host at `via` (RunAdminCommand); its output is printed as the
     host's CLI printed it (already escaped there). Global options stay here; the command's own go along,
     without --via, and the paths it names are made absolute (the socket means the same machine)."""
-    from host._client import RunnerClient
+    from host.api.client import RunnerClient
 
     if os.environ.get(ADMIN_CHILD_VARIABLE):
         raise _UsageError("--via cannot be used by a command the host itself runs for its admin socket")
@@ -1104,7 +1104,7 @@ def _forward(args: argparse.Namespace, raw: list[str], via: str) -> int:
 
 
 ADMIN_COMMANDS = frozenset({"install", "uninstall", "list", "doctor", "policy"})
-"""Commands that `--via SOCKET` runs on a `serve` host (host/_serve.py's RunAdminCommand)."""
+"""Commands that `--via SOCKET` runs on a `serve` host (host/api/server.py's RunAdminCommand)."""
 ADMIN_CHILD_VARIABLE = "AGENTNODE_ADMIN_CHILD"
 """Set in the environment of a command the host runs for its admin socket: such a command never forwards."""
 

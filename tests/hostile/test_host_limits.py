@@ -15,7 +15,7 @@ from typing import Any
 import docker
 import pytest
 
-from host._client import RunnerClient
+from host.api.client import RunnerClient
 from host.audit.log import verify_audit
 from host.core.errors import ManifestError
 from host.engine.engine import LABEL_RUN, LABEL_SLUG

@@ -373,8 +373,9 @@ RUN_NEEDS_NOT = (
     "docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
     "opentelemetry", "kubernetes", "kopf", "host.packs.install", "host.engine.image",
     "host.packs.requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
-    "host._serve", "host._client", "host._k8s_client", "host._k8s_api", "host.runtime.telemetry.metrics",
-    "host._doctor", "host.packs.scaffold", "host.aio", "yaml", "packaging.requirements"
+    "host.api.server", "host.api.client", "host._k8s_client", "host._k8s_api",
+    "host.runtime.telemetry.metrics", "host._doctor", "host.packs.scaffold", "host.aio", "host.api.aio",
+    "yaml", "packaging.requirements"
 )  # fmt: skip
 IMPORT_PROBE = """
 import contextlib, io, json, sys

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from host._serve import build_admin_server
 from host.aio import AsyncRunnerClient, RunFinished, RunLog, RunStarted
+from host.api.server import build_admin_server
 from host.core.errors import EngineError, InvalidRequest
 from host.policy.caller import CallerInfo
 from tests.unit.test_serve import FakeHost

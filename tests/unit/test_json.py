@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import grpc
 import pytest
 
-from host._serve import _kwargs, report_from
+from host.api.server import _kwargs, report_from
 from host.core.strictjson import DEFAULT_MAX_DEPTH, JsonRejected, check_finite, dumps_strict, loads_strict
 from host.runtime.runner import RunResult
 

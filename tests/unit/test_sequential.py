@@ -623,8 +623,8 @@ def test_admission_refusals_stay_as_they_are(lab: Lab) -> None:
 
 
 def test_a_failed_runs_steps_completed_cross_the_admin_socket() -> None:
-    from host._client import result_from
-    from host._serve import report_from
+    from host.api.client import result_from
+    from host.api.server import report_from
     from host.runtime.result import RunResult
 
     entry = {"name": "s", "tool": "t", "success": False, "duration_ms": 1.0, "skipped": False}

@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from host._client import RunnerClient
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host._serve import build_admin_server
+from host.api.client import RunnerClient
+from host.api.server import build_admin_server
 from host.policy.caller import CallerInfo, RunOverrides
 from host.runtime.runner import RunResult
 
@@ -172,7 +172,7 @@ def test_cancel_of_an_unknown_run_is_an_answer_not_an_error(admin: tuple[FakeHos
 
 
 def test_a_metrics_address_is_host_and_port() -> None:
-    from host._serve import parse_address
+    from host.api.server import parse_address
 
     assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
     assert parse_address(":9464") == ("127.0.0.1", 9464)  # opt-in, and local unless told otherwise

@@ -1,6 +1,6 @@
 """A Python client for the long-running host's admin socket (what `run --via SOCKET` uses); blocking.
 
-`host.aio` is the asyncio twin; both speak through host/_events.py, so they map the wire the same way.
+`host.aio` is the asyncio twin; both speak through host/api/events.py, so they map the wire the same way.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 
-from host._events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields, result_from, rpc_error
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
+from host.api.events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields, result_from, rpc_error
 from host.core.errors import AuditReason, EngineError
 from host.policy.caller import CallerInfo, RunOverrides
 from host.runtime.result import RunResult
@@ -116,7 +116,7 @@ class RunnerClient:
         caller: CallerInfo | None = None,
         limits: RunOverrides | None = None,
     ) -> Iterator[RunEvent]:
-        """Run an agent, yielding its events (host/_events.py): RunStarted, RunStage and RunLog as they
+        """Run an agent, yielding its events (host/api/events.py): RunStarted, RunStage and RunLog as they
         happen, then RunFinished with the result. Closing the iterator early cancels the run."""
         request = runner_pb2.StreamRunRequest(**request_fields(
             slug, goal, kwargs, runtime, caller, limits=limits
