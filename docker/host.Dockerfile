@@ -1,6 +1,6 @@
 # The agentnode-sandbox HOST image: the Kubernetes controller (`k8s-controller`) and node agent
 # (`serve --node`) of deploy/, where it is named agentnode-sandbox:0.1.0 (HOST_IMAGE in
-# host/_k8s_objects.py) and overridden with kustomize's `images:`. It is NOT the sandbox image the agents
+# host/k8s/objects.py) and overridden with kustomize's `images:`. It is NOT the sandbox image the agents
 # run in (docker/Dockerfile, built by `agentnode-sandbox image build`).
 #
 # Build it from a checkout with a context of only what the install needs (no .venv, .state or .git):
@@ -20,7 +20,7 @@ COPY sandbox_wrapper ./sandbox_wrapper
 COPY docker ./docker
 RUN python3 -m venv /opt/agentnode \
  && /opt/agentnode/bin/pip install --no-cache-dir --disable-pip-version-check ".[llm,kubernetes]" \
- && /opt/agentnode/bin/python -c "import host._k8s_controller, host._k8s_node, host._k8s_client" \
+ && /opt/agentnode/bin/python -c "import host.k8s.controller, host.k8s.node, host.k8s.client" \
  && /opt/agentnode/bin/agentnode-sandbox --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

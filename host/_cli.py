@@ -238,16 +238,16 @@ def _check_backend(args: argparse.Namespace) -> None:
     if args.runtime not in (None, Runtime.RUNSC.value, Runtime.RUNC.value):
         raise _UsageError(f"--runtime {args.runtime} cannot be used with --backend kubernetes (runsc, runc)")
     if args.wait_seconds is not None:
-        from host._k8s_client import MAX_WAIT_SECONDS
+        from host.k8s.client import MAX_WAIT_SECONDS
 
         if not 0 < args.wait_seconds <= MAX_WAIT_SECONDS:  # NaN fails this too
             raise _UsageError(f"--wait-seconds must be more than 0 and at most {MAX_WAIT_SECONDS}")
 
 
 def _run_on_kubernetes(args: argparse.Namespace, kwargs: dict[str, Any], caller: Any) -> RunResult:
-    """Submit the run as an AgentRun and wait for its end (host/_k8s_client.py); Ctrl-C deletes it and
+    """Submit the run as an AgentRun and wait for its end (host/k8s/client.py); Ctrl-C deletes it and
     raises RunCancelled with the cancelled run's object."""
-    from host._k8s_client import (
+    from host.k8s.client import (
         DEFAULT_NAMESPACE,
         DEFAULT_WAIT_SECONDS,
         InvalidAgentRun,
@@ -411,7 +411,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exit_code = EXIT_OK
     path = args.path_taken = RUN_PATH_LOCAL  # the error object of a failed run names it too
     if args.backend == "kubernetes":
-        from host._k8s_client import RunCancelled
+        from host.k8s.client import RunCancelled
 
         path = args.path_taken = RUN_PATH_KUBERNETES
         try:
@@ -492,7 +492,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for dest, flag in SERVE_LOCAL_ONLY:
             if _given(getattr(args, dest)):
                 raise _UsageError(f"{flag} cannot be used with --node (the node agent has no admin socket)")
-        from host._k8s_node import serve_node
+        from host.k8s.node import serve_node
 
         return serve_node(os.environ)
 
@@ -522,7 +522,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s_controller(args: argparse.Namespace) -> int:
-    from host._k8s_client import is_dns_label
+    from host.k8s.client import is_dns_label
 
     namespaces = tuple(dict.fromkeys(args.namespace or ()))
     for namespace in namespaces:
@@ -532,7 +532,7 @@ def cmd_k8s_controller(args: argparse.Namespace) -> int:
         raise _UsageError("--namespace and --all-namespaces cannot be used together")
     if args.json:
         raise _UsageError("--json cannot be used with k8s-controller (it prints no JSON: it logs on stderr)")
-    from host._k8s_controller import run_controller
+    from host.k8s.controller import run_controller
 
     # Neither option: every namespace, as the deployed controller runs it (no options, a ClusterRole).
     return run_controller(os.environ, namespaces=namespaces, clusterwide=not namespaces)

@@ -373,7 +373,7 @@ RUN_NEEDS_NOT = (
     "docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
     "opentelemetry", "kubernetes", "kopf", "host.packs.install", "host.engine.image",
     "host.packs.requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
-    "host.api.server", "host.api.client", "host._k8s_client", "host._k8s_api",
+    "host.api.server", "host.api.client", "host.k8s.client", "host.k8s.api",
     "host.runtime.telemetry.metrics", "host._doctor", "host.packs.scaffold", "host.aio", "host.api.aio",
     "yaml", "packaging.requirements"
 )  # fmt: skip

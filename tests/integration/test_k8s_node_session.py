@@ -18,9 +18,9 @@ import docker
 import docker.errors
 import pytest
 
-from host._k8s_api import KubeApi
-from host._k8s_node import PackStore, serve_node
 from host.engine.engine import LABEL_OWNER, owner_token
+from host.k8s.api import KubeApi
+from host.k8s.node import PackStore, serve_node
 from tests.support.k8s import NAMESPACE, Cluster, cluster, docker_kwargs_for_pod, eventually
 from tests.support.kubeapi import kube_api
 

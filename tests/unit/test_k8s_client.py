@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from host._cli import main
-from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
-from host._k8s_client import (
+from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired
+from host.k8s.client import (
     DEFAULT_WAIT_SECONDS,
     InvalidAgentRun,
     RunCancelled,
@@ -30,8 +30,8 @@ from host._k8s_client import (
     run_result,
     submit_and_wait,
 )
-from host._k8s_objects import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
-from host._k8s_run import result_json
+from host.k8s.objects import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
+from host.k8s.run import result_json
 from host.policy.caller import CallerInfo
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.k8s import eventually as poll
@@ -578,7 +578,7 @@ def test_serve_node_runs_the_node_agent_with_the_environment(
         calls.append(env)
         return 3
 
-    monkeypatch.setattr("host._k8s_node.serve_node", serve_node)
+    monkeypatch.setattr("host.k8s.node.serve_node", serve_node)
     assert main(["serve", "--node"]) == 3
     assert calls == [os.environ]
 
@@ -603,6 +603,6 @@ def test_k8s_controller_runs_the_controller(
         calls.append((env, namespaces, clusterwide))
         return 0
 
-    monkeypatch.setattr("host._k8s_controller.run_controller", run_controller)
+    monkeypatch.setattr("host.k8s.controller.run_controller", run_controller)
     assert main(["k8s-controller", *args]) == 0
     assert calls == [(os.environ, namespaces, clusterwide)]

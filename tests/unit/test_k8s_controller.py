@@ -20,8 +20,9 @@ from typing import Any
 import kopf
 import pytest
 
-from host._k8s_api import KubeApi, KubeError
-from host._k8s_controller import (
+from host.core.errors import AuditReason
+from host.k8s.api import KubeApi, KubeError
+from host.k8s.controller import (
     LOST,
     NOTHING,
     POD_SELECTOR,
@@ -34,9 +35,8 @@ from host._k8s_controller import (
     quiet_kopf_logging,
     run_controller,
 )
-from host._k8s_objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, agentrun, pod_mismatches
-from host._k8s_pod import pod_for
-from host.core.errors import AuditReason
+from host.k8s.objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, agentrun, pod_mismatches
+from host.k8s.pod import pod_for
 from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import admit
 from host.spec.config import load_config

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from host._k8s_api import KubeApi
-from host._k8s_node import PackStore, serve_node
-from host._k8s_pod import pod_for
 from host.core.errors import AuditReason, EngineError
 from host.engine.engine import owner_token
+from host.k8s.api import KubeApi
+from host.k8s.node import PackStore, serve_node
+from host.k8s.pod import pod_for
 from host.packs.install import Lockfile
 from host.policy.admission import admit
 from host.runtime.rundir import RunDir

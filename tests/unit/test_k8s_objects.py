@@ -1,4 +1,4 @@
-"""The Kubernetes objects (host/_k8s_objects.py), checked offline: valid against the bundled API schemas of
+"""The Kubernetes objects (host/k8s/objects.py), checked offline: valid against the bundled API schemas of
 current Kubernetes versions, hardened field by field, compared against tampered pods, and deploy/ never
 drifting from what the code renders."""
 
@@ -16,7 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from host._k8s_objects import (
+from host.engine.engine import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
+from host.engine.wrapper_env import WRAPPER_ARGS
+from host.k8s.objects import (
     API_VERSION,
     CONTROLLER_NAME,
     KIND,
@@ -44,8 +46,6 @@ from host._k8s_objects import (
     quantity_cpu,
     run_pod,
 )
-from host.engine.engine import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
-from host.engine.wrapper_env import WRAPPER_ARGS
 from host.policy.caller import MAX_LABELS, CallerInfo
 from tests.support.paths import REPO
 

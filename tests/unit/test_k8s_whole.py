@@ -15,9 +15,9 @@ import kopf
 import pytest
 
 from host._cli import main
-from host._k8s_api import KubeApi
-from host._k8s_controller import Controller, build_registry, operator_settings
-from host._k8s_node import PackStore, serve_node
+from host.k8s.api import KubeApi
+from host.k8s.controller import Controller, build_registry, operator_settings
+from host.k8s.node import PackStore, serve_node
 from tests.support.k8s import NAMESPACE, NODE, Cluster, cluster, eventually
 from tests.support.kubeapi import kube_api
 

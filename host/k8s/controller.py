@@ -14,9 +14,13 @@ from typing import Any, Final
 
 import kopf
 
-from host._k8s_api import KubeApi, KubeError, Ref
-from host._k8s_node import HostRoutesRefused
-from host._k8s_objects import (
+from host.audit.log import AuditLog
+from host.core.errors import AuditReason, EngineError, SandboxError
+from host.core.logs import set_run_id
+from host.core.terminal import safe_line
+from host.k8s.api import KubeApi, KubeError, Ref
+from host.k8s.node import HostRoutesRefused
+from host.k8s.objects import (
     GROUP,
     LABEL_ROLE,
     MAX_ERROR_CHARS,
@@ -28,8 +32,8 @@ from host._k8s_objects import (
     pod_mismatches,
     pod_name,
 )
-from host._k8s_pod import pod_for
-from host._k8s_run import (
+from host.k8s.pod import pod_for
+from host.k8s.run import (
     TERMINAL_PHASES,
     RunRequest,
     audit_digest,
@@ -37,10 +41,6 @@ from host._k8s_run import (
     refusal_status,
     run_request,
 )
-from host.audit.log import AuditLog
-from host.core.errors import AuditReason, EngineError, SandboxError
-from host.core.logs import set_run_id
-from host.core.terminal import safe_line
 from host.packs.install import Lockfile
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER

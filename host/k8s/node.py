@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired
-from host._k8s_objects import (
+from host.core.errors import AuditReason, EngineError, SandboxError
+from host.engine.engine import SANDBOX_GID, SANDBOX_UID, owner_token
+from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired
+from host.k8s.objects import (
     LABEL_ROLE,
     PACK_HOST_DIR,
     ROLE_AGENT_RUN,
@@ -34,8 +36,8 @@ from host._k8s_objects import (
     RUN_HOST_DIR,
     pod_mismatches,
 )
-from host._k8s_pod import pod_for
-from host._k8s_run import (
+from host.k8s.pod import pod_for
+from host.k8s.run import (
     TERMINAL_PHASES,
     audit_digest,
     controller_owner,
@@ -43,8 +45,6 @@ from host._k8s_run import (
     run_request,
     status_for,
 )
-from host.core.errors import AuditReason, EngineError, SandboxError
-from host.engine.engine import SANDBOX_GID, SANDBOX_UID, owner_token
 from host.packs.install import SKIP_DIRS, SKIP_SUFFIXES, LockEntry, artifact_hash
 from host.policy.admission import Admission
 from host.runtime.result import RunResult

@@ -24,8 +24,10 @@ from typing import Any
 
 from kubernetes import config as k8s_config
 
-from host._k8s_api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
-from host._k8s_objects import (
+from host.core.errors import AuditReason
+from host.core.vocab import Runtime
+from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
+from host.k8s.objects import (
     MAX_AGENTRUN_NAME_CHARS,
     MAX_ERROR_CHARS,
     MAX_GOAL_CHARS,
@@ -37,10 +39,8 @@ from host._k8s_objects import (
     agentrun,
     is_dns_label,
 )
-from host._k8s_pod import POD_START_GRACE_SECONDS
-from host._k8s_run import RUN_PATH, TERMINAL_PHASES, result_json
-from host.core.errors import AuditReason
-from host.core.vocab import Runtime
+from host.k8s.pod import POD_START_GRACE_SECONDS
+from host.k8s.run import RUN_PATH, TERMINAL_PHASES, result_json
 from host.policy.caller import CallerInfo
 from host.spec.config import DEFAULT_MAX_RUNTIME_SECONDS
 from host.spec.manifest import SLUG_RE

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from host._k8s_objects import PodInputs, run_pod
 from host.core.errors import AuditReason, EngineError
 from host.core.vocab import Runtime
 from host.engine.engine import PACK_DIR_IN_CONTAINER, ContainerLimits
+from host.k8s.objects import PodInputs, run_pod
 from host.policy.admission import Admission
 from host.spec.config import HostConfig
 

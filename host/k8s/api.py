@@ -19,8 +19,8 @@ import urllib3.exceptions
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from host._k8s_objects import GROUP, PLURAL, VERSION
 from host.core.errors import AuditReason, EngineError
+from host.k8s.objects import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger("agentnode.sandbox.kubernetes")
 

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host._k8s_objects import (
+from host.core.errors import AuditReason, ConfigError
+from host.core.strictjson import JsonRejected, loads_strict
+from host.core.terminal import safe_line
+from host.core.vocab import Runtime
+from host.k8s.objects import (
     API_VERSION,
     KIND,
     MAX_ERROR_CHARS,
@@ -23,10 +27,6 @@ from host._k8s_objects import (
     MAX_KWARGS_JSON_CHARS,
     MAX_RESULT_JSON_CHARS,
 )
-from host.core.errors import AuditReason, ConfigError
-from host.core.strictjson import JsonRejected, loads_strict
-from host.core.terminal import safe_line
-from host.core.vocab import Runtime
 from host.policy.caller import CallerInfo, InvalidCaller
 from host.runtime.result import RunResult
 from host.spec.manifest import SLUG_RE
