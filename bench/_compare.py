@@ -164,12 +164,110 @@ class Worker:
                     pipe.close()
 
 
+FLAT_NAMES = {
+    "host.api.client": "host._client",
+    "host.api.events": "host._events",
+    "host.api.server": "host._serve",
+    "host.audit.log": "host._audit",
+    "host.cli.completion": "host._completion",
+    "host.cli.doctor": "host._doctor",
+    "host.cli.explain": "host._explain",
+    "host.cli.main": "host._cli",
+    "host.core.calltrace": "host._calltrace",
+    "host.core.errors": "host._errors",
+    "host.core.logs": "host._logs",
+    "host.core.owner": "host._owner",
+    "host.core.paths": "host._paths",
+    "host.core.strictjson": "host._json",
+    "host.core.strictyaml": "host._yaml",
+    "host.core.terminal": "host._terminal",
+    "host.core.vocab": "host._vocab",
+    "host.engine.engine": "host._engine",
+    "host.engine.http": "host._engine_http",
+    "host.engine.image": "host._image",
+    "host.engine.launch": "host._launch",
+    "host.engine.pin": "host._pin",
+    "host.engine.sdk": "host._engine_sdk",
+    "host.engine.seccomp": "host._seccomp",
+    "host.engine.tararchive": "host._tararchive",
+    "host.engine.volumes": "host._volumes",
+    "host.engine.wrapper_env": "host._wrapper_env",
+    "host.k8s.api": "host._k8s_api",
+    "host.k8s.client": "host._k8s_client",
+    "host.k8s.controller": "host._k8s_controller",
+    "host.k8s.node": "host._k8s_node",
+    "host.k8s.objects": "host._k8s_objects",
+    "host.k8s.pod": "host._k8s_pod",
+    "host.k8s.run": "host._k8s_run",
+    "host.llm.broker": "host._broker",
+    "host.llm.budget": "host._budget",
+    "host.llm.toolcalls": "host._llmtools",
+    "host.packs.install": "host._packs",
+    "host.packs.requirements": "host._requirements",
+    "host.packs.scaffold": "host._scaffold",
+    "host.policy.admission": "host._admission",
+    "host.policy.caller": "host._caller",
+    "host.policy.rules": "host._policy",
+    "host.runtime.backends.container": "host._sandbox",
+    "host.runtime.backends.hostproc": "host._hostproc",
+    "host.runtime.backends.sequential": "host._sequential",
+    "host.runtime.fdbudget": "host._fdbudget",
+    "host.runtime.headstart": "host._headstart",
+    "host.runtime.outcome": "host._outcome",
+    "host.runtime.pool": "host._pool",
+    "host.runtime.prelaunch": "host._prelaunch",
+    "host.runtime.result": "host._result",
+    "host.runtime.runaudit": "host._runaudit",
+    "host.runtime.rundir": "host._rundir",
+    "host.runtime.runner": "host._runner",
+    "host.runtime.session": "host._session",
+    "host.runtime.telemetry.metrics": "host._metrics",
+    "host.runtime.telemetry.tracing": "host._tracing",
+    "host.runtime.toolsandbox": "host._toolsandbox",
+    "host.runtime.wiring": "host._wiring",
+    "host.runtime.workload": "host._workload",
+    "host.spec.config": "host._config",
+    "host.spec.lockfile": "host._lockfile",
+    "host.spec.manifest": "host._manifest",
+    "host.spec.wheels": "host._wheels",
+    "host.tools.gate": "host._tools",
+    "host.tools.link": "host._toollink",
+}
+"""The module names host/ had before it became sub-packages (issue 36): under --compare against a revision
+from before, the overlay's sitecustomize maps each name the measuring code imports to that revision's
+module."""
+
 SITECUSTOMIZE = '''"""Written by bench/_compare into a revision's import roots: this checkout's editable
 install (a finder consulted after sys.path) must not fill in the modules that revision lacks."""
 import sys
 
 sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
 sys.path[:] = [p for p in sys.path if not p.startswith("__editable__")]
+'''
+
+FLAT_ALIASES = '''
+# A revision from before host/ became sub-packages: the measuring code's module names, mapped to its own.
+import importlib, importlib.abc, importlib.machinery, os
+
+FLAT = %r
+PACKAGES = {name.rsplit(".", 1)[0] for name in FLAT} | {"host.runtime.backends", "host.runtime.telemetry"}
+
+
+class _FlatNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in FLAT or name in PACKAGES:
+            return importlib.machinery.ModuleSpec(name, self, is_package=name in PACKAGES)
+        return None
+
+    def create_module(self, spec):
+        return None if spec.name in PACKAGES else importlib.import_module(FLAT[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+if os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), "host", "_cli.py")):
+    sys.meta_path.insert(0, _FlatNames())
 '''
 
 
@@ -184,7 +282,7 @@ def _overlay(root: Path, tree: Path) -> Path:
         (root / name).symlink_to(tree / name, target_is_directory=True)
     (root / "bench").symlink_to(REPO / "bench", target_is_directory=True)
     for where in (root, tree):
-        (where / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        (where / "sitecustomize.py").write_text(SITECUSTOMIZE + FLAT_ALIASES % (FLAT_NAMES,))
     return root
 
 

@@ -189,7 +189,7 @@ FLOOR_COMMAND = ["/usr/bin/python3", "-c", "import grpc"]
 
 def _hardened_spec(image: str, runtime: str, tag: str, volume: str, *, socket_dir: str,
                    owner: str) -> dict[str, Any]:
-    """A run's container spec exactly (host/_engine.container_spec: read-only root, no capabilities,
+    """A run's container spec exactly (host/engine/engine.container_spec: read-only root, no capabilities,
     init, limits, tmpfs mounts, the pack volume and a socket directory), running the floor's command."""
     run_id = uuid.uuid4().hex
     spec = container_spec(image=image, run_id=run_id, name=f"bench-floor-{run_id[:20]}", owner=owner,

@@ -334,21 +334,30 @@ def _cli_run(state: BenchState, runtime: str, *, path: str = "local") -> tuple[f
     return wall, float(out["duration_ms"]), str(out.get("run_id", ""))
 
 
+def _flat_layout() -> bool:
+    """Is the revision measured from before host/ became sub-packages (host/_cli.py, host/_runner.py, ...)?
+    A --compare against such a revision names its modules by their old, flat names."""
+    return (CODE_ROOT / "host" / "_cli.py").is_file()
+
+
 def _early_modules() -> str:
     """What the revision measured imports before it asks the engine for the run's container: the head
-    start's light modules (host/runtime/headstart.py) where it has one, else the prelaunch's."""
-    if (CODE_ROOT / "host" / "_headstart.py").is_file():
+    start's light modules (host/runtime/headstart.py) where it has one, else the prelaunch's (only flat
+    revisions lack a head start)."""
+    if not _flat_layout() or (CODE_ROOT / "host" / "_headstart.py").is_file():
         return "host._entry"
-    return "host._cli, host.runtime.prelaunch"
+    return "host._cli, host._prelaunch"
 
 
 def _has_prelaunch() -> bool:
     """Does the revision measured start a run's container before its other imports (runtime/prelaunch.py)?"""
-    return (CODE_ROOT / "host" / "_prelaunch.py").is_file()
+    return not _flat_layout() or (CODE_ROOT / "host" / "_prelaunch.py").is_file()
 
 
-def _cli_imports(modules: str = "host._cli, host.runtime.runner") -> float:
+def _cli_imports(modules: str = "") -> float:
     """A new interpreter importing `modules` (by default what `run` imports) and exiting."""
+    run_imports = "host._cli, host._runner" if _flat_layout() else "host.cli.main, host.runtime.runner"
+    modules = modules or run_imports
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", f"import {modules}"], cwd=CODE_ROOT, check=True,
                    capture_output=True, timeout=120)  # fmt: skip
@@ -649,8 +658,8 @@ def stdio(state: BenchState, runtime: str, n: int, warmup: int) -> list[float]:
 
 def _host_tool_path(state: BenchState, n: int, warmup: int) -> dict[str, list[float]]:
     """The host's share of a tool call, split: the gate looking the pack up in the lockfile on every call,
-    the gate with the pack looked up once (as every run's gate does: host/_wiring.run_services keeps one
-    lookup per tool pack per run), and the worker round trip alone."""
+    the gate with the pack looked up once (as every run's gate does: host/runtime/wiring.run_services keeps
+    one lookup per tool pack per run), and the worker round trip alone."""
     host = SandboxHost(env=state.env)
     def lookup(slug: str) -> InstalledToolpack | None:  # what a run's gate does once per tool pack
         return lookup_toolpack(host.lockfile, slug)

@@ -243,7 +243,7 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                       f"worker {_m(c, 'worker_relay_ms')} ms (itself {_m(c, 'worker_relay_over_floor')}x "
                       f"echo + worker: an idle worker's wake-up), tool call / that "
                       f"{_m(c, 'tool_over_worker_relay')}x")
-        # A run's gate looks each tool pack up once per run (host/_wiring.run_services): the gate call
+        # A run's gate looks each tool pack up once per run (host/runtime/wiring.run_services): the gate call
         # with the pack looked up once, minus the worker round trip it includes.
         row("the gate's own share of a tool call (host-timed gate call - worker round trip)", rt,
             _get(c, "host_side", "gate_cached_share_ms"),

@@ -18,7 +18,7 @@ def entry() -> None:
         from sandbox_wrapper._defer import defer  # noqa: PLC0415 (as below)
 
         defer()  # what grpc and protobuf import and no command uses (sandbox_wrapper/_defer.py)
-        from host._cli import entry as run_cli  # noqa: PLC0415 (after the head start: the point of it)
+        from host.cli.main import entry as run_cli  # noqa: PLC0415 (after the head start: the point of it)
     except BaseException:
         if early is not None:
             early.discard()

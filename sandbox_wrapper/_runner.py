@@ -30,7 +30,7 @@ DEFAULT_SOCKET = "/run/agentnode/sandbox.sock"
 DEFAULT_IMPORT_ROOT = "/pack"
 REQUIREMENTS_DIR = ".agentnode-site"
 """Under the import root: the pack's Python requirements, unpacked there by the host at install (it is
-host/_requirements.SITE_DIR; the pack itself may not use the name)."""
+host/packs/requirements.SITE_DIR; the pack itself may not use the name)."""
 FETCH_TIMEOUT_SECONDS = 5.0
 MESSAGE_CHARS = 500
 EXIT_OK, EXIT_NO_TASK, EXIT_NO_REPORT = 0, 3, 4

@@ -25,7 +25,7 @@ _NOT_SERVING = b"\x08\x02"
 class RunnerClient:
     """Submits runs to `agentnode-sandbox serve`; keep one per process, it holds a persistent channel.
 
-    Errors (host/_events.rpc_error): InvalidRequest for a request the host refused as malformed (nothing
+    Errors (host/api/events.rpc_error): InvalidRequest for a request the host refused as malformed (nothing
     ran), EngineError when nothing answers on the socket or the host failed the call.
     """
 

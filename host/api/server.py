@@ -273,7 +273,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             _invalid(context, problem)
         # This very package (-P: never a `host` from the working directory), run from the host's own
         # config directory, marked as the host's child so it can never forward to a socket again.
-        package_root = str(Path(__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])
         env = {**self.host.env, "PYTHONPATH": package_root, "AGENTNODE_ADMIN_CHILD": "1"}
         child = subprocess.Popen(
             [sys.executable, "-P", "-m", "host", *args], env=env, cwd=self.host.config.paths.dir,

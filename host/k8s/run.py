@@ -31,7 +31,7 @@ from host.policy.caller import CallerInfo, InvalidCaller
 from host.runtime.result import RunResult
 from host.spec.manifest import SLUG_RE
 
-# The bounds are the CRD's (host/_k8s_objects): an object must fit the API server's ~1.5 MiB, and a status
+# The bounds are the CRD's (host/k8s/objects): an object must fit the API server's ~1.5 MiB, and a status
 # patch the schema refuses would lose the whole result.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -149,7 +149,7 @@ def refusal_status(reason: AuditReason, error: str, hint: str) -> dict[str, Any]
 
 
 RESULT_DEPTH = 512
-"""How deep a result read back from a status may nest: as deep as a local run's (host/_cli.RESULT_DEPTH)."""
+"""How deep a result read back from a status may nest: as deep as a local run's (cli/main.RESULT_DEPTH)."""
 
 
 RUN_PATH = "kubernetes"

@@ -1200,8 +1200,8 @@ def input_chars(messages: Sequence[Mapping[str, str]]) -> int:
     JSON structure: at most a fixed ~25 bytes a message besides what is counted, and a few fields.
 
     A request with tools, tool calls, tool results or a response format counts those too
-    (host/_llmtools.prepare): tool definitions as the host sends them, call ids, names and arguments, result
-    ids, the response schema, each the larger of what the agent sent and what the provider is sent.
+    (host/llm/toolcalls.prepare): tool definitions as the host sends them, call ids, names and arguments,
+    result ids, the response schema, each the larger of what the agent sent and what the provider is sent.
     """
     return sum(
         json_string_bytes(m["role"]) + json_string_bytes(m["content"]) + MESSAGE_OVERHEAD_CHARS

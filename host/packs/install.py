@@ -438,7 +438,7 @@ def populate_volume(
     """Create the pack's volume (if absent) and copy the tar in through a never-started container.
 
     `extra` makes a second tar copied in after the pack's (its unpacked requirements), only when the volume
-    is actually filled; `digest` is then what both together hold (host/_requirements.identity).
+    is actually filled; `digest` is then what both together hold (host/packs/requirements.identity).
     """
     if not _is_pack_volume(name):
         raise PackError(
@@ -540,7 +540,7 @@ def _host_copy(
     """The pack's files for the host path, unpacked from the snapshot under packs_dir/slug/version-hash.
 
     `digest` names what the copy holds (the artifact hash, or with requirements their identity, see
-    host/_requirements.identity); `prepare(staging, dest)` adds the requirements before the copy appears.
+    host/packs/requirements.identity); `prepare(staging, dest)` adds the requirements before the copy appears.
     """
     digest = digest or snap.digest
     dest = _inside(packs_dir, manifest.slug, f"{manifest.version}-{digest[:16]}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from host._explain import decide_route, effective_policy, installed_agent, refusal_error
+from host.cli.explain import decide_route, effective_policy, installed_agent, refusal_error
 from host.core.errors import AuditReason, SandboxError
 from host.core.vocab import COMMUNITY_TRUST, Route, Source, Trust
 from host.policy.rules import RunPolicy

@@ -95,7 +95,7 @@ class SandboxHost:
             before_member=self.fds.check,
         )
         self.sandbox: Backend[Any] = sandbox_backend or self.docker  # where sandboxed routes run
-        # where host routes run (trusted packs); a node agent refuses them (host/_k8s_node.HostRoutesRefused)
+        # where host routes run (trusted packs); a node agent refuses them (host/k8s/node.HostRoutesRefused)
         self.host_process: Backend[Any] = host_backend or HostBackend(owner=self.owner, env=self.env)
         self.sequential = SequentialBackend(owner=self.owner, env=self.env)  # no pack code: any route
         self.audit_failures = 0

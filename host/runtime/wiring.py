@@ -104,7 +104,7 @@ def tool_catalog(
     installed tool pack on the effective allowlist (None: every installed tool pack, by slug), in allowlist
     order; community packs only when the run has tool sandboxes (else the gate refuses their calls).
 
-    Called once per run, on first use (host/_broker.LlmSession.tool_catalog). Packs the gate already looked
+    Called once per run, on first use (host/llm/broker.LlmSession.tool_catalog). Packs the gate already looked
     up are reused (`packs`, its per-run cache), so both see one set of installed packs; with no allowlist,
     the lockfile is read once and every tool pack it holds joins that cache.
     """

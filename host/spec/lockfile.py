@@ -46,7 +46,7 @@ class LockEntry:
     manifest: dict[str, Any]
     installed_at: str
     requirements: dict[str, Any] | None = None
-    """The pack's Python requirements and the wheels installed for them (host/_requirements.lock_record);
+    """The pack's Python requirements and the wheels installed for them (host/packs/requirements.lock_record);
     None when it has none (and in entries an older host wrote)."""
 
     @property

@@ -374,12 +374,12 @@ RUN_NEEDS_NOT = (
     "opentelemetry", "kubernetes", "kopf", "host.packs.install", "host.engine.image",
     "host.packs.requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
     "host.api.server", "host.api.client", "host.k8s.client", "host.k8s.api",
-    "host.runtime.telemetry.metrics", "host._doctor", "host.packs.scaffold", "host.aio", "host.api.aio",
+    "host.runtime.telemetry.metrics", "host.cli.doctor", "host.packs.scaffold", "host.aio", "host.api.aio",
     "yaml", "packaging.requirements"
 )  # fmt: skip
 IMPORT_PROBE = """
 import contextlib, io, json, sys
-from host._cli import main
+from host.cli.main import main
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     code = main(json.loads(sys.argv[1]))

@@ -21,11 +21,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from host._doctor import leftover_check
 from host.aio import AsyncRunnerClient, CallerInfo
 from host.api.client import RunnerClient
 from host.api.events import RunFinished, RunLog, RunStarted
 from host.api.server import serve
+from host.cli.doctor import leftover_check
 from host.engine.engine import LABEL_OWNER, LABEL_RUN
 from host.engine.http import EngineClient
 from tests.support.host_state import HostState

@@ -390,7 +390,7 @@ def test_a_revision_that_cannot_start_is_a_recorded_error_not_a_crash(tmp_path: 
     (tree / "host" / "__init__.py").write_text("")
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import host, importlib.util; print(host.__file__, importlib.util.find_spec('host.engine.engine'))"],
+         "import host, importlib.util; print(host.__file__, importlib.util.find_spec('host.core'))"],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, check=True,
     )
     assert probe.stdout.split() == [str(root / "host" / "__init__.py"), "None"]

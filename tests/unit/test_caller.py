@@ -1,4 +1,4 @@
-"""Caller metadata (host/policy/caller) and live log lines (host/_workload.CappedSink): bounded,
+"""Caller metadata (host/policy/caller) and live log lines (host/runtime/workload.CappedSink): bounded,
 validated, and never passing on more than the logs keep."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from host._doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host.audit.log import AuditLog, run_record
+from host.cli.doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host.core.errors import EngineError
 from host.engine.engine import (
     LABEL_OWNER,
@@ -795,7 +795,7 @@ def strict_json(text: str) -> Any:
 def test_a_failed_runs_error_and_hint_reach_the_terminal_escaped_on_two_lines(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     fake_run(monkeypatch, _run_result(success=False, error=HOSTILE, error_code="agent_exception",
                                       hint="try " + HOSTILE))  # fmt: skip
@@ -815,7 +815,7 @@ def test_a_failed_runs_error_and_hint_reach_the_terminal_escaped_on_two_lines(
 def test_a_failed_runs_json_keeps_the_text_exact_and_escaped_by_json(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     fake_run(monkeypatch, _run_result(success=False, error=HOSTILE, error_code="agent_exception"))
     assert main(["run", "probe", "--json"]) == 1
@@ -830,7 +830,7 @@ def test_a_failed_runs_json_keeps_the_text_exact_and_escaped_by_json(
 def test_a_successful_run_prints_its_result_as_ascii_json(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     result = {"text": HOSTILE, "name": "日本 é"}
     fake_run(monkeypatch, _run_result(success=True, result=result, mode_used="agent\x1b[8m"))
@@ -844,7 +844,7 @@ def test_a_successful_run_prints_its_result_as_ascii_json(
 def test_a_non_finite_result_is_a_failed_run_never_invalid_json(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: float
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     fake_run(monkeypatch, _run_result(success=True, result={"n": [1, value]}, logs=""))
     assert main(["run", "probe", "--json"]) == 1
@@ -861,13 +861,13 @@ def test_a_non_finite_result_is_a_failed_run_never_invalid_json(
 def test_any_other_value_json_cannot_carry_is_a_clean_error_object(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     class Explained:
         def to_json(self) -> dict[str, Any]:
             return {"slug": "x", "max_tool_calls": float("nan")}
 
-    monkeypatch.setattr("host._explain.explain_policy", lambda slug: Explained())
+    monkeypatch.setattr("host.cli.explain.explain_policy", lambda slug: Explained())
     assert main(["policy", "explain", "x", "--json"]) == 1
     out, err = capsys.readouterr()
     payload = strict_json(out)
@@ -880,7 +880,7 @@ def test_any_other_value_json_cannot_carry_is_a_clean_error_object(
 def test_arg_values_must_be_strict_json(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raw: str
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     fake_run(monkeypatch, _run_result(success=True, result=None))  # never reached
     assert main(["run", "probe", "--arg", f"n={raw}", "--json"]) == 2
@@ -906,7 +906,7 @@ SPOOF_VERSION = "1.0.0 (agent, trust curated)\r\x1b[2K"
 def test_install_shows_a_hostile_version_quoted_and_escaped(
     in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     monkeypatch.setattr("host.packs.install.install_pack", lambda *a, **k: _entry(version=SPOOF_VERSION))
     assert main(["install", str(tmp_path)]) == 0
@@ -917,7 +917,7 @@ def test_install_shows_a_hostile_version_quoted_and_escaped(
 def test_list_uninstall_and_audit_show_lockfile_and_audit_text_escaped(
     in_process: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     lockfile = Lockfile(load_config().paths.lockfile)
     lockfile.put(_entry(version=SPOOF_VERSION, trust_level="unverified\x1b[8m"))
@@ -944,11 +944,11 @@ def test_list_uninstall_and_audit_show_lockfile_and_audit_text_escaped(
 def test_doctor_and_policy_explain_rows_are_escaped(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
-    from host._doctor import Check, DoctorReport
+    from host.cli.doctor import Check, DoctorReport
+    from host.cli.main import main
 
     report = DoctorReport("x", (Check("installed", False, "x " + HOSTILE, "fix: " + HOSTILE),))
-    monkeypatch.setattr("host._doctor.run_doctor", lambda slug: report)
+    monkeypatch.setattr("host.cli.doctor.run_doctor", lambda slug: report)
     assert main(["doctor", "x"]) == 1
     out, _ = capsys.readouterr()
     assert len(out.splitlines()) == 3  # the row, its fix, the verdict
@@ -974,7 +974,7 @@ def test_doctor_and_policy_explain_rows_are_escaped(
         def to_json(self) -> dict[str, Any]:
             return explained
 
-    monkeypatch.setattr("host._explain.explain_policy", lambda slug: Explained())
+    monkeypatch.setattr("host.cli.explain.explain_policy", lambda slug: Explained())
     assert main(["policy", "explain", "x"]) == 0
     out, _ = capsys.readouterr()
     assert_terminal_safe(out)
@@ -985,7 +985,7 @@ def test_doctor_and_policy_explain_rows_are_escaped(
 def test_errors_that_quote_pack_text_stay_on_their_two_lines(
     in_process: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
     from host.core.errors import PackError
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
@@ -1000,7 +1000,7 @@ def test_errors_that_quote_pack_text_stay_on_their_two_lines(
     def crash(slug: str) -> Any:
         raise RuntimeError(HOSTILE)
 
-    monkeypatch.setattr("host._doctor.run_doctor", crash)
+    monkeypatch.setattr("host.cli.doctor.run_doctor", crash)
     assert main(["doctor", "--debug"]) == 1
     _, err = capsys.readouterr()
     assert "Traceback" in err and "RuntimeError: \\x1b[2K" in err
@@ -1010,7 +1010,7 @@ def test_errors_that_quote_pack_text_stay_on_their_two_lines(
 def test_log_lines_are_escaped_too() -> None:
     import logging
 
-    from host._cli import _SafeFormatter
+    from host.cli.main import _SafeFormatter
 
     record = logging.LogRecord("host.x", logging.WARNING, __file__, 1, "seen: %s", (HOSTILE,), None)
     line = _SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
@@ -1056,7 +1056,7 @@ printf '%s\\n' "${{COMPREPLY[@]}}"
 def test_the_completion_script_completes_commands_options_and_installed_slugs(
     in_process: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from host._cli import main
+    from host.cli.main import main
 
     assert main(["completion", "bash"]) == 0
     script = capsys.readouterr().out
@@ -1091,7 +1091,7 @@ def test_run_takes_only_an_owner_only_listening_admin_socket(
     else may write to, and that accepts a connection now; anything else is passed over (run here)."""
     import socket
 
-    from host._cli import _serve_socket
+    from host.cli.main import _serve_socket
 
     config = tmp_path / "cfg"
     config.mkdir(mode=0o755)

@@ -17,7 +17,7 @@ HEAVY = ("docker", "grpc", "google.protobuf", "openai", "anthropic", "prometheus
 
 PROBE = """
 import contextlib, io, json, sys
-from host._cli import main
+from host.cli.main import main
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     try:
         main(json.loads(sys.argv[1]))

@@ -106,7 +106,7 @@ def sent(host: FakeHost, index: int = -1) -> list[dict[str, Any]]:
 
 
 def assert_acceptable(messages: list[dict[str, Any]]) -> None:
-    """The host's rules for a conversation's tool calls (host/_llmtools.prepare): each call named (an
+    """The host's rules for a conversation's tool calls (host/llm/toolcalls.prepare): each call named (an
     offered tool unless refused), arguments a JSON object, its id [A-Za-z0-9_-]{1,128} and used once in the
     conversation; each tool message answers a call of the assistant message right before it, once; every
     call is answered before the next other message."""

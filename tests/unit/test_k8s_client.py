@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from host._cli import main
+from host.cli.main import main
 from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired
 from host.k8s.client import (
     DEFAULT_WAIT_SECONDS,
@@ -439,7 +439,7 @@ def test_ctrl_c_in_the_cli_prints_the_cancelled_run_and_exits_130(
 
         return show
 
-    monkeypatch.setattr("host._cli._progress", progress)
+    monkeypatch.setattr("host.cli.main._progress", progress)
     agent = NodeAgent(kube_api, [{"phase": "Running"}])
     agent.start()
     code = main(["run", "echo", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--json"])

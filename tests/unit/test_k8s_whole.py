@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 import pytest
 
-from host._cli import main
+from host.cli.main import main
 from host.k8s.api import KubeApi
 from host.k8s.controller import Controller, build_registry, operator_settings
 from host.k8s.node import PackStore, serve_node

@@ -253,7 +253,7 @@ def test_global_options_stay_with_the_caller_and_the_command_goes_to_the_host(
 ) -> None:
     import os
 
-    from host._cli import main
+    from host.cli.main import main
 
     host = FakeHost(env={"PATH": os.environ.get("PATH", ""), "AGENTNODE_CONFIG": str(tmp_path / "cfg")})
     root = Path(tempfile.mkdtemp(prefix="an-admin-"))
@@ -317,7 +317,7 @@ def test_run_passes_over_a_draining_serve_host_and_runs_here(
     from grpc_health.v1 import health as grpc_health
     from grpc_health.v1 import health_pb2
 
-    from host._cli import main
+    from host.cli.main import main
 
     config = Path(tempfile.mkdtemp(prefix="an-cfg-"))  # short: the socket path must fit
     monkeypatch.setenv("AGENTNODE_CONFIG", str(config))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from host._explain import host_copy_error
+from host.cli.explain import host_copy_error
 from host.core.vocab import HOST_TRUST, Trust
 from host.engine.wrapper_env import WRAPPER_ARGS, wrapper_env
 from host.policy.admission import Admission

@@ -1,10 +1,10 @@
 """What a running host counts, in Prometheus form: runs by outcome and reason, stage latencies, warm pools,
 tool and LLM calls and refusals, budget exhaustion. `serve --metrics ADDR` exposes it over HTTP.
 
-Every figure comes from the same facts the run's audit record is written from (host/_runaudit.RunFacts),
-at the same moment, so a scrape and the audit log agree. Labels are closed sets (reasons, modes, stages,
-call kinds) plus the installed agents' slugs on the pool gauges; never a tenant, a run id, a prompt or
-anything an agent wrote, so the series count stays bounded whatever callers send.
+Every figure comes from the same facts the run's audit record is written from
+(host/runtime/runaudit.RunFacts), at the same moment, so a scrape and the audit log agree. Labels are closed
+sets (reasons, modes, stages, call kinds) plus the installed agents' slugs on the pool gauges; never a tenant,
+a run id, a prompt or anything an agent wrote, so the series count stays bounded whatever callers send.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ STAGES = ("routed", "verified", "claimed", "started", "fetched", "agent_done", "
 
 LLM_REFUSALS = ("refused_disabled", "refused_limit", "refused_input", "refused_output", "refused_model",
                 "refused_tool")  # fmt: skip
-"""The LLM usage counters that are refusals, by kind (host/_broker.LlmSession.usage)."""
+"""The LLM usage counters that are refusals, by kind (host/llm/broker.LlmSession.usage)."""
 
 BUDGET_CAPS = {"refused_input_tokens": "max_input_tokens", "refused_total_tokens": "max_total_tokens",
                "refused_cost": "max_cost_usd"}  # fmt: skip
-"""The budget refusal counters (host/_budget.LlmBudget.totals) by the cap they name."""
+"""The budget refusal counters (host/llm/budget.LlmBudget.totals) by the cap they name."""
 
 
 class HostMetrics:

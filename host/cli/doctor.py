@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host._explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
+from host.cli.explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
 from host.core.vocab import HOST_TRUST, Route, Trust
 from host.engine.engine import (

@@ -32,7 +32,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROG = "agentnode-sandbox"
 
 
@@ -472,7 +472,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from host._completion import bash_script
+    from host.cli.completion import bash_script
 
     script = bash_script(build_parser())
     if args.shell == "zsh":
@@ -778,7 +778,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from host._doctor import run_doctor
+    from host.cli.doctor import run_doctor
 
     report = run_doctor(args.slug)
 
@@ -861,7 +861,7 @@ def _human_explain(p: Mapping[str, Any]) -> None:
 
 
 def cmd_policy(args: argparse.Namespace) -> int:
-    from host._explain import explain_policy
+    from host.cli.explain import explain_policy
 
     payload = explain_policy(args.slug).to_json()
     _emit(args, payload, lambda: _human_explain(payload))
