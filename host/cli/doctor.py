@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host.cli.explain import decide_route, effective_policy, host_copy_error, installed_agent, refusal_error
 from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
 from host.core.vocab import HOST_TRUST, Route, Trust
 from host.engine.engine import (
@@ -30,6 +29,13 @@ from host.engine.engine import (
 from host.engine.http import EngineClient
 from host.engine.image import image_status, verify_pinned_image
 from host.engine.volumes import verify_volume
+from host.policy.admission import (
+    decide_route,
+    effective_policy,
+    host_copy_error,
+    installed_agent,
+    refusal_error,
+)
 from host.policy.rules import route_run
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile

@@ -1,4 +1,5 @@
-"""`policy explain`: what a run of an installed agent would get, computed by the functions a run uses."""
+"""`policy explain`: what a run of an installed agent would get, computed by the functions a run uses
+(host/policy/admission.py)."""
 
 from __future__ import annotations
 
@@ -7,66 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from host.core.errors import AuditReason, PackError, RefusedError
-from host.core.vocab import Route, Trust
-from host.policy.rules import RouteDecision, RunPolicy, declares_llm, resolve_run_policy, route_run
-from host.spec.config import HostConfig, load_config, sandbox_enabled
+from host.core.vocab import Route
+from host.policy.admission import decide_route, effective_policy, installed_agent, refusal_error
+from host.policy.rules import RouteDecision, RunPolicy, declares_llm
+from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
-
-
-def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:
-    """The lockfile entry of an installed agent, or the PackError a run of `slug` fails with."""
-    entry = lockfile.get(slug)
-    if entry is None:
-        raise PackError(
-            f"{slug} is not installed",
-            reason=AuditReason.NOT_INSTALLED,
-            hint=f"install it: agentnode-sandbox install PATH --trust {Trust.UNVERIFIED}",
-        )
-    if entry.package_type != "agent":
-        raise PackError(
-            f"{slug} is a {entry.package_type}, not an agent",
-            reason=AuditReason.NOT_AN_AGENT,
-            hint="tool packs are called by agents, not run; see the installed agents: agentnode-sandbox list",
-        )
-    return entry
-
-
-def refusal_error(decision: RouteDecision) -> RefusedError:
-    """The error (and the operator's way out) of a refused route."""
-    hint = (
-        "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
-        if decision.reason == AuditReason.REFUSED_FLAG_OFF
-        else "reinstall with a known trust level: agentnode-sandbox install <path-to-pack> "
-        f"--trust {Trust.UNVERIFIED}"
-    )
-    return RefusedError(decision.message, reason=AuditReason(decision.reason), hint=hint)
-
-
-def host_copy_error(slug: str) -> PackError:
-    """A host-routed agent installed without a host copy cannot run on the host."""
-    return PackError(
-        f"{slug} has no host copy",
-        reason=AuditReason.NOT_INSTALLED,
-        hint=f"reinstall it with --trust {Trust.TRUSTED}: agentnode-sandbox install <path-to-{slug}>",
-    )
-
-
-def decide_route(entry: LockEntry, cfg: HostConfig, env: Mapping[str, str]) -> RouteDecision:
-    """Where a run of `entry` goes, decided exactly as the runner decides it."""
-    return route_run(
-        entry.trust_level,
-        sandbox_enabled=sandbox_enabled(cfg, env),
-        host_trust_policy=cfg.agent_sandbox.host_trust_policy,
-    )
-
-
-def effective_policy(entry: LockEntry, cfg: HostConfig, route: Route) -> tuple[AgentManifest, RunPolicy]:
-    """The manifest and the run policy; a refused run is shown with the sandbox policy it would get."""
-    manifest = entry.parsed_manifest()
-    assert isinstance(manifest, AgentManifest)  # installed_agent() checked the package type
-    return manifest, resolve_run_policy(manifest, cfg.agent_sandbox, sandboxed=route is not Route.HOST)
 
 
 @dataclass(frozen=True)
@@ -159,12 +106,4 @@ def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explan
     return Explanation(entry, decision, manifest, policy, cfg, provider)
 
 
-__all__ = [
-    "Explanation",
-    "decide_route",
-    "effective_policy",
-    "explain_policy",
-    "host_copy_error",
-    "installed_agent",
-    "refusal_error",
-]
+__all__ = ["Explanation", "explain_policy"]

@@ -1,17 +1,74 @@
-"""Admission: one immutable decision per run request (route, effective policy, runtime, or why not)."""
+"""Admission: one immutable decision per run request (route, effective policy, runtime, or why not).
+
+Its parts (the installed agent, the route, the effective policy, the refusal) are what `policy explain`
+and `doctor` show, computed by the same functions.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from host.cli.explain import decide_route, effective_policy, installed_agent, refusal_error
-from host.core.errors import AuditReason, SandboxError
+from host.core.errors import AuditReason, PackError, RefusedError, SandboxError
 from host.core.vocab import COMMUNITY_TRUST, Route, Source, Trust
-from host.policy.rules import RunPolicy
-from host.spec.config import HostConfig
+from host.policy.rules import RouteDecision, RunPolicy, resolve_run_policy, route_run
+from host.spec.config import HostConfig, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest import AgentManifest
+
+
+def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:
+    """The lockfile entry of an installed agent, or the PackError a run of `slug` fails with."""
+    entry = lockfile.get(slug)
+    if entry is None:
+        raise PackError(
+            f"{slug} is not installed",
+            reason=AuditReason.NOT_INSTALLED,
+            hint=f"install it: agentnode-sandbox install PATH --trust {Trust.UNVERIFIED}",
+        )
+    if entry.package_type != "agent":
+        raise PackError(
+            f"{slug} is a {entry.package_type}, not an agent",
+            reason=AuditReason.NOT_AN_AGENT,
+            hint="tool packs are called by agents, not run; see the installed agents: agentnode-sandbox list",
+        )
+    return entry
+
+
+def refusal_error(decision: RouteDecision) -> RefusedError:
+    """The error (and the operator's way out) of a refused route."""
+    hint = (
+        "enable the sandbox: export AGENTNODE_AGENT_SANDBOX=1 (or agent_sandbox.enabled: true)"
+        if decision.reason == AuditReason.REFUSED_FLAG_OFF
+        else "reinstall with a known trust level: agentnode-sandbox install <path-to-pack> "
+        f"--trust {Trust.UNVERIFIED}"
+    )
+    return RefusedError(decision.message, reason=AuditReason(decision.reason), hint=hint)
+
+
+def host_copy_error(slug: str) -> PackError:
+    """A host-routed agent installed without a host copy cannot run on the host."""
+    return PackError(
+        f"{slug} has no host copy",
+        reason=AuditReason.NOT_INSTALLED,
+        hint=f"reinstall it with --trust {Trust.TRUSTED}: agentnode-sandbox install <path-to-{slug}>",
+    )
+
+
+def decide_route(entry: LockEntry, cfg: HostConfig, env: Mapping[str, str]) -> RouteDecision:
+    """Where a run of `entry` goes, decided exactly as the runner decides it."""
+    return route_run(
+        entry.trust_level,
+        sandbox_enabled=sandbox_enabled(cfg, env),
+        host_trust_policy=cfg.agent_sandbox.host_trust_policy,
+    )
+
+
+def effective_policy(entry: LockEntry, cfg: HostConfig, route: Route) -> tuple[AgentManifest, RunPolicy]:
+    """The manifest and the run policy; a refused run is shown with the sandbox policy it would get."""
+    manifest = entry.parsed_manifest()
+    assert isinstance(manifest, AgentManifest)  # installed_agent() checked the package type
+    return manifest, resolve_run_policy(manifest, cfg.agent_sandbox, sandboxed=route is not Route.HOST)
 
 
 @dataclass(frozen=True)
@@ -91,4 +148,12 @@ def admit(
     )
 
 
-__all__ = ["Admission", "admit"]
+__all__ = [
+    "Admission",
+    "admit",
+    "decide_route",
+    "effective_policy",
+    "host_copy_error",
+    "installed_agent",
+    "refusal_error",
+]

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from host.cli.explain import host_copy_error
 from host.core.vocab import HOST_TRUST, Trust
 from host.engine.wrapper_env import WRAPPER_ARGS, wrapper_env
-from host.policy.admission import Admission
+from host.policy.admission import Admission, host_copy_error
 from host.runtime.rundir import RunDir
 from host.runtime.session import RunSession
 from host.runtime.workload import Workload
