@@ -41,7 +41,6 @@ from host.packs.requirements import (
     MAX_PYPROJECT_BYTES,
     PYPROJECT,
     SITE_DIR,
-    VENV_DIR,
     Progress,
     Resolved,
     Source,
@@ -72,6 +71,7 @@ from host.spec.manifest import (
     manifest_data,
     parse_manifest,
 )
+from host.spec.wheels import VENV_DIR
 
 if TYPE_CHECKING:
     import docker

@@ -77,8 +77,6 @@ RESERVED_PREFIX = ".agentnode-"
 """Names the host places into a pack's copies; a pack may not bring its own (at its root or under src/)."""
 SITE_DIR = ".agentnode-site"
 """Under the import root: the unpacked requirements (sandbox volume; host copy of a trusted agent)."""
-VENV_DIR = ".agentnode-venv"
-"""Under a trusted toolpack's host copy: its own virtual environment."""
 
 HOST_RUNTIME_NAMES = frozenset({"agentnode-sdk"})
 """Distributions the host stands in for (the agentnode runtime): never resolved, a warning instead."""
@@ -756,7 +754,6 @@ __all__ = [
     "MAX_REQUIREMENT_CHARS",
     "PYPROJECT",
     "SITE_DIR",
-    "VENV_DIR",
     "Declared",
     "Resolved",
     "Source",

@@ -64,7 +64,7 @@ class LockEntry:
     def host_interpreter(self) -> Path | None:
         """The interpreter of a trusted toolpack's own environment (None: it has no requirements and runs
         under the host's interpreter). A malformed record names a path that does not exist: fail closed."""
-        from host.packs.requirements import VENV_DIR, recorded_wheels  # noqa: PLC0415
+        from host.spec.wheels import VENV_DIR, recorded_wheels  # noqa: PLC0415
 
         try:
             wheels = recorded_wheels(self.requirements, "host")

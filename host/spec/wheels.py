@@ -1,5 +1,6 @@
-"""A lockfile's record of a pack's wheels, and what a volume holding them is named by: read by every run, so
-apart from the resolver (host.packs.requirements), which a run never imports."""
+"""A lockfile's record of a pack's wheels, where a host copy keeps them, and what a volume holding them is
+named by: read by every run, so apart from the resolver (host.packs.requirements), which a run never
+imports."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 _WHEEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+!-]{0,250}\.whl")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
+VENV_DIR = ".agentnode-venv"
+"""Under a trusted toolpack's host copy: its own virtual environment (the run path starts its python)."""
 
 
 @dataclass(frozen=True)
@@ -64,4 +67,4 @@ def recorded_wheels(record: Any, key: str) -> tuple[Wheel, ...]:
     return tuple(out)
 
 
-__all__ = ["Wheel", "identity", "recorded_wheels"]
+__all__ = ["VENV_DIR", "Wheel", "identity", "recorded_wheels"]
