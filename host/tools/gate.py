@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 import sandbox_wrapper._tool_exec
 from host.core.calltrace import CallTrace
@@ -32,9 +32,6 @@ from host.core.strictjson import JsonRejected, dumps_strict, loads_strict, utf8_
 from host.core.vocab import HOST_TRUST, WireReason
 from host.spec.manifest import ToolpackManifest, ToolSpec
 from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
-
-if TYPE_CHECKING:
-    from host.runtime.toolsandbox import ToolSandboxes
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +257,24 @@ def resolve_tool(slug: str, manifest: ToolpackManifest, tool_name: str) -> Resol
     raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no such tool; available: {names}")
 
 
+class SandboxRunner(Protocol):
+    """What the gate needs of a run's tool sandboxes (host/runtime/toolsandbox.ToolSandboxes, one layer up):
+    community packs' calls go there, and the gate owns neither their containers nor their engine."""
+
+    started: int
+    """Tool sandboxes started in this run (replacements included)."""
+
+    def run(
+        self, pack: InstalledToolpack, tool: ResolvedTool, arguments: dict[str, Any], *, timeout: float
+    ) -> ToolOutcome:
+        """Run one admitted call in the pack's sandbox; every failure is a failed outcome of this call."""
+        ...
+
+    def close(self) -> None:
+        """The run ended: destroy every tool sandbox."""
+        ...
+
+
 class ToolGate:
     """One run's tool gate: decides every call, then hands allowed ones to the host's ToolRunner.
 
@@ -279,7 +294,7 @@ class ToolGate:
         runner: ToolRunner,
         deadline: float,
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
-        sandboxes: ToolSandboxes | None = None,
+        sandboxes: SandboxRunner | None = None,
     ) -> None:
         self._allowed = None if allowed_packages is None else frozenset(allowed_packages)
         self._max_tool_calls = max_tool_calls
@@ -368,7 +383,7 @@ class ToolGate:
             raise self.refused(refusal) from None
         if on_admit is not None:
             on_admit()
-        runner: ToolRunner | ToolSandboxes = self._runner
+        runner: ToolRunner | SandboxRunner = self._runner
         mode = MODE_HOST_WORKER
         if pack.trust not in HOST_TRUST:
             assert self._sandboxes is not None  # else refused in _admit
@@ -694,6 +709,7 @@ __all__ = [
     "PARSE_SLOTS",
     "InstalledToolpack",
     "ResolvedTool",
+    "SandboxRunner",
     "ToolGate",
     "ToolOutcome",
     "ToolRefusal",
