@@ -8,16 +8,49 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from host.core.errors import SandboxError
-
-if TYPE_CHECKING:  # annotations only: the Docker backend owns its pools
-    from host.runtime.backends.container import Sandbox, SandboxSpec
 
 logger = logging.getLogger("agentnode.sandbox.pool")
 
 PoolKey = tuple[str, str, str, str]
+
+
+class MemberLimits(Protocol):
+    """What the pools read of a member's limits: its memory, which the members' budget divides."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+
+
+class MemberSpec(Protocol):
+    """What a pool is kept for (the Docker backend's SandboxSpec): its key and its members' limits."""
+
+    @property
+    def pool_key(self) -> PoolKey: ...
+
+    @property
+    def limits(self) -> MemberLimits: ...
+
+
+class Member(Protocol):
+    """A started, unclaimed sandbox as the pools see it (the Docker backend's Sandbox)."""
+
+    run_id: str
+    launched_at: float
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def exited(self) -> bool: ...
+
+    def destroy(self) -> None: ...
+
+
+SpecT = TypeVar("SpecT", bound=MemberSpec)
+MemberT = TypeVar("MemberT", bound=Member)
 
 REFILL_DEFER_SECONDS = 0.15
 """How long a refill waits for the runs just claimed from a pool to get their results first. Starting a
@@ -42,7 +75,7 @@ def _pool_name(key: PoolKey) -> str:
     return "/".join(key[:3])
 
 
-class WarmPools:
+class WarmPools(Generic[SpecT, MemberT]):
     """Pools per (pack version, runtime, image); a background filler keeps each at its size.
 
     A claimed member leaves the pool for good: the caller runs it once and destroys it. Members that
@@ -58,12 +91,12 @@ class WarmPools:
 
     def __init__(
         self,
-        launch: Callable[[SandboxSpec], Sandbox],
+        launch: Callable[[SpecT], MemberT],
         settings: PoolSettings,
         *,
-        destroy: Callable[[Sandbox], None] | None = None,
-        is_current: Callable[[SandboxSpec], bool] | None = None,
-        retired: Callable[[SandboxSpec], None] | None = None,
+        destroy: Callable[[MemberT], None] | None = None,
+        is_current: Callable[[SpecT], bool] | None = None,
+        retired: Callable[[SpecT], None] | None = None,
     ) -> None:
         self._launch = launch
         self._destroy = destroy or (lambda box: box.destroy())
@@ -71,8 +104,8 @@ class WarmPools:
         self._retired = retired
         self._checked_at = 0.0
         self.settings = settings
-        self._members: dict[PoolKey, list[Sandbox]] = {}
-        self._specs: dict[PoolKey, SandboxSpec] = {}
+        self._members: dict[PoolKey, list[MemberT]] = {}
+        self._specs: dict[PoolKey, SpecT] = {}
         self._launching: dict[PoolKey, int] = {}
         self._unsettled: dict[str, float] = {}
         """Run ids of claimed members whose runs have no result yet, with when they were claimed."""
@@ -89,7 +122,7 @@ class WarmPools:
 
     # -- public -------------------------------------------------------------------------------------
 
-    def want(self, spec: SandboxSpec) -> None:
+    def want(self, spec: SpecT) -> None:
         """Start (or keep) a pool for this spec."""
         with self._cond:
             if self._closed or self.settings.size <= 0:
@@ -98,7 +131,7 @@ class WarmPools:
             self._members.setdefault(spec.pool_key, [])
             self._cond.notify_all()
 
-    def claim(self, key: PoolKey) -> Sandbox | None:
+    def claim(self, key: PoolKey) -> MemberT | None:
         """Take a ready member of this pool (or any live one); None when the pool is empty.
 
         Members were verified (engine, image pin, pack volume) when they were launched, and what they
@@ -106,7 +139,7 @@ class WarmPools:
         """
         with self._cond:
             members = self._members.get(key, [])
-            pick: Sandbox | None = None
+            pick: MemberT | None = None
             for box in members:
                 if box.ready:
                     pick = box
@@ -160,10 +193,10 @@ class WarmPools:
 
     # -- filler -------------------------------------------------------------------------------------
 
-    def _next_job(self) -> tuple[list[Sandbox], SandboxSpec | None]:
+    def _next_job(self) -> tuple[list[MemberT], SpecT | None]:
         """Under the lock: members to destroy and the spec of one member to launch (if any)."""
         now = time.monotonic()
-        doomed: list[Sandbox] = []
+        doomed: list[MemberT] = []
         for members in self._members.values():
             for box in list(members):
                 if box.exited or now - box.launched_at > self.settings.idle_ttl_seconds:
@@ -203,7 +236,7 @@ class WarmPools:
         self._checked_at = now
         with self._cond:
             specs = list(self._specs.values())
-        stale: list[SandboxSpec] = []
+        stale: list[SpecT] = []
         for spec in specs:
             try:
                 current = self._is_current(spec)
@@ -214,7 +247,7 @@ class WarmPools:
                 stale.append(spec)
         if not stale:
             return
-        doomed: list[Sandbox] = []
+        doomed: list[MemberT] = []
         with self._cond:
             for spec in stale:
                 self._specs.pop(spec.pool_key, None)
@@ -250,7 +283,7 @@ class WarmPools:
                     self._destroy(old)
             if spec is None:
                 continue
-            box: Sandbox | None = None
+            box: MemberT | None = None
             try:
                 box = self._launch(spec)
                 backoff = 0.0
@@ -275,4 +308,4 @@ class WarmPools:
                 time.sleep(backoff)
 
 
-__all__ = ["PoolSettings", "WarmPools"]
+__all__ = ["Member", "MemberLimits", "MemberSpec", "PoolSettings", "WarmPools"]

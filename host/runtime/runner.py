@@ -113,7 +113,7 @@ class SandboxHost:
         self.tracer = tracer or RunTracer.from_env(self.env)  # spans when an OTLP endpoint is set
 
     @property
-    def pools(self) -> WarmPools | None:
+    def pools(self) -> WarmPools[Any, Any] | None:
         return self.docker.pools
 
     def client(self) -> EngineClient:

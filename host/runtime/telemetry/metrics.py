@@ -67,7 +67,7 @@ class HostMetrics:
                                        "LLM calls refused: a token or cost budget was spent, by the cap.",
                                        ["cap"], registry=r)  # fmt: skip
 
-    def watch(self, active: Callable[[], int], pools: Callable[[], WarmPools | None]) -> None:
+    def watch(self, active: Callable[[], int], pools: Callable[[], WarmPools[Any, Any] | None]) -> None:
         """Read the live figures (active runs, warm pool members, hits and misses) at each scrape."""
         self.registry.register(_LiveCollector(active, pools))
 
@@ -112,7 +112,7 @@ def _count(values: Mapping[str, Any], key: str) -> int:
 class _LiveCollector(Collector):
     """Figures read when scraped rather than counted as they happen."""
 
-    def __init__(self, active: Callable[[], int], pools: Callable[[], WarmPools | None]) -> None:
+    def __init__(self, active: Callable[[], int], pools: Callable[[], WarmPools[Any, Any] | None]) -> None:
         self._active = active
         self._pools = pools
 
