@@ -26,7 +26,7 @@ from typing import Any
 from bench._drive import drive, say
 from bench._plan import Plan
 from bench._report import REPO, SIDES, finish_compare, machine_facts
-from host.engine.engine import connect
+from host.engine.sdk import connect
 
 START_TIMEOUT_S = 3600.0
 """Building a revision's image may fetch packages and wheels."""

@@ -58,8 +58,11 @@ def main() -> int:
         from bench._plan import Plan  # noqa: PLC0415
         from bench._report import IMAGE_ROOT  # noqa: PLC0415
         from bench._state import BenchState  # noqa: PLC0415
-        from host.engine.engine import connect  # noqa: PLC0415
         from host.engine.image import build_image  # noqa: PLC0415
+        try:
+            from host.engine.sdk import connect  # noqa: PLC0415
+        except ImportError:  # a revision from before connect moved beside the SDK it opens
+            from host.engine.engine import connect  # type: ignore[attr-defined,no-redef]  # noqa: PLC0415
 
         plan = Plan.from_json(json.loads(sys.argv[1]))
         client = connect()

@@ -23,8 +23,8 @@ from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
 from bench._report import IMAGE_ROOT, REPO, finish, machine_facts, render, render_compare
 from bench._sections import measure_one
 from bench._state import BenchState
-from host.engine.engine import connect
 from host.engine.image import build_image
+from host.engine.sdk import connect
 
 
 def new_results(plan: Plan, runtimes: list[str], sections: tuple[str, ...], mode: str,

@@ -543,7 +543,7 @@ def cmd_k8s_controller(args: argparse.Namespace) -> int:
 
 def _engine() -> tuple[Any, EngineError | None]:
     """The engine client, or None and the reason it is unreachable (installing trusted packs needs none)."""
-    from host.engine.engine import connect
+    from host.engine.sdk import connect
 
     try:
         return connect(), None
@@ -706,8 +706,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from host.engine.engine import connect
     from host.engine.image import build_image, image_status, pull_image, verify_pinned_image
+    from host.engine.sdk import connect
     from host.spec.config import load_config, set_image_pin
 
     cfg = load_config()

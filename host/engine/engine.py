@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
 from host.core.owner import owner_alive, owner_token
@@ -24,9 +24,6 @@ from host.core.vocab import Runtime
 from host.engine.http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
 from host.engine.http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
 from host.engine.wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
-
-if TYPE_CHECKING:
-    import docker
 
 logger = logging.getLogger("agentnode.sandbox.engine")
 
@@ -199,14 +196,6 @@ def open_engine(env: Mapping[str, str] | None = None, *, timeout: float = 60) ->
         client.close()
         raise
     return client
-
-
-def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
-    """A docker SDK client of the engine (pack volumes, image builds, pulls); the run path uses
-    `open_engine`. The SDK is imported here, on first use, never by a run."""
-    from host.engine.sdk import connect_sdk  # noqa: PLC0415 (the SDK only when asked for)
-
-    return connect_sdk(env, timeout=timeout)
 
 
 def _reach_unix_socket(docker_host: str, timeout: float) -> None:
@@ -811,7 +800,6 @@ __all__ = [
     "MemoryProbe",
     "PidsProbe",
     "classify_engine_exception",
-    "connect",
     "container_cgroup_dir",
     "container_runtime",
     "container_spec",

@@ -66,8 +66,9 @@ def _share_one_pool(client: docker.DockerClient, timeout: int) -> None:
     current.close()
 
 
-def connect_sdk(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
-    """An SDK client of the engine named by DOCKER_HOST (or the default socket), proven to answer."""
+def connect(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> docker.DockerClient:
+    """An SDK client of the engine named by DOCKER_HOST (or the default socket), proven to answer: for pack
+    volumes, image builds and pulls (the run path opens host.engine.engine.open_engine, never this)."""
     environment = dict(os.environ if env is None else env)
     clients: list[docker.DockerClient] = []
 
@@ -100,4 +101,4 @@ def connect_sdk(env: Mapping[str, str] | None = None, *, timeout: int = 60) -> d
     return client
 
 
-__all__ = ["connect_sdk"]
+__all__ = ["connect"]

@@ -38,7 +38,7 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 from host.spec.config import load_config
-from host.engine.engine import connect
+from host.engine.sdk import connect
 from host.core.errors import SandboxError
 from host.packs.install import install_pack
 

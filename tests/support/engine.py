@@ -14,7 +14,6 @@ from host.core.errors import SandboxError
 from host.engine.engine import (
     LABEL_OWNER,
     EngineKind,
-    connect,
     container_vanished,
     engine_facts,
     open_engine,
@@ -22,6 +21,7 @@ from host.engine.engine import (
 )
 from host.engine.http import EngineClient
 from host.engine.image import build_image
+from host.engine.sdk import connect
 from tests.conftest import REQUIRE_DOCKER
 from tests.support.paths import REPO
 

@@ -47,7 +47,6 @@ from host.engine.engine import (
     EngineKind,
     PidsProbe,
     classify_engine_exception,
-    connect,
     container_cgroup_dir,
     container_spec,
     create_body,
@@ -63,6 +62,7 @@ from host.engine.engine import (
     verify_runtime,
 )
 from host.engine.http import IDLE_CONNECTIONS, EngineApiError
+from host.engine.sdk import connect
 from tests.support.fake_engine import FakeEngine
 
 MiB = 1024 * 1024

@@ -25,7 +25,6 @@ import requests.exceptions
 
 from host.core.errors import AuditReason, EngineError
 from host.engine import image as _image
-from host.engine.engine import connect
 from host.engine.image import (
     PULL_HINT,
     ImageStatus,
@@ -44,6 +43,7 @@ from host.engine.image import (
     unpack_wheel,
     verify_pinned_image,
 )
+from host.engine.sdk import connect
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.fake_engine import FakeEngine
 
