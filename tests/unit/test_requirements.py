@@ -21,7 +21,6 @@ from host.packs import requirements as rq
 from host.packs.install import LockEntry, Lockfile, install_pack, uninstall_pack, verify_volume, volume_name
 from host.packs.requirements import (
     SITE_DIR,
-    VENV_DIR,
     Declared,
     Finished,
     Resolved,
@@ -36,6 +35,7 @@ from host.packs.requirements import (
 )
 from host.runtime.wiring import lookup_toolpack
 from host.spec.config import ConfigPaths, config_paths
+from host.spec.wheels import VENV_DIR
 from host.tools.gate import ResolvedTool, ToolRunner
 from sandbox_wrapper import _runner
 from tests.support.tars import assert_ends_at_marker
