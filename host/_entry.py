@@ -15,7 +15,7 @@ from host.runtime.headstart import begin
 def entry() -> None:
     early = begin(sys.argv[1:], os.environ)
     try:
-        from sandbox_wrapper._defer import defer  # noqa: PLC0415 (as below)
+        from sandbox_wrapper.protocol import defer  # noqa: PLC0415 (as below)
 
         defer()  # what grpc and protobuf import and no command uses (sandbox_wrapper/_defer.py)
         from host.cli.main import entry as run_cli  # noqa: PLC0415 (after the head start: the point of it)

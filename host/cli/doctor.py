@@ -39,7 +39,7 @@ from host.policy.admission import (
 from host.policy.rules import route_run
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile
-from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 # verify_pinned_image refuses in this order; each refusal has its own row.
 IMAGE_ROWS: tuple[tuple[str, AuditReason], ...] = (

@@ -37,7 +37,7 @@ from host.engine.pin import (
     pinned_image_missing,
     verify_pinned_image,
 )
-from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
     import docker

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from host.core.errors import AuditReason, EngineError, EngineRejected
 from host.engine.engine import LABEL_PROTOCOL, engine_errors
 from host.engine.http import EngineClient
-from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
     import docker

@@ -21,8 +21,7 @@ from host.llm.broker import MAX_MESSAGES, Completion, LlmSession
 from host.llm.toolcalls import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
 from host.policy.rules import RunPolicy
 from host.tools.gate import ToolGate, ToolRefusal
-from sandbox_wrapper import PROTOCOL_VERSION
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
+from sandbox_wrapper.protocol import PROTOCOL_VERSION, llm_pb2, session_pb2, tools_pb2
 
 logger = logging.getLogger("agentnode.sandbox.session")
 

@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-import sandbox_wrapper._tool_exec
 from host.core.calltrace import CallTrace
 from host.core.errors import CallRefusal
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict, utf8_exceeds
 from host.core.vocab import HOST_TRUST, WireReason
 from host.spec.manifest import ToolpackManifest, ToolSpec
-from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
+from sandbox_wrapper.protocol import MAX_RESULT_BYTES, tool_worker_script
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ MODE_TOOL_SANDBOX = "tool_sandbox"
 _SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,79}")
 _MAX_MESSAGE = 200
-_WORKER_SCRIPT = Path(sandbox_wrapper._tool_exec.__file__)
+_WORKER_SCRIPT = Path(tool_worker_script())
 # A reply line is result_json escaped once more; anything longer is not our worker speaking.
 _MAX_REPLY_LINE = 4 * MAX_RESULT_BYTES
 

@@ -17,10 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox_wrapper import PROTOCOL_VERSION
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2
-from sandbox_wrapper._tool_exec import MAX_RESULT_BYTES
-from sandbox_wrapper._tool_server import FRAME_HEADER, frame
+from sandbox_wrapper.protocol import FRAME_HEADER, MAX_RESULT_BYTES, PROTOCOL_VERSION, frame, toolsandbox_pb2
 
 MAX_REPLY_BYTES = MAX_RESULT_BYTES + 4096
 """The largest reply frame: a result at the result cap (ASCII JSON) plus the envelope."""

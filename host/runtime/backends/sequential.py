@@ -26,7 +26,7 @@ from host.runtime.session import RunOutcome, RunSession
 from host.runtime.workload import Workload
 from host.spec.manifest import OrchestrationStep
 from host.tools.gate import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
-from sandbox_wrapper import PROTOCOL_VERSION
+from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 logger = logging.getLogger("agentnode.sandbox.sequential")
 
