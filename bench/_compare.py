@@ -183,6 +183,7 @@ FLAT_NAMES = {
     "host.core.terminal": "host._terminal",
     "host.core.vocab": "host._vocab",
     "host.engine.engine": "host._engine",
+    "host.engine.contract": "host._engine",  # split out of it after the move
     "host.engine.http": "host._engine_http",
     "host.engine.image": "host._image",
     "host.engine.launch": "host._launch",

@@ -27,7 +27,8 @@ import docker
 from bench._report import CODE_ROOT
 from bench._state import BENCH_LABEL
 from bench._stats import ratio, summary
-from host.engine.engine import LABEL_OWNER, container_spec, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER, container_spec
 from host.runtime.runner import RunResult, SandboxHost
 
 _MB = 1024 * 1024

@@ -30,14 +30,8 @@ from bench._stats import med, ratio, summary
 from host.aio import AsyncRunnerClient
 from host.api.client import RunnerClient
 from host.audit.log import AuditLog, run_record
-from host.engine.engine import (
-    LABEL_RUN,
-    LABEL_SLUG,
-    SANDBOX_GID,
-    SANDBOX_UID,
-    container_spec,
-    remove_and_verify,
-)
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID
+from host.engine.engine import LABEL_RUN, LABEL_SLUG, container_spec, remove_and_verify
 from host.llm.broker import LlmBroker
 from host.llm.toolcalls import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
 from host.policy.rules import LlmPolicy, RunPolicy

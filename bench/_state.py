@@ -17,7 +17,8 @@ import docker
 import docker.errors
 
 from bench._report import REPO
-from host.engine.engine import LABEL_SLUG, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_SLUG
 from host.packs.install import install_pack, uninstall_pack
 from host.spec.config import load_config
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
+from host.core.owner import owner_alive
 from host.core.vocab import HOST_TRUST, Route, Trust
 from host.engine.engine import (
     LABEL_OWNER,
@@ -23,7 +24,6 @@ from host.engine.engine import (
     engine_errors,
     engine_facts,
     open_engine,
-    owner_alive,
     require_capable,
 )
 from host.engine.http import EngineClient

@@ -342,7 +342,8 @@ def _run_local(
     instead of preceding it. The host adopts the container, or the run takes the usual path."""
     import threading
 
-    from host.engine.engine import ContainerLimits, owner_token
+    from host.core.owner import owner_token
+    from host.engine.contract import ContainerLimits
     from host.runtime.prelaunch import prelaunch
 
     loader = threading.Thread(target=_import_the_host, daemon=True, name="host-imports")

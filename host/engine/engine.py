@@ -19,20 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineNotFound, EngineRejected
-from host.core.owner import owner_alive, owner_token
+from host.core.owner import owner_alive
 from host.core.vocab import Runtime
+from host.engine.contract import (
+    HOME_IN_CONTAINER,
+    NPROC_LIMIT,
+    PACK_DIR_IN_CONTAINER,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    SOCKET_DIR_IN_CONTAINER,
+    SOCKET_NAME,
+    ContainerLimits,
+)
 from host.engine.http import DEFAULT_HOST as DEFAULT_DOCKER_HOST
 from host.engine.http import IDLE_CONNECTIONS, EngineApiError, EngineClient, LogStream, UnsupportedEngineHost
 from host.engine.wrapper_env import TOOL_SERVER_ARGS, WRAPPER_ARGS, wrapper_env
 
 logger = logging.getLogger("agentnode.sandbox.engine")
-
-SANDBOX_UID = 65532
-SANDBOX_GID = 65532
-SOCKET_DIR_IN_CONTAINER = "/run/agentnode"
-SOCKET_NAME = "sandbox.sock"
-PACK_DIR_IN_CONTAINER = "/pack"
-HOME_IN_CONTAINER = "/home/sandbox"
 
 LABEL_RUN = "io.agentnode.sandbox.run-id"
 LABEL_OWNER = "io.agentnode.sandbox.owner"
@@ -42,10 +45,6 @@ LABEL_ARTIFACT = "io.agentnode.sandbox.artifact-hash"
 LABEL_WARM = "io.agentnode.sandbox.warm"
 LABEL_TOOL_FOR = "io.agentnode.sandbox.tool-for"
 """On a tool sandbox: the id of the run whose tool calls it serves (its own id is LABEL_RUN)."""
-
-NPROC_LIMIT = 32768
-"""RLIMIT_NPROC of a sandbox (see `container_spec`): Podman's own service limit on hosts where it cannot
-raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
 
 ENGINE_POOL_SIZE = 128
 ENGINE_SHARED_POOL_SIZE = IDLE_CONNECTIONS
@@ -59,20 +58,6 @@ _FIX_ENGINE = (
     "start the engine (as root on Debian: scripts/provision-engine), or point DOCKER_HOST at a "
     "Docker-compatible socket (Podman: unix:///run/podman/podman.sock); check with: agentnode-sandbox doctor"
 )
-
-
-@dataclass(frozen=True)
-class ContainerLimits:
-    """Resource ceilings of one sandbox container; the defaults are the documented ones."""
-
-    memory_bytes: int = 512 * 1024 * 1024
-    pids: int = 256
-    cpus: float = 1.0
-    tmp_bytes: int = 64 * 1024 * 1024
-    home_bytes: int = 16 * 1024 * 1024
-    nofile: int = 256
-    fsize_bytes: int = 64 * 1024 * 1024
-    log_max_bytes: int = 1024 * 1024
 
 
 class EngineKind(enum.StrEnum):
@@ -794,7 +779,6 @@ def sweep_containers(client: EngineClient) -> list[str]:
 __all__ = [
     "DEFAULT_DOCKER_HOST",
     "ENGINE_FAILURES",
-    "ContainerLimits",
     "EngineFacts",
     "EngineKind",
     "MemoryProbe",
@@ -812,8 +796,6 @@ __all__ = [
     "facts_from",
     "follow_logs",
     "open_engine",
-    "owner_alive",
-    "owner_token",
     "read_logs",
     "remove_and_verify",
     "require_capable",

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
+from host.engine.contract import ContainerLimits
 from host.engine.engine import (
-    ContainerLimits,
     EngineFacts,
     EngineKind,
     container_spec,

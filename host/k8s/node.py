@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from host.core.errors import AuditReason, EngineError, SandboxError
-from host.engine.engine import SANDBOX_GID, SANDBOX_UID, owner_token
+from host.core.owner import owner_token
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID
 from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired
 from host.k8s.objects import (
     LABEL_ROLE,

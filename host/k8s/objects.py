@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host.core.vocab import Runtime
-from host.engine.engine import (
+from host.engine.contract import (
     HOME_IN_CONTAINER,
     PACK_DIR_IN_CONTAINER,
     SANDBOX_GID,

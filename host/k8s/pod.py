@@ -8,7 +8,7 @@ from typing import Any
 
 from host.core.errors import AuditReason, EngineError
 from host.core.vocab import Runtime
-from host.engine.engine import PACK_DIR_IN_CONTAINER, ContainerLimits
+from host.engine.contract import PACK_DIR_IN_CONTAINER, ContainerLimits
 from host.k8s.objects import PodInputs, run_pod
 from host.policy.admission import Admission
 from host.spec.config import HostConfig

@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
 from host.engine.engine import (
-    SANDBOX_GID,
-    SANDBOX_UID,
-    ContainerLimits,
     EngineKind,
     create_body,
     engine_facts,

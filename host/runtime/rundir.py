@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host.core.owner import owner_alive
-from host.engine.engine import SOCKET_NAME
+from host.engine.contract import SOCKET_NAME
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 

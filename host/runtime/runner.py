@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
-from host.engine.engine import ContainerLimits, open_engine, owner_token, sweep_containers
+from host.core.owner import owner_token
+from host.engine.contract import ContainerLimits
+from host.engine.engine import open_engine, sweep_containers
 from host.engine.http import EngineClient
 from host.llm.broker import LlmBroker
 from host.policy.admission import Admission, admit

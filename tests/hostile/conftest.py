@@ -37,7 +37,8 @@ import docker.errors
 import pytest
 
 import host.runtime.wiring
-from host.engine.engine import LABEL_OWNER, LABEL_SLUG, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER, LABEL_SLUG
 from host.runtime.runner import RunResult, SandboxHost
 from host.tools.gate import ToolGate
 from tests.conftest import REQUIRE_DOCKER

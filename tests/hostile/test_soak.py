@@ -25,7 +25,8 @@ import docker
 import pytest
 import requests
 
-from host.engine.engine import LABEL_OWNER, LABEL_SLUG, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER, LABEL_SLUG
 from host.engine.sdk import connect
 from host.runtime.runner import RunResult, SandboxHost
 from tests.hostile.conftest import Lab, Ledger, brief

@@ -12,7 +12,8 @@ import pytest
 from bench import run
 from bench._plan import SECTION_NAMES
 from bench._report import SECTIONS, render
-from host.engine.engine import LABEL_OWNER, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER
 
 
 def check_smoke(data: dict[str, Any], text: str) -> None:

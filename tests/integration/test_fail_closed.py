@@ -20,7 +20,8 @@ import docker
 import docker.errors
 import pytest
 
-from host.engine.engine import LABEL_SLUG, ContainerLimits, EngineKind
+from host.engine.contract import ContainerLimits
+from host.engine.engine import LABEL_SLUG, EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
 from host.llm.broker import LlmBroker, LlmSession

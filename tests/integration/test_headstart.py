@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from host.engine.engine import LABEL_RUN, ContainerLimits, owner_token
+from host.core.owner import owner_token
+from host.engine.contract import ContainerLimits
+from host.engine.engine import LABEL_RUN
 from host.engine.http import EngineApiError, EngineClient
 from host.runtime.headstart import Headstart, begin, load_record, record_path
 from host.runtime.prelaunch import Prelaunched, prelaunch

@@ -18,7 +18,8 @@ import docker
 import docker.errors
 import pytest
 
-from host.engine.engine import LABEL_OWNER, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER
 from host.k8s.api import KubeApi
 from host.k8s.node import PackStore, serve_node
 from tests.support.k8s import NAMESPACE, Cluster, cluster, docker_kwargs_for_pod, eventually

@@ -17,7 +17,8 @@ import docker.errors
 import pytest
 from docker.types import Mount
 
-from host.engine.engine import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG, owner_token
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG
 from host.engine.tararchive import upload_tar
 from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
 from tests.support.host_state import HostState

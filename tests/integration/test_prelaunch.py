@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from host.engine.engine import LABEL_RUN, ContainerLimits, owner_token
+from host.core.owner import owner_token
+from host.engine.contract import ContainerLimits
+from host.engine.engine import LABEL_RUN
 from host.engine.http import EngineClient
 from host.runtime.prelaunch import PRELAUNCH_SOCKET_WAIT, prelaunch
 from tests.support.host_state import HostState

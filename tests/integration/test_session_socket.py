@@ -14,15 +14,9 @@ from typing import Any
 
 import pytest
 
-from host.engine.engine import (
-    LABEL_OWNER,
-    LABEL_RUN,
-    LABEL_SLUG,
-    SANDBOX_GID,
-    SANDBOX_UID,
-    SOCKET_NAME,
-    owner_token,
-)
+from host.core.owner import owner_token
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, SOCKET_NAME
+from host.engine.engine import LABEL_OWNER, LABEL_RUN, LABEL_SLUG
 from host.runtime.rundir import run_root
 from tests.support.host_state import HostState
 

@@ -11,14 +11,8 @@ import docker.errors
 import pytest
 
 from host.core.errors import SandboxError
-from host.engine.engine import (
-    LABEL_OWNER,
-    EngineKind,
-    container_vanished,
-    engine_facts,
-    open_engine,
-    owner_token,
-)
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER, EngineKind, container_vanished, engine_facts, open_engine
 from host.engine.http import EngineClient
 from host.engine.image import build_image
 from host.engine.sdk import connect

@@ -19,14 +19,8 @@ import yaml
 from host.audit.log import AuditLog, run_record
 from host.cli.doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host.core.errors import EngineError
-from host.engine.engine import (
-    LABEL_OWNER,
-    LABEL_RUN,
-    EngineFacts,
-    classify_engine_exception,
-    owner_token,
-    require_capable,
-)
+from host.core.owner import owner_token
+from host.engine.engine import LABEL_OWNER, LABEL_RUN, EngineFacts, classify_engine_exception, require_capable
 from host.engine.image import BUILD_HINT
 from host.packs.install import Lockfile
 from host.spec.config import load_config

@@ -34,15 +34,14 @@ from host.core.errors import (
     EngineRejected,
     PackError,
 )
+from host.core.owner import owner_alive, owner_token
+from host.engine.contract import HOME_IN_CONTAINER, NPROC_LIMIT, ContainerLimits
 from host.engine.engine import (
     ENGINE_SHARED_POOL_SIZE,
-    HOME_IN_CONTAINER,
     LABEL_OWNER,
     LABEL_RUN,
     LABEL_SLUG,
     LABEL_WARM,
-    NPROC_LIMIT,
-    ContainerLimits,
     EngineFacts,
     EngineKind,
     PidsProbe,
@@ -56,8 +55,6 @@ from host.engine.engine import (
     facts_from,
     follow_logs,
     open_engine,
-    owner_alive,
-    owner_token,
     require_capable,
     verify_runtime,
 )

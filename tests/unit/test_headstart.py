@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from host.engine.engine import SOCKET_NAME, ContainerLimits, container_spec, create_body, owner_token
+from host.core.owner import owner_token
+from host.engine.contract import SOCKET_NAME, ContainerLimits
+from host.engine.engine import container_spec, create_body
 from host.engine.launch import container_name
 from host.runtime import headstart as _headstart
 from host.runtime.headstart import Headstart, begin, forget, load_record, plan, record_path, remember

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from host.core.errors import AuditReason, EngineError
-from host.engine.engine import owner_token
+from host.core.owner import owner_token
 from host.k8s.api import KubeApi
 from host.k8s.node import PackStore, serve_node
 from host.k8s.pod import pod_for

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from host.engine.engine import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
+from host.engine.contract import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
 from host.engine.wrapper_env import WRAPPER_ARGS
 from host.k8s.objects import (
     API_VERSION,

@@ -18,7 +18,7 @@ import pytest
 
 import host.runtime.pool
 from host.core.errors import SandboxError
-from host.engine.engine import ContainerLimits
+from host.engine.contract import ContainerLimits
 from host.runtime.backends.container import SandboxSpec
 from host.runtime.pool import PoolSettings, WarmPools
 

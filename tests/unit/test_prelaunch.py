@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from host.engine.engine import ContainerLimits, owner_token
+from host.core.owner import owner_token
+from host.engine.contract import ContainerLimits
 from host.engine.http import EngineClient
 from host.engine.launch import SandboxSpec
 from host.policy.admission import Admission, admit

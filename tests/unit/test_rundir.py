@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from host.engine.engine import SANDBOX_GID, SANDBOX_UID, SOCKET_NAME, owner_token
+from host.core.owner import owner_token
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, SOCKET_NAME
 from host.runtime.rundir import RunDir, make_run_dir, run_root, sweep_run_dirs
 
 AS_ROOT = os.geteuid() == 0

@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
 from host.engine.engine import (
-    SANDBOX_GID,
-    SANDBOX_UID,
-    ContainerLimits,
     EngineFacts,
     EngineKind,
     MemoryProbe,
