@@ -21,7 +21,7 @@ from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 from tests.support.fake_llm import Behaviour
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 MIDCALL = r"""
 import threading, time

@@ -11,7 +11,7 @@ import pytest
 
 from tests.hostile.conftest import Lab, Ledger, brief
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 WRITER = r'''
 import errno, os, stat, subprocess

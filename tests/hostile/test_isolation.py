@@ -12,7 +12,7 @@ import pytest
 from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 VICTIM = r"""
 import time

@@ -15,7 +15,7 @@ DNS_QUERY = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com
 DENIED = ("EPERM", "EACCES")
 """A refusal by the kernel (or gVisor): anything else, e.g. a timeout, is not evidence of one."""
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 AGENT = r'''
 import errno, os, socket, struct, threading

@@ -6,7 +6,7 @@ import pytest
 
 from tests.hostile.conftest import Lab, Ledger, brief
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 DENIED = ("EPERM", "EACCES")
 """The kernel (or gVisor) refused: any other outcome, an unknown errno included, is not evidence of that."""

@@ -11,7 +11,7 @@ import pytest
 
 from tests.hostile.conftest import Lab, Ledger, brief, rss_bytes
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 LOG_CAP_BYTES = 64 * 1024
 """What the host keeps of a run's stdout+stderr; the rest is dropped with a note."""

@@ -10,7 +10,7 @@ from tests.hostile.conftest import CANARY, PROVIDER_SECRET, Lab, Ledger, brief
 from tests.support import fake_llm
 from tests.support.fake_llm import Behaviour
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 HUNTER = r"""
 import json, os, re, subprocess, time

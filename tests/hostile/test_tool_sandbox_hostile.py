@@ -48,7 +48,7 @@ from tests.hostile.test_soak import SLACK, _quiet
 from tests.support.engine import ENGINE_ENV
 from tests.support.packs import write_agent
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 CTOOLS = "hx-ctools"
 """The hostile community tool pack (unverified: every call runs in its tool sandbox)."""

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.host_state import HostState
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 AGENT = """
 import sys

@@ -23,7 +23,7 @@ from host.runtime.runner import RunResult
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 from tests.support.host_state import HostState
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 CANARY = "sk-canary-caps-3b9d0e7a51f2"
 HOST_MODEL = "host-model-secret-7c1e"

@@ -28,7 +28,7 @@ from tests.support.host_state import HostState
 from tests.support.paths import REPO
 from tests.support.schema import check_schema
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 EXAMPLES = REPO / "examples"
 OWN = "clitest-"

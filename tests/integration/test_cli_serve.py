@@ -21,7 +21,7 @@ from tests.support.host_state import HostState
 from tests.support.paths import BIN
 from tests.support.schema import check_schema
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 
 def test_serve_then_run_via_its_socket(

@@ -12,7 +12,7 @@ from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 CANARY = "sk-canary-e2e-5f1d2c3b4a"
 

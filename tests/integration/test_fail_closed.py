@@ -34,7 +34,7 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 MARKED_AGENT = """
 import os, pathlib

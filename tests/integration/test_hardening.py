@@ -14,7 +14,7 @@ from host.engine.http import EngineClient
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 PROBE = r"""
 import os, resource, socket, subprocess

@@ -19,7 +19,7 @@ from host.engine.image import build_image, image_inputs_hash, image_status, veri
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 RunPython = Callable[..., dict[str, Any]]
 

@@ -8,8 +8,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from host.engine.http import EngineClient, LogStream
 from tests.support.host_state import HostState
+
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 CHATTY = """
 import os, sys

@@ -23,7 +23,7 @@ from host.engine.tararchive import upload_tar
 from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
 from tests.support.host_state import HostState
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 LIST_PACK = r"""
 import json, os

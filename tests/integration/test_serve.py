@@ -31,7 +31,7 @@ from host.engine.http import EngineClient
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 
 class Served:

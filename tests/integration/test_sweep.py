@@ -17,7 +17,7 @@ from host.runtime.rundir import make_run_dir
 from host.runtime.runner import SandboxHost
 from tests.support.host_state import HostState
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 
 def dead_owner() -> str:

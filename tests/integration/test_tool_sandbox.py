@@ -29,7 +29,7 @@ from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
 CANARY = "sk-canary-tool-sandbox-4f3e2d"
 

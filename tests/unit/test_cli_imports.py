@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.slow  # a new interpreter per case
+
 HEAVY = ("docker", "grpc", "google.protobuf", "openai", "anthropic", "prometheus_client", "yaml",
          "requests", "sandbox_wrapper._context", "importlib.metadata")
 
