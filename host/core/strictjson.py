@@ -80,6 +80,12 @@ _UTF8_MAX = 4
 """Most bytes one character takes in UTF-8 (a lone surrogate, passed through, takes 3)."""
 
 
+def utf8_len(text: str) -> int:
+    """How many bytes `text` takes as UTF-8, lone surrogates passed through (3 bytes each): the one exact
+    count the LLM budgets and the tool-calling bounds charge."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def utf8_exceeds(text: str, limit: int) -> bool:
     """Whether `text` takes more than `limit` bytes as UTF-8 (lone surrogates passed through), encoding it
     only when its length alone cannot decide."""
@@ -155,4 +161,5 @@ __all__ = [
     "dumps_strict",
     "loads_strict",
     "utf8_exceeds",
+    "utf8_len",
 ]

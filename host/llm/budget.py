@@ -66,6 +66,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from host.core.errors import CallRefusal
+from host.core.strictjson import utf8_len
 from host.core.vocab import WireReason
 from host.spec.config import ModelPrice
 
@@ -164,13 +165,9 @@ def estimate_tokens(
     UTF-8 bytes + TOKENS_PER_MESSAGE per message + TOKENS_PER_REQUEST + TOKENS_PER_TOOL per definition +
     TOKENS_PER_TOOL_CALL per call, + TOOL_PROMPT_TOKENS when `tools` (the request defines tools or asks for
     JSON)."""
-    text_bytes = sum(_utf8_len(text) for text in texts)
+    text_bytes = sum(utf8_len(text) for text in texts)
     overhead = TOKENS_PER_MESSAGE * messages + TOKENS_PER_REQUEST + (TOOL_PROMPT_TOKENS if tools else 0)
     return text_bytes + overhead + TOKENS_PER_TOOL * definitions + TOKENS_PER_TOOL_CALL * calls
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from host.core.strictjson import JsonRejected, check_finite, dumps_strict, loads_strict
+from host.core.strictjson import JsonRejected, check_finite, dumps_strict, loads_strict, utf8_len
 from host.core.vocab import WireReason
 from host.spec.manifest import ToolSpec
 from host.tools.gate import MAX_ARGUMENTS_BYTES
@@ -108,10 +108,6 @@ def json_string_bytes(text: str) -> int:
 def canonical_json(value: Any) -> str:
     """Compact JSON as the SDKs send a dict (`ensure_ascii=False`, no spaces): what reaches the provider."""
     return dumps_strict(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _utf8(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class Rejected(Exception):
@@ -183,11 +179,11 @@ def tool_definition(slug: str, spec: ToolSpec) -> ToolDef | None:
     parameters: dict[str, Any] = json.loads(parameters_json)  # a copy of our own, never the manifest's
     if kind is None:
         parameters = {"type": "object", **parameters}
-    size = _utf8(name) + _utf8(spec.description) + _utf8(parameters_json)
+    size = utf8_len(name) + utf8_len(spec.description) + utf8_len(parameters_json)
     if size > MAX_TOOL_DEFINITION_BYTES:
         return None
     sent_json = canonical_json(parameters)
-    chars = json_string_bytes(name) + json_string_bytes(spec.description) + _utf8(sent_json)
+    chars = json_string_bytes(name) + json_string_bytes(spec.description) + utf8_len(sent_json)
     return ToolDef(name, spec.description, parameters_json, parameters, chars, sent_json)
 
 
@@ -380,7 +376,7 @@ def _response_format(raw: Mapping[str, str] | None) -> tuple[ResponseFormat | No
         raise _invalid()  # both APIs take an object at the root (Anthropic: a tool's input)
     if "type" not in schema:
         schema = {"type": "object", **schema}
-    chars = json_string_bytes(name) + max(json_string_bytes(schema_text), _utf8(canonical_json(schema)))
+    chars = json_string_bytes(name) + max(json_string_bytes(schema_text), utf8_len(canonical_json(schema)))
     return ResponseFormat(FORMAT_JSON_SCHEMA, name, schema), chars + JSON_MODE_CHARS
 
 
@@ -630,7 +626,7 @@ def model_call(
         if not isinstance(value, dict):
             raise JsonRejected("not an object")
         text = canonical_json(value)
-        if _utf8(text) > MAX_ARGUMENTS_BYTES:
+        if utf8_len(text) > MAX_ARGUMENTS_BYTES:
             raise JsonRejected("too large")
     except (JsonRejected, TypeError, ValueError):
         return ModelToolCall(cid, name or _printable(raw_name), "{}", refused=True)

@@ -224,3 +224,11 @@ def test_utf8_exceeds_counts_bytes_not_characters() -> None:
     assert not utf8_exceeds("😀" * 2, 8) and utf8_exceeds("😀" * 2 + "a", 8)  # 4 bytes a character
     assert utf8_exceeds("\ud800" * 4, 11) and not utf8_exceeds("\ud800" * 4, 12)  # lone surrogates: 3
     assert not utf8_exceeds("a" * 10, 10) and utf8_exceeds("a" * 11, 10)
+
+
+def test_utf8_len_counts_every_byte_lone_surrogates_as_three() -> None:
+    from host.core.strictjson import utf8_exceeds, utf8_len
+
+    for text, size in (("", 0), ("a", 1), ("é", 2), ("€", 3), ("😀", 4), ("\ud800", 3), ("a€\ud800😀", 11)):
+        assert utf8_len(text) == size
+        assert not utf8_exceeds(text, size) and (size == 0 or utf8_exceeds(text, size - 1))
