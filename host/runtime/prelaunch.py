@@ -49,7 +49,7 @@ from host.engine.pin import verify_pinned_image
 from host.policy.admission import Admission, admit
 from host.runtime.headstart import Headstart, forget, remember
 from host.runtime.rundir import RunDir, made_for, make_run_dir, run_dir_of
-from host.spec.config import load_config
+from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import Lockfile
 
 logger = logging.getLogger("agentnode.sandbox.prelaunch")
@@ -73,6 +73,24 @@ class Prelaunched:
     launched_at: float
     stages: dict[str, float] = field(default_factory=dict)
     adopted: bool = False
+    admission: Admission | None = None
+    """The run's admission, decided here once: the host reuses it when `admitted_for` its own request."""
+    admitted_with: tuple[HostConfig, dict[str, str], str | None] | None = None
+    """What that admission was decided from: the config, the environment and the runtime asked for."""
+
+    def admitted_for(
+        self, slug: str, runtime: str | None, *, config: HostConfig, env: Mapping[str, str],
+        lockfile: Lockfile,
+    ) -> Admission | None:
+        """This run's admission, if the host's request is the one admitted here: same slug, runtime asked
+        for, config and environment, and the lockfile still holds the very entry admitted (reinstalled or
+        removed since: None, and the host admits the run itself)."""
+        early = self.admission
+        if early is None or self.admitted_with is None or early.entry is None or early.slug != slug:
+            return None
+        if self.admitted_with != (config, dict(env), runtime) or lockfile.get(slug) != early.entry:
+            return None
+        return early
 
     def serves(self, admission: Admission, *, pin: str | None, limits: ContainerLimits) -> bool:
         """Is this the sandbox the host would start for `admission` (same pack version and volume, runtime,
@@ -192,7 +210,7 @@ def _prelaunch(
                   command=(slug, runtime or ""), run_id=run_id, owner=owner, rundir=rundir)  # fmt: skip
         return Prelaunched(
             run_id=run_id, name=name, spec=spec, container_id=container[0], rundir=rundir, client=client,
-            launched_at=t0, stages=stages,
+            launched_at=t0, stages=stages, admission=admission, admitted_with=(config, dict(env), runtime),
         )  # fmt: skip
     except BaseException as exc:  # an interrupt too: nothing started here may outlive the prelaunch
         logger.debug("no prelaunch for %s: %s", slug, type(exc).__name__)

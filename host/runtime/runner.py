@@ -196,7 +196,10 @@ class SandboxHost:
         run = RunFacts(started=started, on_stage=on_stage, on_log=on_log,
                        caller=caller or NO_CALLER)  # fmt: skip
         try:
-            run.admission = admit(
+            early = None if prelaunched is None else prelaunched.admitted_for(
+                slug, runtime, config=self.config, env=self.env, lockfile=self.lockfile
+            )  # a cold run was admitted once, before its container started: re-checked here, not redone
+            run.admission = early or admit(
                 slug, lockfile=self.lockfile, config=self.config, env=self.env, runtime=runtime
             )
             if run.admission.refusal is not None:

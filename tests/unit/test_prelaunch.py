@@ -106,6 +106,29 @@ def test_the_run_adopts_only_the_very_sandbox_it_would_start(env: dict[str, str]
     assert not _prelaunched(admission).serves(no_entry, pin=pin, limits=limits)
 
 
+def test_the_host_reuses_the_prelaunch_admission_only_for_the_very_request_it_decided(
+    env: dict[str, str],
+) -> None:
+    admission, config = _admission(env), load_config(env)
+    lockfile = Lockfile(config.paths.lockfile)
+    early = dataclasses.replace(_prelaunched(admission), admission=admission,
+                                admitted_with=(config, dict(env), "runc"))  # fmt: skip
+    assert early.admitted_for(SLUG, "runc", config=config, env=env, lockfile=lockfile) is admission
+    assert early.admitted_for("other", "runc", config=config, env=env, lockfile=lockfile) is None
+    assert early.admitted_for(SLUG, "runsc", config=config, env=env, lockfile=lockfile) is None
+    assert early.admitted_for(SLUG, "runc", config=config, env={**env, "AGENTNODE_AGENT_SANDBOX": "0"},
+                              lockfile=lockfile) is None  # fmt: skip
+    sandbox = dataclasses.replace(config.agent_sandbox, runtime="runsc")
+    other = dataclasses.replace(config, agent_sandbox=sandbox)
+    assert early.admitted_for(SLUG, "runc", config=other, env=env, lockfile=lockfile) is None
+    unadmitted = _prelaunched(admission)
+    assert unadmitted.admitted_for(SLUG, "runc", config=config, env=env, lockfile=lockfile) is None
+    entry = lockfile.get(SLUG)
+    assert entry is not None
+    lockfile.put(dataclasses.replace(entry, artifact_hash="f" * 64))  # reinstalled since: admitted again
+    assert early.admitted_for(SLUG, "runc", config=config, env=env, lockfile=lockfile) is None
+
+
 def test_without_an_engine_nothing_is_prelaunched_and_nothing_is_left(env: dict[str, str]) -> None:
     """The engine is unreachable: no container, no run directory; the run's own path reports the failure."""
     assert prelaunch(SLUG, runtime="runc", owner=owner_token(), env=env, limits=ContainerLimits()) is None
