@@ -13,7 +13,7 @@ from host.policy.admission import decide_route, effective_policy, installed_agen
 from host.policy.rules import RouteDecision, RunPolicy, declares_llm
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import LockEntry, Lockfile
-from host.spec.manifest import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
+from host.spec.manifest.model import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
 
 
 @dataclass(frozen=True)

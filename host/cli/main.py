@@ -685,7 +685,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     from host.packs.scaffold import next_steps, scaffold
-    from host.spec.manifest import SLUG_RE
+    from host.spec.manifest.model import SLUG_RE
 
     if not SLUG_RE.fullmatch(args.name):
         raise _UsageError(

@@ -43,7 +43,7 @@ from host.k8s.pod import POD_START_GRACE_SECONDS
 from host.k8s.run import RUN_PATH, TERMINAL_PHASES, result_json
 from host.policy.caller import CallerInfo
 from host.spec.config import DEFAULT_MAX_RUNTIME_SECONDS
-from host.spec.manifest import SLUG_RE
+from host.spec.manifest.model import SLUG_RE
 
 DEFAULT_NAMESPACE = "default"
 """Where an AgentRun goes when neither --namespace nor the kubeconfig context (or the pod) names one."""

@@ -46,7 +46,7 @@ from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER
 from host.runtime.runaudit import RunAudit, RunFacts
 from host.spec.config import HostConfig, load_config, sandbox_enabled
-from host.spec.manifest import SLUG_RE
+from host.spec.manifest.model import SLUG_RE
 
 logger = logging.getLogger("agentnode.sandbox.controller")
 

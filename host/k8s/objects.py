@@ -28,7 +28,7 @@ from host.policy.caller import (
     MAX_TENANT_CHARS,
     CallerInfo,
 )
-from host.spec.manifest import SLUG_RE
+from host.spec.manifest.model import SLUG_RE
 
 # --- the contract (docs/kubernetes.md) -------------------------------------------------------------------
 GROUP = "sandbox.agentnode.net"

@@ -29,7 +29,7 @@ from host.k8s.objects import (
 )
 from host.policy.caller import CallerInfo, InvalidCaller
 from host.runtime.result import RunResult
-from host.spec.manifest import SLUG_RE
+from host.spec.manifest.model import SLUG_RE
 
 # The bounds are the CRD's (host/k8s/objects): an object must fit the API server's ~1.5 MiB, and a status
 # patch the schema refuses would lose the whole result.

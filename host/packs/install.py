@@ -63,15 +63,8 @@ from host.spec.lockfile import (
     Lockfile,
     entry_too_big,
 )
-from host.spec.manifest import (
-    MANIFEST_NAME,
-    AgentManifest,
-    ManifestWarnings,
-    ToolpackManifest,
-    load_manifest,
-    manifest_data,
-    parse_manifest,
-)
+from host.spec.manifest.load import load_manifest, manifest_data, parse_manifest
+from host.spec.manifest.model import MANIFEST_NAME, AgentManifest, ManifestWarnings, ToolpackManifest
 from host.spec.wheels import VENV_DIR
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from host.core.errors import PackError
-from host.spec.manifest import SLUG_RE
+from host.spec.manifest.model import SLUG_RE
 
 KINDS = ("agent", "toolpack")
 # The agent template calls the toolpack template's tool, so `init my-tools --type toolpack` pairs with it.

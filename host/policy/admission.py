@@ -14,7 +14,7 @@ from host.core.vocab import COMMUNITY_TRUST, Route, Source, Trust
 from host.policy.rules import RouteDecision, RunPolicy, resolve_run_policy, route_run
 from host.spec.config import HostConfig, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile
-from host.spec.manifest import AgentManifest
+from host.spec.manifest.model import AgentManifest
 
 
 def installed_agent(lockfile: Lockfile, slug: str) -> LockEntry:

@@ -9,13 +9,8 @@ from typing import Any
 from host.core.errors import AuditReason, ConfigError
 from host.core.vocab import HOST_TRUST, Route, Trust
 from host.spec.config import HOST_TRUST_POLICIES, AgentSandboxConfig, LlmHostConfig
-from host.spec.manifest import (
-    LLM_CAP_KEYS,
-    LLM_COST_CAP_KEY,
-    LLM_TOKEN_CAP_KEYS,
-    AgentManifest,
-    check_llm_access,
-)
+from host.spec.manifest.load import check_llm_access
+from host.spec.manifest.model import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
 
 # Conservative built-in LLM ceilings for borrowed host credentials, used where the host sets none.
 BUILTIN_LLM_CEILINGS: Mapping[str, int] = {

@@ -15,7 +15,7 @@ from host.policy.rules import RunPolicy
 from host.runtime.session import RunTask
 from host.runtime.toolsandbox import ToolSandboxes
 from host.spec.lockfile import LockEntry, Lockfile
-from host.spec.manifest import AgentManifest, ToolpackManifest, ToolSpec
+from host.spec.manifest.model import AgentManifest, ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 
 logger = logging.getLogger(__name__)

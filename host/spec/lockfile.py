@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from host.core.errors import ManifestError, PackError
 
 if TYPE_CHECKING:
-    from host.spec.manifest import AgentManifest, ToolpackManifest
+    from host.spec.manifest.model import AgentManifest, ToolpackManifest
 
 LOCKFILE_VERSION = 1
 MAX_LOCK_ENTRY_BYTES = 256 * 1024
@@ -81,7 +81,7 @@ class LockEntry:
         kept = self.__dict__.get("_parsed")
         if kept is not None:
             return cast("AgentManifest | ToolpackManifest", kept)
-        from host.spec.manifest import parse_manifest  # noqa: PLC0415  (YAML: not for `list`)
+        from host.spec.manifest.load import parse_manifest  # noqa: PLC0415  (YAML: not for `list`)
 
         try:
             parsed = parse_manifest(self.manifest, source=f"lockfile entry {self.slug}")

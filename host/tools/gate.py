@@ -29,7 +29,7 @@ from host.core.calltrace import CallTrace
 from host.core.errors import CallRefusal
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict, utf8_exceeds
 from host.core.vocab import HOST_TRUST, WireReason
-from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from sandbox_wrapper.protocol import MAX_RESULT_BYTES, tool_worker_script
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.runtime.session import RunSession, RunTask, build_run_server
 from host.spec.config import LlmHostConfig
-from host.spec.manifest import ToolpackManifest, load_manifest
+from host.spec.manifest.load import load_manifest
+from host.spec.manifest.model import ToolpackManifest
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (

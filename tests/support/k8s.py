@@ -24,7 +24,7 @@ from host.k8s.pod import pod_for
 from host.packs.install import LockEntry, Lockfile, artifact_hash
 from host.policy.admission import admit
 from host.spec.config import HostConfig, load_config
-from host.spec.manifest import manifest_data, parse_manifest
+from host.spec.manifest.load import manifest_data, parse_manifest
 from tests.support.kubeapi import KubeAPI
 from tests.support.packs import write_agent
 from tests.support.paths import REPO

@@ -25,7 +25,7 @@ from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.runtime.session import RunSession, RunTask, build_run_server
 from host.spec.config import LlmHostConfig
-from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 

@@ -38,7 +38,7 @@ from host.llm.toolcalls import (
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.runtime import wiring as _wiring
 from host.spec.config import LlmHostConfig
-from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer, FakeToolCall
 

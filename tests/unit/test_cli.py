@@ -24,7 +24,8 @@ from host.engine.engine import LABEL_OWNER, LABEL_RUN, EngineFacts, classify_eng
 from host.engine.image import BUILD_HINT
 from host.packs.install import Lockfile
 from host.spec.config import load_config
-from host.spec.manifest import AgentManifest, ToolpackManifest, load_manifest
+from host.spec.manifest.load import load_manifest
+from host.spec.manifest.model import AgentManifest, ToolpackManifest
 from host.tools.gate import InstalledToolpack, ToolRunner, resolve_tool
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.packs import write_agent as write_pack

@@ -18,7 +18,7 @@ import pytest
 
 import sandbox_wrapper
 from host.engine.image import _wrapper_sources
-from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper._tool_exec import COMPAT_DIR
 from tests.support.paths import REPO

@@ -13,7 +13,8 @@ import yaml
 
 from host.core.errors import AuditReason, ManifestError
 from host.core.strictyaml import StrictLoader, load_yaml
-from host.spec.manifest import (
+from host.spec.manifest.load import check_llm_access, load_manifest, manifest_data, parse_manifest
+from host.spec.manifest.model import (
     DEFAULT_PERMISSIONS,
     MAX_MANIFEST_BYTES,
     MAX_WARNINGS,
@@ -25,10 +26,6 @@ from host.spec.manifest import (
     PackDependency,
     ToolpackManifest,
     ToolSpec,
-    check_llm_access,
-    load_manifest,
-    manifest_data,
-    parse_manifest,
 )
 
 AGENT_YAML = """\

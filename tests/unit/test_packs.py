@@ -33,7 +33,7 @@ from host.packs.install import (
 )
 from host.spec import lockfile as _lockfile
 from host.spec.config import ConfigPaths, config_paths
-from host.spec.manifest import load_manifest, manifest_data
+from host.spec.manifest.load import load_manifest, manifest_data
 from tests.support.tars import assert_ends_at_marker
 
 MARKER_MODULE = textwrap.dedent(

@@ -24,7 +24,7 @@ from host.policy.rules import (
     route_run,
 )
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, LlmHostConfig
-from host.spec.manifest import AgentManifest
+from host.spec.manifest.model import AgentManifest
 from tests.support.cli import cli, json_out
 from tests.support.packs import write_agent
 from tests.support.schema import check_schema

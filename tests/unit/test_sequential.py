@@ -34,7 +34,8 @@ from host.runtime.outcome import EndFacts, Ending, name_outcome
 from host.runtime.runner import SandboxHost
 from host.runtime.session import RunOutcome
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, load_config
-from host.spec.manifest import OrchestrationStep, load_manifest, manifest_data, parse_manifest
+from host.spec.manifest.load import load_manifest, manifest_data, parse_manifest
+from host.spec.manifest.model import OrchestrationStep
 from tests.support.paths import REPO
 from tests.support.step_tools import STEP_TOOLS, STEP_TOOLS_MANIFEST
 

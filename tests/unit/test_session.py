@@ -32,7 +32,7 @@ from host.runtime.session import (
     build_run_server,
 )
 from host.spec.config import LlmHostConfig
-from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (

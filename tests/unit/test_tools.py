@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from host.spec.manifest import ToolpackManifest, ToolSpec
+from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import (
     InstalledToolpack,
     ResolvedTool,

@@ -27,7 +27,7 @@ from host.runtime.toolsandbox import (
 )
 from host.runtime.workload import Teardowns
 from host.spec.config import load_config
-from host.spec.manifest import ToolpackManifest
+from host.spec.manifest.model import ToolpackManifest
 from host.tools.gate import (
     MODE_TOOL_SANDBOX,
     InstalledToolpack,

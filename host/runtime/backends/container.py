@@ -40,7 +40,7 @@ from host.runtime.pool import PoolSettings, WarmPools
 from host.runtime.session import RunSession, build_run_server
 from host.runtime.workload import SocketServer, Workload
 from host.spec.lockfile import LockEntry, Lockfile
-from host.spec.manifest import AgentManifest
+from host.spec.manifest.model import AgentManifest
 from host.tools.link import ToolLink
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from host.policy.admission import Admission
 from host.runtime.rundir import make_run_dir
 from host.runtime.session import RunOutcome, RunSession
 from host.runtime.workload import Workload
-from host.spec.manifest import OrchestrationStep
+from host.spec.manifest.model import OrchestrationStep
 from host.tools.gate import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
 from sandbox_wrapper.protocol import PROTOCOL_VERSION
 

@@ -1,0 +1,1 @@
+"""agentnode.yaml parsing for agent packs and toolpacks: its data, its reading, and its parser by part."""
