@@ -263,7 +263,7 @@ class _OpenAiAdapter:
         """The request's fields as sent, passed as `extra_body`: the SDK's `create` walks every typed argument
         against its parameter TypedDicts (for aliases and formats) before sending, ~0.35 ms for one message,
         ~0.8 ms for 8 tools and a 2 KiB schema and ~2.4 ms for a 12-message tool loop, on every call. What
-        openai_request builds is plain JSON that walk leaves as it is (tests/unit/test_broker_tools.py checks
+        openai_request builds is plain JSON that walk leaves as it is (tests/unit/llm/test_toolcalls.py checks
         it against the installed SDK), so skipping it sends the same body. `messages` is a required
         argument: it is given empty and the body's own replaces it (extra_body wins over typed fields)."""
         bound = "max_completion_tokens" if self._completion_bound else "max_tokens"

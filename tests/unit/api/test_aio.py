@@ -15,7 +15,7 @@ from host.aio import AsyncRunnerClient, RunFinished, RunLog, RunStarted
 from host.api.server import build_admin_server
 from host.core.errors import EngineError, InvalidRequest
 from host.policy.caller import CallerInfo
-from tests.unit.test_serve import FakeHost
+from tests.unit.api.test_server import FakeHost
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ from host.engine.sdk import connect
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.fake_engine import FakeEngine
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 WRAPPER_FILES = {
     "__init__.py": "PROTOCOL_VERSION = 1\n",
     "__main__.py": "print('main')\n",
@@ -118,7 +118,7 @@ def test_rootfs_hash_ignores_the_wrapper_but_not_packages_or_arch(repo: Path) ->
 
 
 def test_requirements_pin_the_host_venv_versions_with_hashes() -> None:
-    # The same versions as the host's lock (tests/unit/test_lock.py), not as whatever is installed:
+    # The same versions as the host's lock (tests/unit/project/test_lock.py), not as whatever is installed:
     # scripts/check-latest runs this suite with the newest grpcio on purpose.
     pins = parse_requirements((REPO / "docker" / "requirements.txt").read_text())
     assert [p.name for p in pins] == ["grpcio", "protobuf", "typing-extensions"]

@@ -19,7 +19,7 @@ from host.runtime.fdbudget import (
     raise_nofile_limit,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_runs_are_admitted_until_the_reserve_would_be_touched() -> None:

@@ -21,7 +21,7 @@ from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2, session_pb2, tools_pb2
 from tests.support.fake_host import FakeHost, Refusal, Served, make_task, serve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 Code = session_pb2.AgentErrorCode
 

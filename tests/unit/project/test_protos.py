@@ -9,7 +9,7 @@ from pathlib import Path
 from host.core.vocab import WireReason
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import errors_pb2
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _sources(package: str) -> list[Path]:
@@ -54,7 +54,7 @@ def test_the_host_status_table_is_typed_and_total() -> None:
 
 def test_examples_import_only_public_modules() -> None:
     """Examples are what pack authors copy: no private module (a leading underscore) may appear in them."""
-    examples = Path(__file__).resolve().parents[2] / "examples"
+    examples = Path(__file__).resolve().parents[3] / "examples"
     sources = sorted(examples.rglob("*.py"))
     assert sources, "no example sources found"
     private = re.compile(r"^\s*(?:from|import)\s+(?:host|sandbox_wrapper)(?:\.\w+)*\._", re.M)

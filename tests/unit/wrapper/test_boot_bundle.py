@@ -14,7 +14,7 @@ import pytest
 
 from sandbox_wrapper import _boot
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 PROBE = """
 import json, sys

@@ -60,4 +60,4 @@ def test_the_host_environment_imports_the_wrapper(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     )
-    assert Path(out.stdout.strip()) == Path(__file__).resolve().parents[2] / "sandbox_wrapper"
+    assert Path(out.stdout.strip()) == Path(__file__).resolve().parents[3] / "sandbox_wrapper"

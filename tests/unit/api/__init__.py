@@ -1,0 +1,1 @@
+"""Unit tests for api (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for audit (no engine, no daemon)."""

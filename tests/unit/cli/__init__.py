@@ -1,0 +1,1 @@
+"""Unit tests for cli (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for core (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for engine (no engine, no daemon)."""

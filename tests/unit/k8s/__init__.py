@@ -1,0 +1,1 @@
+"""Unit tests for k8s (no engine, no daemon)."""

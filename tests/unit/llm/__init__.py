@@ -1,0 +1,1 @@
+"""Unit tests for llm (no engine, no daemon)."""

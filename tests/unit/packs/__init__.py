@@ -1,0 +1,1 @@
+"""Unit tests for packs (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for policy (no engine, no daemon)."""

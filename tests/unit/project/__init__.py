@@ -1,0 +1,1 @@
+"""Unit tests for project (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for runtime (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for spec (no engine, no daemon)."""

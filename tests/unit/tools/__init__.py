@@ -1,0 +1,1 @@
+"""Unit tests for tools (no engine, no daemon)."""

@@ -1,0 +1,1 @@
+"""Unit tests for wrapper (no engine, no daemon)."""
