@@ -16,9 +16,9 @@ on the socket or the host failed the call; asyncio.CancelledError is never trans
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 import grpc.aio
@@ -26,15 +26,16 @@ import grpc.aio
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host.api.events import (
     MAX_MESSAGE_BYTES,
+    RunArgs,
     RunEvent,
     RunFinished,
     RunLog,
     RunStage,
     RunStarted,
     event_from,
-    request_fields,
     result_from,
     rpc_error,
+    run_request,
 )
 from host.core.errors import EngineError, InvalidRequest, SandboxError
 from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
@@ -87,17 +88,12 @@ class AsyncRunnerClient:
         self,
         slug: str,
         *,
-        goal: str | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        runtime: str | None = None,
-        caller: CallerInfo | None = None,
-        limits: RunOverrides | None = None,
         timeout: float | None = None,
+        **run: Unpack[RunArgs],
     ) -> RunResult:
-        """Run an installed agent on the host and return its result."""
-        request = runner_pb2.SubmitRunRequest(**request_fields(
-            slug, goal, kwargs, runtime, caller, limits=limits
-        ))
+        """Run an installed agent on the host and return its result; `run` is goal, kwargs, runtime,
+        caller, limits (host/api/events.RunArgs)."""
+        request = run_request(runner_pb2.SubmitRunRequest, slug, run)
         await self._ensure_ready()
         try:
             response = await self._stub.SubmitRun(request, timeout=timeout, wait_for_ready=True)
@@ -108,18 +104,11 @@ class AsyncRunnerClient:
     async def stream(
         self,
         slug: str,
-        *,
-        goal: str | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        runtime: str | None = None,
-        caller: CallerInfo | None = None,
-        limits: RunOverrides | None = None,
+        **run: Unpack[RunArgs],
     ) -> AsyncIterator[RunEvent]:
         """Run an agent, yielding RunStarted, RunStage and RunLog as they happen, then RunFinished (after
         every RunLog of the run). Leaving the loop early, or cancelling its task, cancels the run."""
-        request = runner_pb2.StreamRunRequest(**request_fields(
-            slug, goal, kwargs, runtime, caller, limits=limits
-        ))
+        request = run_request(runner_pb2.StreamRunRequest, slug, run)
         await self._ensure_ready()
         call = self._stub.StreamRun(request, wait_for_ready=True)
         try:

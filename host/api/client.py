@@ -5,16 +5,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 import grpc
 
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
-from host.api.events import MAX_MESSAGE_BYTES, RunEvent, event_from, request_fields, result_from, rpc_error
+from host.api.events import (
+    MAX_MESSAGE_BYTES,
+    RunArgs,
+    RunEvent,
+    event_from,
+    result_from,
+    rpc_error,
+    run_request,
+)
 from host.core.errors import AuditReason, EngineError
-from host.policy.caller import CallerInfo, RunOverrides
 from host.runtime.result import RunResult
 
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -88,17 +95,12 @@ class RunnerClient:
         self,
         slug: str,
         *,
-        goal: str | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        runtime: str | None = None,
-        caller: CallerInfo | None = None,
-        limits: RunOverrides | None = None,
         timeout: float | None = None,
+        **run: Unpack[RunArgs],
     ) -> RunResult:
-        """Run an installed agent on the host and wait for its result."""
-        request = runner_pb2.SubmitRunRequest(**request_fields(
-            slug, goal, kwargs, runtime, caller, limits=limits
-        ))
+        """Run an installed agent on the host and wait for its result; `run` is goal, kwargs, runtime,
+        caller, limits (host/api/events.RunArgs)."""
+        request = run_request(runner_pb2.SubmitRunRequest, slug, run)
         self._ensure_ready()
         try:
             response = self._stub.SubmitRun(request, timeout=timeout, wait_for_ready=True)
@@ -109,18 +111,12 @@ class RunnerClient:
     def stream(
         self,
         slug: str,
-        *,
-        goal: str | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        runtime: str | None = None,
-        caller: CallerInfo | None = None,
-        limits: RunOverrides | None = None,
+        **run: Unpack[RunArgs],
     ) -> Iterator[RunEvent]:
         """Run an agent, yielding its events (host/api/events.py): RunStarted, RunStage and RunLog as they
-        happen, then RunFinished with the result. Closing the iterator early cancels the run."""
-        request = runner_pb2.StreamRunRequest(**request_fields(
-            slug, goal, kwargs, runtime, caller, limits=limits
-        ))
+        happen, then RunFinished with the result (`run` as for submit). Closing the iterator early cancels
+        the run."""
+        request = run_request(runner_pb2.StreamRunRequest, slug, run)
         self._ensure_ready()
         call = self._stub.StreamRun(request, wait_for_ready=True)
         try:

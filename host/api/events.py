@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import grpc
 
@@ -105,33 +105,50 @@ def result_from(report: runner_pb2.RunReport) -> RunResult:
     )
 
 
-def request_fields(
-    slug: str,
-    goal: str | None,
-    kwargs: Mapping[str, Any] | None,
-    runtime: str | None,
-    caller: CallerInfo | None,
-    *,
-    limits: RunOverrides | None = None,
-) -> dict[str, Any]:
-    """The fields of a SubmitRun / StreamRun request."""
+class RunArgs(TypedDict, total=False):
+    """What a run asks for besides the agent's slug: one argument model for both clients (blocking and
+    asyncio) and both calls (submit, stream), so a new field is added once and typed everywhere."""
+
+    goal: str | None
+    """The run's goal (the agent's default when None)."""
+    kwargs: Mapping[str, Any] | None
+    """The agent's keyword arguments (strict JSON)."""
+    runtime: str | None
+    """The sandbox runtime to ask for (the host's default when None)."""
+    caller: CallerInfo | None
+    """Who asks (tenant, request id, labels), for the audit record."""
+    limits: RunOverrides | None
+    """Caps tighter than the host's for this run."""
+
+
+_RUN_ARGS = RunArgs.__optional_keys__
+
+RequestT = TypeVar("RequestT", runner_pb2.SubmitRunRequest, runner_pb2.StreamRunRequest)
+
+
+def run_request(kind: type[RequestT], slug: str, args: RunArgs) -> RequestT:
+    """The SubmitRun / StreamRun request for `slug` and `args` (a keyword that is not a RunArgs field is a
+    TypeError, as it is for a plain signature)."""
+    for name in args:
+        if name not in _RUN_ARGS:
+            raise TypeError(f"unexpected keyword argument {name!r}")
     fields: dict[str, Any] = {
         "slug": slug,
-        "kwargs_json": dumps_strict(dict(kwargs or {})),
-        "runtime": runtime or "",
+        "kwargs_json": dumps_strict(dict(args.get("kwargs") or {})),
+        "runtime": args.get("runtime") or "",
     }
-    if goal is not None:
+    if (goal := args.get("goal")) is not None:
         fields["goal"] = goal
-    if caller is not None:
+    if (caller := args.get("caller")) is not None:
         fields["caller"] = runner_pb2.CallerMetadata(
             tenant=caller.tenant, request_id=caller.request_id, labels=dict(caller.labels)
         )
-    if limits is not None and not limits.empty:
+    if (limits := args.get("limits")) is not None and not limits.empty:
         fields["limits"] = runner_pb2.RunLimitOverrides(**{
             name: value for name in RunOverrides.__dataclass_fields__
             if (value := getattr(limits, name)) is not None
         })  # fmt: skip
-    return fields
+    return kind(**fields)
 
 
 def rpc_error(err: grpc.RpcError, socket_path: str) -> SandboxError:
@@ -175,13 +192,14 @@ def rpc_error(err: grpc.RpcError, socket_path: str) -> SandboxError:
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "RunArgs",
     "RunEvent",
     "RunFinished",
     "RunLog",
     "RunStage",
     "RunStarted",
     "event_from",
-    "request_fields",
     "result_from",
     "rpc_error",
+    "run_request",
 ]
