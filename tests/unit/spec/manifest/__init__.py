@@ -1,0 +1,1 @@
+"""Unit tests for host/spec/manifest/ (agentnode.yaml, both forms)."""
