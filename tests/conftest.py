@@ -1,4 +1,5 @@
-"""Suite-wide guard: where Docker is required (CI), a Docker test may not skip and at least one must pass."""
+"""Suite-wide guards: the dev extra is installed (one clear error, not hundreds of failures), and where
+Docker is required (CI) a Docker test may not skip and at least one must pass."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import os
 
 import pytest
 
+from tests.support import extras
+
 REQUIRE_DOCKER = os.environ.get("AGENTNODE_REQUIRE_DOCKER") == "1" or os.environ.get("CI") == "true"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if (message := extras.problem()) is not None:
+        raise pytest.UsageError(message)
+
 
 _counts = {"passed": 0, "skipped": 0, "selected": 0}
 
