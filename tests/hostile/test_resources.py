@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.hostile.conftest import Lab, Ledger, brief, rss_bytes
+from tests.support.packs import fork_bomb
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
@@ -18,20 +19,7 @@ LOG_CAP_BYTES = 64 * 1024
 
 BOMBS = r"""
 import os, threading, time
-
-def fork_bomb():
-    children = 0
-    try:
-        for _ in range(5000):
-            pid = os.fork()
-            if pid == 0:
-                time.sleep(30)
-                os._exit(0)
-            children += 1
-    except OSError as exc:
-        return {"children": children, "stopped_by": type(exc).__name__}
-    return {"children": children, "stopped_by": None}
-
+""" + fork_bomb() + r"""
 def thread_bomb():
     started = 0
     try:

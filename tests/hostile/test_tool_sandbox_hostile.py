@@ -46,7 +46,7 @@ from tests.hostile.conftest import (
 )
 from tests.hostile.test_soak import SLACK, _quiet
 from tests.support.engine import ENGINE_ENV
-from tests.support.packs import write_agent
+from tests.support.packs import fork_bomb, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
@@ -64,7 +64,7 @@ GONE_WITHIN = 20.0
 """Seconds after a run's end by which the engine may still list one of its tool sandboxes."""
 RSS_GROWTH_MAX = 16 << 20
 
-CTOOLS_SOURCE = r'''
+CTOOLS_SOURCE = (r'''
 """hx-ctools: a community tool pack that attacks its tool sandbox's host link and limits."""
 import ctypes, errno, json, os, resource, signal, socket, struct, sys, threading, time
 
@@ -300,26 +300,14 @@ def spin(seconds=2.0, procs=4, **kwargs):
     return {"wall_s": round(time.monotonic() - started, 2), "cpu_s": round(used.ru_utime + used.ru_stime, 2)}
 
 
-def fork_bomb(**kwargs):
-    children = 0
-    try:
-        for _ in range(5000):
-            pid = os.fork()
-            if pid == 0:
-                time.sleep(20)
-                os._exit(0)
-            children += 1
-    except OSError as exc:
-        return {"children": children, "stopped_by": type(exc).__name__}
-    return {"children": children, "stopped_by": None}
-
+''' + fork_bomb("fork_bomb(**kwargs)", hold_s=20) + r'''
 
 def memory_bomb(**kwargs):
     hoard = []
     for _ in range(64):  # 4 GiB, every page written
         hoard.append(b"\x01" * (64 << 20))
     return {"allocated_mib": 64 * len(hoard)}
-'''.replace("__HOSTILE__", repr(HOSTILE_TEXT)).replace("__FORGED__", repr(FORGED))
+''').replace("__HOSTILE__", repr(HOSTILE_TEXT)).replace("__FORGED__", repr(FORGED))
 
 CTOOLS_NAMES = ("tick", "hijack", "wrong_call_id", "oversized", "garbage", "bad_utf8", "flood_between_calls",
                 "stuck", "probe", "spin", "fork_bomb", "memory_bomb")  # fmt: skip

@@ -13,6 +13,7 @@ from host.engine.engine import EngineKind, container_runtime
 from host.engine.http import EngineClient
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState
+from tests.support.packs import fork_bomb
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
@@ -222,21 +223,7 @@ def test_memory_ceiling_kills_768_mib_but_allows_64(
 def test_fork_bomb_is_contained(host_state: HostState, make_agent: Callable[..., Path], runtime: str) -> None:
     bomb = make_agent(
         "forkbomb",
-        """
-        import os, time
-        def run(context, **kwargs):
-            children = 0
-            try:
-                for _ in range(2000):
-                    pid = os.fork()
-                    if pid == 0:
-                        time.sleep(20)
-                        os._exit(0)
-                    children += 1
-            except OSError as exc:
-                return {"children": children, "stopped_by": type(exc).__name__}
-            return {"children": children, "stopped_by": None}
-    """,
+        fork_bomb("run(context, **kwargs)", forks=2000, hold_s=20),
         extra="limits:\n  max_runtime_seconds: 30\n",
     )
     host_state.install(bomb)

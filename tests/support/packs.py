@@ -29,3 +29,24 @@ def write_agent(
         f'agent:\n  entrypoint: "{entrypoint}"\n  goal: {goal}\n{agent}'
     )
     return pack
+
+
+def fork_bomb(signature: str = "fork_bomb()", *, forks: int = 5000, hold_s: int = 30) -> str:
+    """Module source of a function `signature` that forks up to `forks` children (each sleeping `hold_s`
+    seconds) until the kernel refuses; it returns how many it got and what stopped it. One body for the
+    agent, tool-sandbox and resource suites that prove a fork bomb is contained."""
+    return f"""
+def {signature}:
+    import os, time
+    children = 0
+    try:
+        for _ in range({forks}):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep({hold_s})
+                os._exit(0)
+            children += 1
+    except OSError as exc:
+        return {{"children": children, "stopped_by": type(exc).__name__}}
+    return {{"children": children, "stopped_by": None}}
+"""
