@@ -408,6 +408,19 @@ class Backend(Protocol[SpecT]):
         ...
 
 
+class UnpooledBackend:
+    """What a backend that starts every run fresh shares: the runner's owner token and environment (for
+    its run directories), and a `claim` that finds nothing warm. HostBackend and SequentialBackend."""
+
+    def __init__(self, *, owner: str, env: Mapping[str, str]) -> None:
+        self.owner = owner
+        self.env = env
+
+    def claim(self, admission: Admission) -> None:
+        """Nothing is kept warm: each run is started when it is admitted."""
+        return None
+
+
 class Teardowns:
     """Destroys used workloads: inline for a one-shot host, on a few threads for a long-running one (whose
     caller gets its result first); a failed background teardown is counted and logged, and the startup

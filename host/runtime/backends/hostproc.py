@@ -18,7 +18,7 @@ from host.engine.wrapper_env import WRAPPER_ARGS, wrapper_env
 from host.policy.admission import Admission, host_copy_error
 from host.runtime.rundir import RunDir
 from host.runtime.session import RunSession
-from host.runtime.workload import Workload
+from host.runtime.workload import UnpooledBackend, Workload
 
 _WRAPPER_CODE = str(Path(__file__).resolve().parents[3])
 """Where the host's own copy of sandbox_wrapper is importable from."""
@@ -81,16 +81,9 @@ def _read_to_end(fd: int) -> Iterator[tuple[int, bytes]]:
         os.close(fd)
 
 
-class HostBackend:
-    """Starts host-process workloads; they share the runner's sockets, gates and audit with sandboxes."""
-
-    def __init__(self, *, owner: str, env: Mapping[str, str]) -> None:
-        self.owner = owner
-        self.env = env
-
-    def claim(self, admission: Admission) -> None:
-        """Host processes are started per run: there is nothing warm to claim."""
-        return None
+class HostBackend(UnpooledBackend):
+    """Starts host-process workloads (one per run, nothing warm); they share the runner's sockets, gates
+    and audit with sandboxes."""
 
     def prepare(self, admission: Admission) -> HostSpec:
         """The agent's installed host copy; a host-routed agent installed without one cannot run here."""

@@ -23,7 +23,7 @@ from host.core.vocab import WireReason
 from host.policy.admission import Admission
 from host.runtime.rundir import make_run_dir
 from host.runtime.session import RunOutcome, RunSession
-from host.runtime.workload import Workload
+from host.runtime.workload import UnpooledBackend, Workload
 from host.spec.manifest.model import OrchestrationStep
 from host.tools.gate import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
 from sandbox_wrapper.protocol import PROTOCOL_VERSION
@@ -379,16 +379,9 @@ class SequentialRun(Workload):
         """Nothing to kill: the cancelled session stops the thread before its next step."""
 
 
-class SequentialBackend:
-    """Runs sequential orchestration agents on the host: they run no pack code, whatever their trust."""
-
-    def __init__(self, *, owner: str, env: Mapping[str, str]) -> None:
-        self.owner = owner
-        self.env = env
-
-    def claim(self, admission: Admission) -> None:
-        """Nothing is kept warm: a pipeline starts in microseconds."""
-        return None
+class SequentialBackend(UnpooledBackend):
+    """Runs sequential orchestration agents on the host: they run no pack code, whatever their trust; none
+    is kept warm (a pipeline starts in microseconds)."""
 
     def prepare(self, admission: Admission) -> SequentialSpec:
         manifest, policy = admission.manifest, admission.policy
