@@ -272,7 +272,7 @@ STUBS = r"""
 import json, os, socket, threading
 from collections import Counter
 import grpc
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
+from sandbox_wrapper.protocol import (
     llm_pb2, llm_pb2_grpc, session_pb2, session_pb2_grpc, tools_pb2, tools_pb2_grpc)
 
 PATH = os.environ["AGENTNODE_SOCKET"]

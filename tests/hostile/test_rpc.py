@@ -21,7 +21,7 @@ from host.spec.manifest.load import load_manifest
 from host.spec.manifest.model import ToolpackManifest
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
+from sandbox_wrapper.protocol import (
     llm_pb2,
     llm_pb2_grpc,
     session_pb2,

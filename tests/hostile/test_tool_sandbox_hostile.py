@@ -69,7 +69,7 @@ CTOOLS_SOURCE = (r'''
 import ctypes, errno, json, os, resource, signal, socket, struct, sys, threading, time
 
 from sandbox_wrapper import _tool_server as server
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2 as pb
+from sandbox_wrapper.protocol import toolsandbox_pb2 as pb
 
 N = 0
 HEADER = struct.Struct(">I")

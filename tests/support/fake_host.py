@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import grpc
 
 from sandbox_wrapper import PROTOCOL_VERSION
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
+from sandbox_wrapper.protocol import (
     llm_pb2,
     llm_pb2_grpc,
     session_pb2,

@@ -39,9 +39,9 @@ from host.tools.gate import (
 )
 from host.tools.link import MAX_REPLY_BYTES, LinkBroken, LinkTimeout, ToolLink, reply_dict
 from sandbox_wrapper import PROTOCOL_VERSION
-from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2
 from sandbox_wrapper._tool_exec import handle
 from sandbox_wrapper._tool_server import FRAME_HEADER, frame, reply_message
+from sandbox_wrapper.protocol import toolsandbox_pb2
 from tests.support.paths import REPO
 
 TOOLS = textwrap.dedent(
