@@ -24,7 +24,7 @@ from typing import Any
 
 import docker
 
-from bench._report import CODE_ROOT
+from bench._roots import CODE_ROOT
 from bench._state import BENCH_LABEL
 from bench._stats import ratio, summary
 from host.core.owner import owner_token

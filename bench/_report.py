@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._plan import CALL_ROUNDS, SECTION_NAMES
+from bench._roots import REPO
 from bench._stats import (
     UNSTABLE_SPREAD,
     combine,
@@ -26,17 +27,6 @@ from bench._stats import (
     unstable_figures,
     walk_figures,
 )
-
-REPO = Path(__file__).resolve().parent.parent
-"""This checkout: where `bench` itself always comes from."""
-
-CODE_ROOT = Path(os.environ.get("AGENTNODE_BENCH_CODE_ROOT") or REPO)
-"""Where the child processes the benchmark starts (`python -m host serve`, a concurrency level) import
-`host` and `sandbox_wrapper` from: this checkout, or under `--compare` one revision's tree
-(bench/_compare)."""
-
-IMAGE_ROOT = Path(os.environ.get("AGENTNODE_BENCH_IMAGE_ROOT") or REPO)
-"""The tree whose docker/ and sandbox_wrapper/ the pinned image is built from (`build_image(repo_root=)`)."""
 
 SECTIONS = ("Targets", "Load", "Cold start", "Per-call overhead", "Tool sandboxes", "Broker", "Concurrency",
             "Warm")
@@ -812,7 +802,7 @@ def render_compare(data: Mapping[str, Any]) -> str:
 
 
 __all__ = [
-    "BUSY_LOAD", "CODE_ROOT", "IMAGE_ROOT", "REPO", "SECTIONS", "aggregate", "compare_figures", "finish",
+    "BUSY_LOAD", "SECTIONS", "aggregate", "compare_figures", "finish",
     "finish_compare", "machine_facts", "med", "ratio", "render", "render_compare", "summary", "targets",
     "unstable_list",
 ]

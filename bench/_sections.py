@@ -5,31 +5,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import _measure
 from bench._concurrency import concurrency
 from bench._drive import quiesce
 from bench._plan import Plan
 from bench._state import BenchState
+from bench.measure.broker import broker
+from bench.measure.broker_tools import broker_tools
+from bench.measure.calls import calls
+from bench.measure.cli import cli
+from bench.measure.cold import cold
+from bench.measure.tool_sandbox import tool_sandbox
+from bench.measure.warm import warm
 
 
 def measure_one(state: BenchState, plan: Plan, section: str, runtime: str) -> dict[str, Any]:
     """One repetition's result. A concurrency level that fails is named under "errors" and the other
     levels still run; any other failure raises."""
     if section == "broker_tools":
-        return _measure.broker_tools(state, plan.calls, plan.calls_warmup)
+        return broker_tools(state, plan.calls, plan.calls_warmup)
     if section == "cold":
-        return _measure.cold(state, runtime, plan.cold)
+        return cold(state, runtime, plan.cold)
     if section == "cli":
-        return _measure.cli(state, runtime, plan.cold)
+        return cli(state, runtime, plan.cold)
     if section == "calls":
-        return _measure.calls(state, runtime, plan.calls, plan.calls_warmup)
+        return calls(state, runtime, plan.calls, plan.calls_warmup)
     if section == "tool_sandbox":
-        return _measure.tool_sandbox(state, runtime, plan.calls, plan.calls_warmup)
+        return tool_sandbox(state, runtime, plan.calls, plan.calls_warmup)
     if section == "broker":
-        return _measure.broker(state, runtime, plan.broker, plan.broker_warmup)
+        return broker(state, runtime, plan.broker, plan.broker_warmup)
     if section == "warm":
-        return _measure.warm(state, runtime, reps=plan.warm, pool_size=plan.pool, settle=plan.settle,
-                             filler=plan.filler)
+        return warm(state, runtime, reps=plan.warm, pool_size=plan.pool, settle=plan.settle,
+                    filler=plan.filler)
     if section == "concurrency":
         out: dict[str, Any] = {}
         errors: list[str] = []

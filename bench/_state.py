@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from bench._report import REPO
+from bench._roots import REPO
 from host.core.owner import owner_token
 from host.engine.engine import LABEL_SLUG
 from host.packs.install import install_pack, uninstall_pack

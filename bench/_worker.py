@@ -56,7 +56,7 @@ def main() -> int:
         import host  # noqa: PLC0415
         import sandbox_wrapper  # noqa: PLC0415
         from bench._plan import Plan  # noqa: PLC0415
-        from bench._report import IMAGE_ROOT  # noqa: PLC0415
+        from bench._roots import IMAGE_ROOT  # noqa: PLC0415
         from bench._state import BenchState  # noqa: PLC0415
         from host.engine.image import build_image  # noqa: PLC0415
         try:

@@ -20,7 +20,8 @@ from typing import Any
 
 from bench._drive import drive, say
 from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
-from bench._report import IMAGE_ROOT, REPO, finish, machine_facts, render, render_compare
+from bench._report import finish, machine_facts, render, render_compare
+from bench._roots import IMAGE_ROOT, REPO
 from bench._sections import measure_one
 from bench._state import BenchState
 from host.engine.image import build_image

@@ -16,10 +16,8 @@ import pytest
 
 from bench import _compare, _drive
 from bench._concurrency import over_floor
-from bench._measure import BROKER_ROUNDS
 from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
 from bench._report import (
-    REPO,
     SECTIONS,
     aggregate,
     compare_figures,
@@ -29,7 +27,9 @@ from bench._report import (
     render_compare,
     targets,
 )
+from bench._roots import REPO
 from bench._stats import UNSTABLE_SPREAD, combine, figure, rep_value, spread, summary, unstable_figures
+from bench.measure.broker import BROKER_ROUNDS
 
 # -- statistics ---------------------------------------------------------------------------------------
 

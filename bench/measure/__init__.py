@@ -1,0 +1,1 @@
+"""The measurements, one module per section (bench/report/ renders each; shared.py serves several)."""
