@@ -25,8 +25,9 @@ from typing import Any
 
 from bench._drive import drive, say
 from bench._plan import Plan
-from bench._report import SIDES, finish_compare, machine_facts
 from bench._roots import REPO
+from bench.report.compare import SIDES, finish_compare
+from bench.report.machine import machine_facts
 from host.engine.sdk import connect
 
 START_TIMEOUT_S = 3600.0

@@ -20,10 +20,12 @@ from typing import Any
 
 from bench._drive import drive, say
 from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
-from bench._report import finish, machine_facts, render, render_compare
 from bench._roots import IMAGE_ROOT, REPO
 from bench._sections import measure_one
 from bench._state import BenchState
+from bench.report.compare import render_compare
+from bench.report.machine import machine_facts
+from bench.report.results import finish, render
 from host.engine.image import build_image
 from host.engine.sdk import connect
 

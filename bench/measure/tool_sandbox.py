@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench._report import TOOL_SANDBOX_STAGES
 from bench._state import BenchState
 from bench._stats import med, ratio, summary
 from bench.measure.shared import succeeded
+from bench.report.tool_sandbox import TOOL_SANDBOX_STAGES
 from host.runtime.runner import SandboxHost
 
 

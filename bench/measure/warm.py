@@ -103,7 +103,7 @@ def warm(state: BenchState, runtime: str, *, reps: int, pool_size: int, settle: 
 
     Before each run, every member is ready (serve's agentnode_warm_pool_ready gauge; for a revision without
     it, running), then `settle` more seconds pass, so the newest member's start-up has calmed down.
-    (The speed-up over a cold run is derived from the cold section afterwards: bench._report.aggregate.)
+    (The speed-up over a cold run is derived from the cold section afterwards: bench.report.warm.derive.)
     """
     state.configure(runtime, pool={"size": pool_size, "idle_ttl_seconds": 3600})
     socket = state.root / "admin.sock"

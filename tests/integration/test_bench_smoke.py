@@ -11,7 +11,7 @@ import pytest
 
 from bench import run
 from bench._plan import SECTION_NAMES
-from bench._report import SECTIONS, render
+from bench.report.results import SECTIONS, render
 from host.core.owner import owner_token
 from host.engine.engine import LABEL_OWNER
 

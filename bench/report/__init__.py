@@ -1,0 +1,1 @@
+"""The Markdown reports and their verdicts, pure functions of the JSON: one module per section."""
