@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench._concurrency import concurrency
-from bench._drive import quiesce
 from bench._plan import Plan
 from bench._state import BenchState
 from bench.measure.broker import broker
@@ -14,6 +12,7 @@ from bench.measure.broker_tools import broker_tools
 from bench.measure.calls import calls
 from bench.measure.cli import cli
 from bench.measure.cold import cold
+from bench.measure.concurrency import levels
 from bench.measure.tool_sandbox import tool_sandbox
 from bench.measure.warm import warm
 
@@ -37,20 +36,7 @@ def measure_one(state: BenchState, plan: Plan, section: str, runtime: str) -> di
         return warm(state, runtime, reps=plan.warm, pool_size=plan.pool, settle=plan.settle,
                     filler=plan.filler)
     if section == "concurrency":
-        out: dict[str, Any] = {}
-        errors: list[str] = []
-        for i, n in enumerate(plan.levels):
-            if i:
-                quiesce(plan.quiet)  # the previous level's teardowns must not be charged to this one
-            job = {"env": state.env, "slug": state.trivial, "runtime": runtime, "n": n, "image": state.image,
-                   "tag": state.tag, "volume": state.volume}
-            try:
-                out[str(n)] = concurrency(job)
-            except Exception as exc:  # noqa: BLE001 (one failed level must not discard the others)
-                errors.append(f"{n} concurrent: {type(exc).__name__}: {str(exc)[:300]}")
-        if errors:
-            out["errors"] = errors
-        return out
+        return levels(state, runtime, plan.levels, quiet=plan.quiet)
     raise ValueError(f"unknown section {section!r}")
 
 

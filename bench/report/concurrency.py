@@ -11,7 +11,7 @@ THROUGHPUT_LEVELS = ("16", "32", "64")
 """Concurrency levels whose throughput is held against docker's at the same N."""
 
 CPU_PARTS = ("machine", "process", "engine", "rest")
-"""The concurrency section's CPU split per run (bench/_concurrency._cpu_per_run)."""
+"""The concurrency section's CPU split per run (bench/measure/concurrency._cpu_per_run)."""
 
 _CONCURRENCY = (
     "N trivial runs submitted at once to one host (a fresh process per level and repetition), then N "

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from bench import _compare, _drive
-from bench._concurrency import over_floor
 from bench._plan import FULL, SECTION_NAMES, SMOKE, Plan, parse_sections
 from bench._roots import REPO
 from bench._stats import UNSTABLE_SPREAD, combine, figure, rep_value, spread, summary, unstable_figures
 from bench.measure.broker import BROKER_ROUNDS
+from bench.measure.concurrency import over_floor
 from bench.report.compare import compare_figures, finish_compare, render_compare
 from bench.report.results import SECTIONS, aggregate, finish, render, targets
 

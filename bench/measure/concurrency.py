@@ -1,6 +1,7 @@
-"""N simultaneous runs through one host, in a fresh process so its memory growth is this level's alone.
+"""The concurrency section: N simultaneous runs through one host, each level in a fresh process.
 
-The parent calls `concurrency(...)` once per level and repetition; it runs `python -m bench._concurrency`
+A fresh process, so its memory growth is this level's alone. The parent calls `levels(...)` once per
+repetition, which calls `concurrency(...)` once per level; that runs `python -m bench.measure.concurrency`
 with the job on stdin and reads one JSON line back. The same process then starts N bare docker runs at
 once: docker's own throughput on this machine at that moment, the floor for ours.
 """
@@ -18,14 +19,16 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import docker
 
+from bench._drive import quiesce
 from bench._roots import CODE_ROOT
-from bench._state import BENCH_LABEL
+from bench._state import BENCH_LABEL, BenchState
 from bench._stats import ratio, summary
 from host.core.owner import owner_token
 from host.engine.engine import LABEL_OWNER, container_spec
@@ -261,7 +264,8 @@ def concurrency(job: dict[str, Any]) -> dict[str, Any]:
     `job`: env, slug, runtime, n, image, tag.
     """
     proc = subprocess.run(
-        [sys.executable, "-m", "bench._concurrency"], input=json.dumps(job), capture_output=True, text=True,
+        [sys.executable, "-m", "bench.measure.concurrency"], input=json.dumps(job), capture_output=True,
+        text=True,
         cwd=CODE_ROOT, timeout=1800, check=False,
     )
     if proc.returncode != 0:
@@ -272,6 +276,25 @@ def concurrency(job: dict[str, Any]) -> dict[str, Any]:
     return {**out["batch"], "floor": out["floor"], "hardened_floor": hardened,
             "throughput_over_floor": over_floor(ours, out["floor"]),
             "throughput_over_hardened_floor": over_floor(ours, hardened)}
+
+
+def levels(state: BenchState, runtime: str, ns: Sequence[int], *, quiet: bool) -> dict[str, Any]:
+    """One repetition: every level `ns` in turn. A level that fails is named under "errors" and the other
+    levels still run."""
+    out: dict[str, Any] = {}
+    errors: list[str] = []
+    for i, n in enumerate(ns):
+        if i:
+            quiesce(quiet)  # the previous level's teardowns must not be charged to this one
+        job = {"env": state.env, "slug": state.trivial, "runtime": runtime, "n": n, "image": state.image,
+               "tag": state.tag, "volume": state.volume}
+        try:
+            out[str(n)] = concurrency(job)
+        except Exception as exc:  # noqa: BLE001 (one failed level must not discard the others)
+            errors.append(f"{n} concurrent: {type(exc).__name__}: {str(exc)[:300]}")
+    if errors:
+        out["errors"] = errors
+    return out
 
 
 def over_floor(throughput: float, floor: dict[str, Any]) -> float | None:
