@@ -18,7 +18,7 @@ import docker.errors
 
 from bench._roots import REPO
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_SLUG
+from host.engine.labels import LABEL_SLUG
 from host.packs.install import install_pack, uninstall_pack
 from host.spec.config import load_config
 

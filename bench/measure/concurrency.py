@@ -31,7 +31,8 @@ from bench._roots import CODE_ROOT
 from bench._state import BENCH_LABEL, BenchState
 from bench._stats import ratio, summary
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER, container_spec
+from host.engine.labels import LABEL_OWNER
+from host.engine.spec import container_spec
 from host.runtime.runner import RunResult, SandboxHost
 
 _MB = 1024 * 1024
@@ -193,7 +194,7 @@ FLOOR_COMMAND = ["/usr/bin/python3", "-c", "import grpc"]
 
 def _hardened_spec(image: str, runtime: str, tag: str, volume: str, *, socket_dir: str,
                    owner: str) -> dict[str, Any]:
-    """A run's container spec exactly (host/engine/engine.container_spec: read-only root, no capabilities,
+    """A run's container spec exactly (host/engine/spec.container_spec: read-only root, no capabilities,
     init, limits, tmpfs mounts, the pack volume and a socket directory), running the floor's command."""
     run_id = uuid.uuid4().hex
     spec = container_spec(image=image, run_id=run_id, name=f"bench-floor-{run_id[:20]}", owner=owner,

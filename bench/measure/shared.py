@@ -18,7 +18,8 @@ import grpc
 from bench._roots import CODE_ROOT
 from bench._state import BENCH_LABEL, BenchState
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID
-from host.engine.engine import LABEL_RUN, LABEL_SLUG, container_spec
+from host.engine.labels import LABEL_RUN, LABEL_SLUG
+from host.engine.spec import container_spec
 from host.runtime.rundir import make_run_dir
 from host.runtime.runner import RunResult
 from host.runtime.session import MAX_MESSAGE_BYTES

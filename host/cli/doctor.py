@@ -16,18 +16,12 @@ from typing import Any
 from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
 from host.core.owner import owner_alive
 from host.core.vocab import HOST_TRUST, Route, Trust
-from host.engine.engine import (
-    LABEL_OWNER,
-    LABEL_RUN,
-    LABEL_WARM,
-    EngineFacts,
-    engine_errors,
-    engine_facts,
-    open_engine,
-    require_capable,
-)
+from host.engine.engine import open_engine
+from host.engine.errors import engine_errors
+from host.engine.facts import EngineFacts, engine_facts, require_capable
 from host.engine.http import EngineClient
 from host.engine.image import image_status, verify_pinned_image
+from host.engine.labels import LABEL_OWNER, LABEL_RUN, LABEL_WARM
 from host.engine.volumes import verify_volume
 from host.policy.admission import (
     decide_route,

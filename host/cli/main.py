@@ -641,7 +641,7 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 def _volume_users(client: Any, name: str) -> int | None:
     """How many containers use the volume `name`: None when it is gone, 0 when that cannot be seen."""
-    from host.engine.engine import engine_errors
+    from host.engine.errors import engine_errors
 
     try:
         with engine_errors():

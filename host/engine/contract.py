@@ -19,7 +19,7 @@ HOME_IN_CONTAINER = "/home/sandbox"
 """The agent's home: a small private tmpfs."""
 
 NPROC_LIMIT = 32768
-"""RLIMIT_NPROC of a sandbox (see host/engine/engine.container_spec): Podman's own service limit on hosts
+"""RLIMIT_NPROC of a sandbox (see host/engine/spec.container_spec): Podman's own service limit on hosts
 where it cannot raise it, and 64 concurrent runs at the pids ceiling (256) use half of it."""
 
 

@@ -38,7 +38,7 @@ _IMAGE_MISSING = ("no such image", "repository does not exist", "not found: does
 
 class EngineApiError(Exception):
     """The engine answered with an error status. `explanation` is the engine's own text (its JSON
-    `message`): engine-written and unbounded, so it is classified (`host.engine.engine`), never shown raw."""
+    `message`): engine-written and unbounded, so it is classified (`host.engine.errors`), never shown raw."""
 
     def __init__(self, status: int, explanation: str) -> None:
         super().__init__(f"engine answered {status}")
@@ -95,7 +95,7 @@ class EngineClient:
     """A thread-safe client of one engine: a small pool of kept-alive connections, JSON in and out.
 
     Errors: an error status raises EngineApiError; a transport failure raises OSError or
-    http.client.HTTPException. `host.engine.engine.engine_errors` classifies all three.
+    http.client.HTTPException. `host.engine.errors.engine_errors` classifies all three.
     """
 
     def __init__(

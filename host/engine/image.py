@@ -24,7 +24,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from host.core.errors import AuditReason, EngineError, EngineRejected
-from host.engine.engine import LABEL_PROTOCOL, EngineKind, engine_errors, facts_from
+from host.engine.errors import engine_errors
+from host.engine.facts import EngineKind, facts_from
+from host.engine.labels import LABEL_PROTOCOL
 from host.engine.pin import (
     _ID_PIN,
     BUILD_HINT,

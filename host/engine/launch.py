@@ -11,18 +11,13 @@ from typing import Any
 
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
 from host.engine.contract import ContainerLimits
-from host.engine.engine import (
-    EngineFacts,
-    EngineKind,
-    container_spec,
-    create_container,
-    engine_errors,
-    require_capable,
-    verify_runtime,
-)
+from host.engine.engine import create_container, verify_runtime
+from host.engine.errors import engine_errors
+from host.engine.facts import EngineFacts, EngineKind, require_capable
 from host.engine.http import EngineClient
 from host.engine.pin import pinned_image_missing
 from host.engine.seccomp import PODMAN_DEFAULT_PROFILE, podman_profile
+from host.engine.spec import container_spec
 from host.engine.volumes import verify_volume
 from host.spec.config import config_paths
 from host.spec.lockfile import LockEntry

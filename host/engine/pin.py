@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from host.core.errors import AuditReason, EngineError, EngineRejected
-from host.engine.engine import LABEL_PROTOCOL, engine_errors
+from host.engine.errors import engine_errors
 from host.engine.http import EngineClient
+from host.engine.labels import LABEL_PROTOCOL
 from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 if TYPE_CHECKING:

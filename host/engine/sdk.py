@@ -16,10 +16,10 @@ from host.engine.engine import (
     DEFAULT_DOCKER_HOST,
     ENGINE_POOL_SIZE,
     ENGINE_SHARED_POOL_SIZE,
-    _header,
     _reach_unix_socket,
-    classify_engine_exception,
 )
+from host.engine.errors import classify_engine_exception
+from host.engine.facts import _header
 
 
 class _IdleBoundedPool(UnixHTTPConnectionPool):  # type: ignore[misc]

@@ -7,8 +7,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from host.core.errors import AuditReason, EngineNotFound, PackError
-from host.engine.engine import LABEL_ARTIFACT, engine_errors
+from host.engine.errors import engine_errors
 from host.engine.http import EngineClient
+from host.engine.labels import LABEL_ARTIFACT
 from host.spec.lockfile import LockEntry
 
 if TYPE_CHECKING:

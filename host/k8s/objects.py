@@ -442,7 +442,7 @@ def _pod_security(*, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) -> dict[str
 
 
 def run_pod(inputs: PodInputs) -> dict[str, Any]:
-    """The run's pod: the Docker spec's hardening (host/engine/engine.container_spec) in Kubernetes' terms.
+    """The run's pod: the Docker spec's hardening (host/engine/spec.container_spec) in Kubernetes' terms.
 
     What has no pod field: the pids ceiling (the kubelet's podPidsLimit; recorded in ANNOTATION_PIDS), the
     ulimits (the runtime's defaults), the engine's `init` (the wrapper is PID 1). The network is the pod's

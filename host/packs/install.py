@@ -34,8 +34,9 @@ from host.core.errors import (
 from host.core.terminal import safe_line
 from host.core.vocab import HOST_TRUST, Trust
 from host.engine.contract import PACK_DIR_IN_CONTAINER
-from host.engine.engine import LABEL_ARTIFACT, engine_errors
+from host.engine.errors import engine_errors
 from host.engine.image import daemon_arch
+from host.engine.labels import LABEL_ARTIFACT
 from host.engine.tararchive import upload_tar
 from host.engine.volumes import verify_volume, volume_name
 from host.packs.requirements import (

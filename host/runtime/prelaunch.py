@@ -27,14 +27,8 @@ from typing import Any
 from urllib.parse import quote
 
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
-from host.engine.engine import (
-    EngineKind,
-    create_body,
-    engine_facts,
-    open_engine,
-    remove_and_verify,
-    verify_runtime,
-)
+from host.engine.engine import open_engine, remove_and_verify, verify_runtime
+from host.engine.facts import EngineKind, engine_facts
 from host.engine.http import EngineClient
 from host.engine.launch import (
     SandboxSpec,
@@ -46,6 +40,7 @@ from host.engine.launch import (
     start_container,
 )
 from host.engine.pin import verify_pinned_image
+from host.engine.spec import create_body
 from host.policy.admission import Admission, admit
 from host.runtime.headstart import Headstart, forget, remember
 from host.runtime.rundir import RunDir, made_for, make_run_dir, run_dir_of

@@ -38,7 +38,7 @@ import pytest
 
 import host.runtime.wiring
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER, LABEL_SLUG
+from host.engine.labels import LABEL_OWNER, LABEL_SLUG
 from host.runtime.runner import RunResult, SandboxHost
 from host.tools.gate import ToolGate
 from tests.conftest import REQUIRE_DOCKER

@@ -16,7 +16,7 @@ import docker.errors
 import pytest
 
 from host.core.errors import AUDIT_REASONS
-from host.engine.engine import LABEL_RUN
+from host.engine.labels import LABEL_RUN
 from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 from tests.support.fake_llm import Behaviour

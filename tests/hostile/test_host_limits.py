@@ -18,7 +18,7 @@ import pytest
 from host.api.client import RunnerClient
 from host.audit.log import verify_audit
 from host.core.errors import ManifestError
-from host.engine.engine import LABEL_RUN, LABEL_SLUG
+from host.engine.labels import LABEL_RUN, LABEL_SLUG
 from host.runtime.runner import RunResult
 from tests.hostile.conftest import Lab, Ledger, brief
 from tests.support.cli import cli, json_out

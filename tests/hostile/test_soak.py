@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER, LABEL_SLUG
+from host.engine.labels import LABEL_OWNER, LABEL_SLUG
 from host.engine.sdk import connect
 from host.runtime.runner import RunResult, SandboxHost
 from tests.hostile.conftest import Lab, Ledger, brief

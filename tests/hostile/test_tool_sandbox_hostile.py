@@ -30,7 +30,8 @@ import docker
 import docker.errors
 import pytest
 
-from host.engine.engine import LABEL_TOOL_FOR, EngineKind
+from host.engine.facts import EngineKind
+from host.engine.labels import LABEL_TOOL_FOR
 from host.engine.wrapper_env import wrapper_env
 from host.runtime.runner import RunResult, SandboxHost
 from host.runtime.toolsandbox import MAX_STARTS_PER_PACK

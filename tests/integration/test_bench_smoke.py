@@ -13,7 +13,7 @@ from bench import run
 from bench._plan import SECTION_NAMES
 from bench.report.results import SECTIONS, render
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER
+from host.engine.labels import LABEL_OWNER
 
 
 def check_smoke(data: dict[str, Any], text: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from host.audit.log import verify_audit
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER
+from host.engine.labels import LABEL_OWNER
 from host.runtime.runner import RunResult
 from tests.support.fake_llm import Behaviour, FakeLlmServer
 from tests.support.host_state import HostState

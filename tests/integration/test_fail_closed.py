@@ -21,9 +21,10 @@ import docker.errors
 import pytest
 
 from host.engine.contract import ContainerLimits
-from host.engine.engine import LABEL_SLUG, EngineKind
+from host.engine.facts import EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
+from host.engine.labels import LABEL_SLUG
 from host.llm.broker import LlmBroker, LlmSession
 from host.packs.install import LABEL_ARTIFACT, Lockfile
 from host.policy.rules import LlmPolicy

@@ -9,7 +9,8 @@ from typing import Any
 import docker
 import pytest
 
-from host.engine.engine import EngineKind, container_runtime
+from host.engine.engine import container_runtime
+from host.engine.facts import EngineKind
 from host.engine.http import EngineClient
 from tests.support.engine import ENGINE_ENV
 from tests.support.host_state import HostState

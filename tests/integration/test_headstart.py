@@ -13,8 +13,8 @@ import pytest
 
 from host.core.owner import owner_token
 from host.engine.contract import ContainerLimits
-from host.engine.engine import LABEL_RUN
 from host.engine.http import EngineApiError, EngineClient
+from host.engine.labels import LABEL_RUN
 from host.runtime.headstart import Headstart, begin, load_record, record_path
 from host.runtime.prelaunch import Prelaunched, prelaunch
 from host.runtime.runner import RunResult

@@ -19,7 +19,7 @@ import docker.errors
 import pytest
 
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER
+from host.engine.labels import LABEL_OWNER
 from host.k8s.api import KubeApi
 from host.k8s.node import PackStore, serve_node
 from tests.support.k8s import NAMESPACE, Cluster, cluster, docker_kwargs_for_pod, eventually

@@ -18,7 +18,7 @@ import pytest
 from docker.types import Mount
 
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG
+from host.engine.labels import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG
 from host.engine.tararchive import upload_tar
 from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
 from tests.support.host_state import HostState

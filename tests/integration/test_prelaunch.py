@@ -12,8 +12,8 @@ import pytest
 
 from host.core.owner import owner_token
 from host.engine.contract import ContainerLimits
-from host.engine.engine import LABEL_RUN
 from host.engine.http import EngineClient
+from host.engine.labels import LABEL_RUN
 from host.runtime.prelaunch import PRELAUNCH_SOCKET_WAIT, prelaunch
 from tests.support.host_state import HostState
 

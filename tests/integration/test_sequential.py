@@ -21,7 +21,7 @@ import docker.errors
 import pytest
 
 from host.audit.log import verify_audit
-from host.engine.engine import LABEL_OWNER
+from host.engine.labels import LABEL_OWNER
 from host.packs.install import Lockfile
 from host.runtime.pool import PoolSettings
 from tests.support.cli import cli, json_out

@@ -26,8 +26,8 @@ from host.api.client import RunnerClient
 from host.api.events import RunFinished, RunLog, RunStarted
 from host.api.server import serve
 from host.cli.doctor import leftover_check
-from host.engine.engine import LABEL_OWNER, LABEL_RUN
 from host.engine.http import EngineClient
+from host.engine.labels import LABEL_OWNER, LABEL_RUN
 from tests.support.host_state import HostState
 from tests.support.paths import REPO
 

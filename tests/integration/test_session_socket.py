@@ -16,7 +16,7 @@ import pytest
 
 from host.core.owner import owner_token
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID, SOCKET_NAME
-from host.engine.engine import LABEL_OWNER, LABEL_RUN, LABEL_SLUG
+from host.engine.labels import LABEL_OWNER, LABEL_RUN, LABEL_SLUG
 from host.runtime.rundir import run_root
 from tests.support.host_state import HostState
 

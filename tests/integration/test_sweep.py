@@ -12,7 +12,7 @@ import docker.errors
 import pytest
 
 from host.core.owner import owner_alive, owner_token
-from host.engine.engine import LABEL_OWNER, LABEL_RUN, LABEL_SLUG
+from host.engine.labels import LABEL_OWNER, LABEL_RUN, LABEL_SLUG
 from host.runtime.rundir import make_run_dir
 from host.runtime.runner import SandboxHost
 from tests.support.host_state import HostState

@@ -21,7 +21,8 @@ import pytest
 
 import host.runtime.wiring
 from host.audit.log import verify_audit
-from host.engine.engine import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR, EngineKind
+from host.engine.facts import EngineKind
+from host.engine.labels import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR
 from host.engine.wrapper_env import wrapper_env
 from host.runtime.runner import RunResult
 from host.tools.gate import ToolGate

@@ -12,9 +12,12 @@ import pytest
 
 from host.core.errors import SandboxError
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER, EngineKind, container_vanished, engine_facts, open_engine
+from host.engine.engine import open_engine
+from host.engine.errors import container_vanished
+from host.engine.facts import EngineKind, engine_facts
 from host.engine.http import EngineClient
 from host.engine.image import build_image
+from host.engine.labels import LABEL_OWNER
 from host.engine.sdk import connect
 from tests.conftest import REQUIRE_DOCKER
 from tests.support.paths import REPO
@@ -24,7 +27,7 @@ TEST_RUNTIMES = tuple(
     name for name in os.environ.get("AGENTNODE_TEST_RUNTIMES", "runc,runsc").split(",") if name.strip()
 )
 """The runtimes engine tests run under: both on Docker; Podman's pass names the one its default runtime is
-(its compatible API cannot pick another: see `host.engine.engine.EngineFacts.runtimes`)."""
+(its compatible API cannot pick another: see `host.engine.facts.EngineFacts.runtimes`)."""
 
 
 def runsc_available(client: docker.DockerClient) -> bool:

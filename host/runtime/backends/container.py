@@ -13,17 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
-from host.engine.engine import (
-    EngineFacts,
-    EngineKind,
-    MemoryProbe,
-    PidsProbe,
-    engine_errors,
-    engine_facts,
-    follow_logs,
-    read_logs,
-    remove_and_verify,
-)
+from host.engine.engine import follow_logs, read_logs, remove_and_verify
+from host.engine.errors import engine_errors
+from host.engine.facts import EngineFacts, EngineKind, engine_facts
 from host.engine.http import EngineClient
 from host.engine.launch import (
     SandboxSpec,
@@ -35,6 +27,7 @@ from host.engine.launch import (
     start_container,
 )
 from host.engine.pin import verify_pinned_image
+from host.engine.probes import MemoryProbe, PidsProbe
 from host.policy.admission import Admission
 from host.runtime.pool import PoolSettings, WarmPools
 from host.runtime.session import RunSession, build_run_server

@@ -20,8 +20,10 @@ from host.audit.log import AuditLog, run_record
 from host.cli.doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host.core.errors import EngineError
 from host.core.owner import owner_token
-from host.engine.engine import LABEL_OWNER, LABEL_RUN, EngineFacts, classify_engine_exception, require_capable
+from host.engine.errors import classify_engine_exception
+from host.engine.facts import EngineFacts, require_capable
 from host.engine.image import BUILD_HINT
+from host.engine.labels import LABEL_OWNER, LABEL_RUN
 from host.packs.install import Lockfile
 from host.spec.config import load_config
 from host.spec.manifest.load import load_manifest

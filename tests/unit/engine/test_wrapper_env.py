@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from host.engine.contract import SOCKET_NAME
-from host.engine.engine import container_spec
+from host.engine.spec import container_spec
 from host.runtime.backends.hostproc import HostSpec, host_command, host_wrapper_env
 from host.runtime.rundir import RunDir
 

@@ -17,8 +17,8 @@ import pytest
 
 from host.core.owner import owner_token
 from host.engine.contract import SOCKET_NAME, ContainerLimits
-from host.engine.engine import container_spec, create_body
 from host.engine.launch import container_name
+from host.engine.spec import container_spec, create_body
 from host.runtime import headstart as _headstart
 from host.runtime.headstart import Headstart, begin, forget, load_record, plan, record_path, remember
 from host.runtime.rundir import made_for, run_dir_of

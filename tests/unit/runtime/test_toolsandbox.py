@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from host.engine.engine import LABEL_TOOL_FOR, LABEL_WARM, container_spec
+from host.engine.labels import LABEL_TOOL_FOR, LABEL_WARM
+from host.engine.spec import container_spec
 from host.runtime.toolsandbox import (
     MAX_LIVE_SANDBOXES,
     MAX_STARTS_PER_PACK,
