@@ -44,7 +44,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from host.core.errors import PackError
 from host.core.terminal import safe_line, safe_token
-from host.engine.image import sha256_file
+from host.engine.recipe import sha256_file
 from host.engine.tararchive import upload_tar
 from host.spec.wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
 

@@ -372,7 +372,7 @@ RUN_NEEDS = ("grpc", "google.protobuf")
 RUN_NEEDS_NOT = (
     "docker", "requests", "urllib3", "openai", "anthropic", "httpx", "prometheus_client",
     "opentelemetry", "kubernetes", "kopf", "host.packs.install", "host.engine.image",
-    "host.packs.requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
+    "host.engine.recipe", "host.packs.requirements", "sandbox_wrapper._context", "sandbox_wrapper._runner",
     "host.api.server", "host.api.client", "host.k8s.client", "host.k8s.api",
     "host.runtime.telemetry.metrics", "host.cli.doctor", "host.packs.scaffold", "host.aio", "host.api.aio",
     "yaml", "packaging.requirements"

@@ -14,8 +14,9 @@ import pytest
 
 from host.core.errors import AuditReason, EngineError
 from host.core.owner import owner_token
-from host.engine.image import build_image, image_inputs_hash, image_status, verify_pinned_image
+from host.engine.image import build_image, image_status, verify_pinned_image
 from host.engine.labels import LABEL_OWNER
+from host.engine.recipe import image_inputs_hash
 from sandbox_wrapper import PROTOCOL_VERSION
 from tests.support.paths import REPO
 

@@ -28,20 +28,23 @@ from host.engine import image as _image
 from host.engine.image import (
     PULL_HINT,
     ImageStatus,
-    PinnedWheel,
     PullResult,
+    daemon_arch,
+    image_status,
+    pull_image,
+    verify_pinned_image,
+)
+from host.engine.recipe import (
+    CUSTOMIZE_HOOK,
+    PinnedWheel,
     cached_wheels,
     copy_wrapper,
-    daemon_arch,
     image_inputs_hash,
     image_labels,
-    image_status,
     parse_requirements,
-    pull_image,
     read_packages,
     rootfs_hash,
     unpack_wheel,
-    verify_pinned_image,
 )
 from host.engine.sdk import connect
 from sandbox_wrapper import PROTOCOL_VERSION
@@ -284,7 +287,7 @@ def test_customize_hook_adds_the_user_and_mountpoints_and_drops_setuid(tmp_path:
     (stub / "chroot").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "chroot.args"}\n')
     (stub / "chroot").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"}
-    subprocess.run(["sh", "-c", _image.CUSTOMIZE_HOOK, "hook", str(root)], check=True, env=env)
+    subprocess.run(["sh", "-c", CUSTOMIZE_HOOK, "hook", str(root)], check=True, env=env)
     # The whole stdlib is byte-compiled by the rootfs's own interpreter (the root is read-only at run time).
     assert (tmp_path / "chroot.args").read_text().splitlines() == [
         str(root), "/usr/bin/python3", "-m", "compileall", "-q", "-j0",

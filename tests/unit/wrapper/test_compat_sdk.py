@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import sandbox_wrapper
-from host.engine.image import _wrapper_sources
+from host.engine.recipe import _wrapper_sources
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
 from sandbox_wrapper._tool_exec import COMPAT_DIR
