@@ -18,7 +18,8 @@ from bench._stats import med, ratio, summary
 from bench.measure.shared import pool_ready, serve_running, since, succeeded, timed
 from host.aio import AsyncRunnerClient
 from host.api.client import RunnerClient
-from host.audit.log import AuditLog, run_record
+from host.audit.log import AuditLog
+from host.audit.records import run_record
 from host.runtime.pool import PoolSettings
 from host.runtime.runner import SandboxHost
 

@@ -870,7 +870,9 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from host.audit.log import RUN_EVENT, AuditLog, verify_audit
+    from host.audit.log import AuditLog
+    from host.audit.records import RUN_EVENT
+    from host.audit.verify import verify_audit
     from host.spec.config import load_config
 
     path = load_config().paths.audit_file

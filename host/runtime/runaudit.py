@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from host.audit.log import AuditLog, run_record, start_record
+from host.audit.log import AuditLog
+from host.audit.records import run_record, start_record
 from host.core.errors import AuditReason, SandboxError
 from host.core.logs import set_run_id
 from host.core.vocab import Source

@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from host.api.client import RunnerClient
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from host.core.errors import ManifestError
 from host.engine.labels import LABEL_RUN, LABEL_SLUG
 from host.runtime.runner import RunResult

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from host.runtime.runner import RunResult
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 from tests.support.host_state import HostState

@@ -10,7 +10,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from host.core.owner import owner_token
 from host.engine.labels import LABEL_OWNER
 from host.runtime.runner import RunResult

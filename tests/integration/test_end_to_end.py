@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

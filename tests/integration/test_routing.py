@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import pytest
 
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from host.runtime.runner import RunResult
 from tests.support.host_state import HostState
 

@@ -20,7 +20,7 @@ import docker
 import docker.errors
 import pytest
 
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from host.engine.labels import LABEL_OWNER
 from host.packs.install import Lockfile
 from host.runtime.pool import PoolSettings

@@ -20,7 +20,7 @@ import docker
 import pytest
 
 import host.runtime.wiring
-from host.audit.log import verify_audit
+from host.audit.verify import verify_audit
 from host.engine.facts import EngineKind
 from host.engine.labels import LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR
 from host.engine.wrapper_env import wrapper_env

@@ -1,4 +1,5 @@
-"""The audit trail: record shape and sanitization, the hash chain, tamper detection, rotation, concurrency."""
+"""AuditLog: the hash chain it appends, its head file, rotation, concurrent writers, failures and retries,
+held descriptors, tail."""
 
 from __future__ import annotations
 
@@ -15,162 +16,18 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from host.audit.log import END_GRACE_SECONDS, GENESIS, AuditLog, run_record, start_record, verify_audit
-from host.core.errors import AuditReason
+from host.audit.chain import GENESIS
+from host.audit.log import AuditLog
+from host.audit.verify import verify_audit
 from tests.support.paths import REPO
+from tests.unit.audit._support import edit_field, filled, lines, record, start, write_lines
 
-FULL_LLM: dict[str, Any] = {
-    "enabled": True,
-    "max_calls": 5,
-    "max_input_chars": 1000,
-    "max_output_chars": 2000,
-    "allowed_models": frozenset({"gpt-b", "gpt-a"}),
-    "requests": 3,
-    "calls": 2,
-    "ok": 2,
-    "refused_disabled": 0,
-    "refused_limit": 1,
-    "refused_input": 0,
-    "refused_output": 0,
-    "refused_model": 0,
-    "refused_tool": 1,
-    "provider_errors": 0,
-    "max_input_tokens": 4000,
-    "max_output_tokens": None,
-    "max_total_tokens": 20_000,
-    "max_cost_usd": 0.5,
-    "input_tokens": 812,
-    "output_tokens": 97,
-    "overshoot_tokens": 0,
-    "reservations": 2,
-    "refused_input_tokens": 0,
-    "refused_total_tokens": 1,
-    "refused_cost": 0,
-    "retries": 3,
-    "retries_rate_limited": 2,
-    "retries_server_error": 1,
-    "retries_connection": 0,
-    "cost_usd": 0.0001799,
-    "model": "gpt-a",
-}
-
-
-def record(slug: str = "demo-agent", **overrides: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "slug": slug,
-        "trust": "community",
-        "run_id": "run-1",
-        "action": "allow",
-        "source": "agent_sandbox",
-        "reason": AuditReason.AGENT_COMPLETED,
-        "sandbox": True,
-        "runtime": "runsc",
-        "image": "sha256:" + "a" * 64,
-        "duration_ms": 1234,
-        "timed_out": False,
-        "llm": FULL_LLM,
-        "tool_calls": 3,
-        "tool_refusals": 1,
-        "llm_tool_calls": 4,
-        "llm_tool_calls_refused": 1,
-    }
-    args.update(overrides)
-    return run_record(**args)
-
-
-def lines(path: Path) -> list[bytes]:
-    return path.read_bytes().splitlines()
-
-
-def write_lines(path: Path, content: list[bytes]) -> None:
-    path.write_bytes(b"".join(line + b"\n" for line in content))
-
-
-def filled(tmp_path: Path, count: int = 5) -> Path:
-    path = tmp_path / "audit" / "audit.jsonl"
-    log = AuditLog(path)
-    for i in range(count):
-        assert log.append(record(slug=f"agent-{i}"))
-    return path
-
-
-# --- run_record ---------------------------------------------------------------------------------------
-
-
-def test_run_record_has_exactly_the_documented_fields() -> None:
-    rec = record()
-    assert list(rec) == [
-        "event", "slug", "action", "source", "reason", "trust", "run_id", "sandbox", "runtime",
-        "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
-        "tool_calls_host_worker", "tool_calls_tool_sandbox", "tool_sandboxes_started", "llm_tool_calls",
-        "llm_tool_calls_refused",
-        "caller",
-    ]
-    assert rec["event"] == "agent_run"
-    assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str
-    assert rec["run_id"] == "run-1"
-    assert rec["llm"] == {**FULL_LLM, "allowed_models": ["gpt-a", "gpt-b"]}
-    assert json.loads(json.dumps(rec)) == rec
-
-
-def test_run_record_llm_matches_the_documented_audit_schema() -> None:
-    from tests.support.schema import check_schema, documented_schema
-
-    paths = documented_schema("audit")
-    documented = {path.removeprefix("[].llm.") for path in paths if path.startswith("[].llm.")}
-    assert set(record()["llm"]) == documented  # every key the audit keeps is documented, and the reverse
-    check_schema("audit", [{**record(), "ts": "t", "seq": 1, "prev": GENESIS}])
-
-
-def test_run_record_keeps_dollar_amounts_only_as_finite_non_negative_numbers() -> None:
-    llm = {"cost_usd": 2, "max_cost_usd": None, "input_tokens": 5}
-    assert record(llm=llm)["llm"] == {"cost_usd": 2.0, "max_cost_usd": None, "input_tokens": 5}
-    for bad in (float("nan"), float("inf"), -0.01, True, "0.5", [0.5], {"usd": 1}):
-        assert record(llm={"cost_usd": bad, "max_cost_usd": bad})["llm"] == {}
-    assert record(llm={"input_tokens": 1.5, "retries": "3", "cost": 9})["llm"] == {}
-
-
-def test_run_record_without_llm_policy_has_null_llm() -> None:
-    rec = record(llm=None, sandbox=False, source="agent_host", runtime=None, action="deny",
-                 reason="refused_trust", timed_out=True)
-    assert rec["llm"] is None
-    assert (rec["sandbox"], rec["source"], rec["action"]) == (False, "agent_host", "deny")
-    assert rec["timed_out"] is True
-
-
-@pytest.mark.parametrize(
-    "override",
-    [{"reason": "prompt was rude"}, {"reason": "AGENT_COMPLETED"}, {"action": "maybe"}, {"source": "agent"}],
-)
-def test_run_record_refuses_values_outside_the_fixed_sets(override: dict[str, str]) -> None:
-    with pytest.raises(ValueError):
-        record(**override)
-
-
-def test_run_record_drops_unknown_llm_keys_and_unexpected_value_shapes() -> None:
-    llm = {
-        "enabled": "yes",                       # not a bool
-        "max_calls": {"nested": 1},             # not an int
-        "max_input_chars": True,                # bool is not a counter
-        "max_output_chars": 3.5,
-        "calls": 4,
-        "requests": None,
-        "allowed_models": ["ok", 1],            # not all strings
-        "model": ["gpt"],
-        "prompt": "secret prompt text",
-        "api_key": "sk-live-123",
-        "provider_error": "HTTP 500 body",
-    }
-    assert record(llm=llm)["llm"] == {"calls": 4, "requests": None}
-
-
-# --- chain and verify ---------------------------------------------------------------------------------
+# --- the hash chain -----------------------------------------------------------------------------------------
 
 
 def test_append_chains_records_and_verifies(tmp_path: Path) -> None:
@@ -197,41 +54,6 @@ def test_append_overrides_chain_fields_supplied_by_the_caller(tmp_path: Path) ->
     assert verify_audit(path).ok
 
 
-def _edit_field(raw: list[bytes]) -> list[bytes]:
-    rec = json.loads(raw[2])
-    rec["action"] = "deny"
-    return [*raw[:2], json.dumps(rec, separators=(",", ":")).encode(), *raw[3:]]
-
-
-def _forge(raw: list[bytes]) -> list[bytes]:
-    forged = json.loads(raw[1])
-    forged["slug"] = "innocent"
-    return [*raw[:2], json.dumps(forged, separators=(",", ":")).encode(), *raw[2:]]
-
-
-@pytest.mark.parametrize(
-    ("tamper", "expected"),
-    [
-        (_edit_field, "audit.jsonl:4: prev hash mismatch (record edited or removed before it)"),
-        (lambda raw: [*raw[:2], *raw[3:]], "audit.jsonl:3: prev hash mismatch"),
-        (lambda raw: raw[:-1], "audit.jsonl: log ends at seq 4 but audit.jsonl.head records seq 5"),
-        (lambda raw: [*raw[:-1], raw[-1].replace(b"agent-4", b"agent-X")], "last record does not match"),
-        (lambda raw: raw[1:], "audit.jsonl:1: chain starts at seq 2"),
-        (lambda raw: [raw[0], raw[2], raw[1], *raw[3:]], "audit.jsonl:2: prev hash mismatch"),
-        (_forge, "audit.jsonl:3: seq 2, expected 3"),
-    ],
-    ids=["edit", "delete-middle", "delete-last", "edit-last", "delete-first", "reorder", "insert"],
-)
-def test_verify_detects_tampering(
-    tmp_path: Path, tamper: Callable[[list[bytes]], list[bytes]], expected: str
-) -> None:
-    path = filled(tmp_path, 5)
-    write_lines(path, tamper(lines(path)))
-    report = verify_audit(path)
-    assert not report.ok
-    assert any(expected in p for p in report.problems), report.problems
-
-
 def _other_writer(path: Path) -> None:
     assert AuditLog(path).append(record(slug="elsewhere"))
 
@@ -252,7 +74,7 @@ def _lines_tamper(tamper: Callable[[list[bytes]], list[bytes]]) -> Callable[[Pat
         lambda path: None,
         _other_writer,
         _stale_head,
-        _lines_tamper(_edit_field),
+        _lines_tamper(edit_field),
         _lines_tamper(lambda raw: raw[:-1]),
         _lines_tamper(lambda raw: [*raw[:-1], raw[-1].replace(b"agent-4", b"agent-X")]),  # same size
         _lines_tamper(lambda raw: [*raw[:-1], raw[-1][:-1] + b" "]),  # in place, same size: broken JSON
@@ -285,22 +107,6 @@ def test_the_log_that_wrote_the_tip_continues_as_a_fresh_reader_would(
     assert json.loads(lines(kept)[-1])["prev"] == hashlib.sha256(lines(kept)[-2]).hexdigest()
 
 
-def test_removed_tail_stays_visible_after_later_appends(tmp_path: Path) -> None:
-    path = filled(tmp_path, 5)
-    write_lines(path, lines(path)[:-2])
-    assert AuditLog(path).append(record())
-    report = verify_audit(path)
-    assert "audit.jsonl:4: prev hash mismatch (record edited or removed before it)" in report.problems
-    assert "audit.jsonl:4: seq 6, expected 4 (record inserted, removed or reordered)" in report.problems
-
-
-def test_missing_head_file_is_reported(tmp_path: Path) -> None:
-    path = filled(tmp_path, 2)
-    (path.parent / "audit.jsonl.head").unlink()
-    report = verify_audit(path)
-    assert report.problems == ["audit.jsonl.head: missing, removal of the last records cannot be ruled out"]
-
-
 def test_lost_head_update_is_healed_by_the_next_append(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     head = tmp_path / "audit.jsonl.head"
@@ -323,11 +129,6 @@ def test_torn_last_line_does_not_swallow_the_next_record(tmp_path: Path) -> None
     assert log.append(record(slug="after-tear"))
     assert json.loads(lines(path)[-1])["slug"] == "after-tear"
     assert verify_audit(path).problems[0] == "audit.jsonl:3: not a JSON object"
-
-
-def test_verify_of_a_missing_log_is_ok_and_empty(tmp_path: Path) -> None:
-    report = verify_audit(tmp_path / "nothing" / "audit.jsonl")
-    assert (report.ok, report.records, report.problems) == (True, 0, [])
 
 
 # --- rotation -----------------------------------------------------------------------------------------
@@ -353,19 +154,6 @@ def test_rotation_continues_the_chain_and_respects_keep(tmp_path: Path) -> None:
     oldest = tmp_path / "audit.jsonl.2"
     write_lines(oldest, lines(oldest)[1:])
     assert any(p.startswith("audit.jsonl.2:1: chain starts at seq") for p in verify_audit(path).problems)
-
-
-def test_tampering_in_a_rotated_file_is_located(tmp_path: Path) -> None:
-    path = tmp_path / "audit.jsonl"
-    log = AuditLog(path, max_bytes=(len(json.dumps(record())) + 150) * 4, keep=5)
-    for _ in range(10):
-        assert log.append(record())
-    rotated = tmp_path / "audit.jsonl.1"
-    raw = lines(rotated)
-    assert len(raw) >= 3
-    write_lines(rotated, [raw[0], *raw[2:]])
-    problems = verify_audit(path).problems
-    assert "audit.jsonl.1:2: prev hash mismatch (record edited or removed before it)" in problems
 
 
 # --- concurrency --------------------------------------------------------------------------------------
@@ -473,91 +261,13 @@ def test_tail_of_a_missing_log_is_empty(tmp_path: Path) -> None:
     assert AuditLog(tmp_path / "none" / "audit.jsonl").tail(5) == []
 
 
-# --- start records, held descriptors, retries (issue 12) ----------------------------------------------------
-
-
-def start(run_id: str = "run-1", max_runtime_seconds: int = 60) -> dict[str, Any]:
-    return start_record(
-        slug="demo-agent",
-        trust="unverified",
-        run_id=run_id,
-        source="agent_sandbox",
-        sandbox=True,
-        runtime="runc",
-        max_runtime_seconds=max_runtime_seconds,
-    )
-
-
-def test_start_record_carries_only_typed_fields() -> None:
-    assert start() == {
-        "event": "agent_run_start",
-        "slug": "demo-agent",
-        "source": "agent_sandbox",
-        "trust": "unverified",
-        "run_id": "run-1",
-        "sandbox": True,
-        "runtime": "runc",
-        "max_runtime_seconds": 60,
-    }
-    with pytest.raises(ValueError):
-        start_record(
-            slug="x", trust=None, run_id="r", source="elsewhere", sandbox=True, runtime=None,
-            max_runtime_seconds=1,
-        )  # fmt: skip
-
-
-def test_a_start_without_an_end_is_open_then_a_problem_once_overdue(tmp_path: Path) -> None:
-    path = tmp_path / "audit.jsonl"
-    log = AuditLog(path)
-    assert log.append(start("ended"), sync=False)
-    assert log.append(record(run_id="ended"))
-    assert log.append(start("lost", max_runtime_seconds=60), sync=False)
-    fresh = verify_audit(path)
-    assert fresh.ok and fresh.open_runs == ["lost"], fresh.problems
-    later = datetime.now(UTC) + timedelta(seconds=60 + END_GRACE_SECONDS + 5)
-    stale = verify_audit(path, now=later)
-    assert not stale.ok and stale.open_runs == []
-    assert len(stale.problems) == 1
-    assert "run lost" in stale.problems[0] and "no end record" in stale.problems[0]
-    assert log.append(record(run_id="lost", reason=AuditReason.HOST_LOST))  # what a restarted host writes
-    assert verify_audit(path, now=later).ok
-
-
-def old_style(rec: dict[str, Any]) -> dict[str, Any]:
-    """The record as hosts wrote it before the run id field was renamed: `request_id`, no `run_id`."""
-    return {("request_id" if k == "run_id" else k): v for k, v in rec.items()}
-
-
-def test_records_written_before_the_rename_still_verify_and_pair(tmp_path: Path) -> None:
-    path = tmp_path / "audit.jsonl"
-    log = AuditLog(path)
-    assert log.append(old_style(start("old-ended")), sync=False)
-    assert log.append(old_style(record(run_id="old-ended")))
-    assert log.append(old_style(start("old-open")), sync=False)
-    assert log.append(old_style(start("upgraded")), sync=False)  # the host was upgraded while it ran
-    assert log.append(record(run_id="upgraded"))
-    assert "run_id" not in lines(path)[0].decode() and '"request_id":"old-ended"' in lines(path)[0].decode()
-    fresh = verify_audit(path)
-    assert fresh.ok and fresh.open_runs == ["old-open"], fresh.problems
-    later = datetime.now(UTC) + timedelta(seconds=60 + END_GRACE_SECONDS + 5)
-    stale = verify_audit(path, now=later)
-    assert not stale.ok and len(stale.problems) == 1 and "run old-open" in stale.problems[0]
-    assert log.append(record(run_id="old-open", reason=AuditReason.HOST_LOST))  # a new host closes it
-    assert verify_audit(path, now=later).ok
-
-
-def test_a_start_with_an_unreadable_bound_is_overdue(tmp_path: Path) -> None:
-    path = tmp_path / "audit.jsonl"
-    AuditLog(path).append({**start("odd"), "max_runtime_seconds": "soon"})
-    assert not verify_audit(path).ok
-
-
 def test_appends_need_no_new_descriptor_once_open(tmp_path: Path) -> None:
     """With its descriptors held, the log is written even when the process's table is full."""
     code = f"""
 import os, resource, sys
 sys.path.insert(0, {str(REPO)!r})
-from host.audit.log import AuditLog, verify_audit
+from host.audit.log import AuditLog
+from host.audit.verify import verify_audit
 from pathlib import Path
 path = Path({str(tmp_path / "audit.jsonl")!r})
 log = AuditLog(path)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from host.audit.log import AuditLog, run_record
+from host.audit.log import AuditLog
+from host.audit.records import run_record
 from host.cli.doctor import LEFTOVER_FIX, capability_checks, image_checks, leftover_check
 from host.core.errors import EngineError
 from host.core.owner import owner_token

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from host.audit.log import AuditLog, run_record
+from host.audit.log import AuditLog
+from host.audit.records import run_record
 from host.core.errors import AuditReason, ConfigError
 from host.k8s.objects import API_VERSION, KIND, MAX_ERROR_CHARS, MAX_KWARGS_JSON_CHARS
 from host.k8s.run import (
