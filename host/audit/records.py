@@ -92,18 +92,12 @@ def run_record(
         raise ValueError(f"audit reason {reason!r} is not in AuditReason")
     if action not in _ACTIONS:
         raise ValueError(f"audit action {action!r} is not one of {sorted(_ACTIONS)}")
-    if source not in _SOURCES:
-        raise ValueError(f"audit source {source!r} is not one of {sorted(_SOURCES)}")
+    head = _record_head(
+        RUN_EVENT, slug=slug, source=source, trust=trust, run_id=run_id, sandbox=sandbox, runtime=runtime,
+        verdict=(action, str(reason)),
+    )  # fmt: skip
     return {
-        "event": RUN_EVENT,
-        "slug": slug,
-        "action": action,
-        "source": source,
-        "reason": str(reason),
-        "trust": trust,
-        "run_id": run_id,
-        "sandbox": bool(sandbox),
-        "runtime": runtime,
+        **head,
         "image": image,
         "duration_ms": int(duration_ms),
         "timed_out": bool(timed_out),
@@ -145,18 +139,43 @@ def start_record(
     a start older than its own runtime bound plus `END_GRACE_SECONDS` with no matching `agent_run` is a
     problem. A restarted host closes such runs with `host_lost`.
     """
+    head = _record_head(
+        START_EVENT, slug=slug, source=source, trust=trust, run_id=run_id, sandbox=sandbox, runtime=runtime
+    )
+    return {**head, "max_runtime_seconds": int(max_runtime_seconds)}
+
+
+def _record_head(
+    event: str,
+    *,
+    slug: str,
+    source: str,
+    trust: str | None,
+    run_id: str,
+    sandbox: bool,
+    runtime: str | None,
+    verdict: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The fields both records of a run start with, in the order the log has always had them: an end
+    record's verdict (`action`, `reason`) sits among them, after `slug` and after `source`. A `source`
+    outside its fixed set is a programming error and raises ValueError."""
     if source not in _SOURCES:
         raise ValueError(f"audit source {source!r} is not one of {sorted(_SOURCES)}")
-    return {
-        "event": START_EVENT,
+    action, reason = verdict if verdict is not None else ("", "")
+    head: dict[str, Any] = {
+        "event": event,
         "slug": slug,
+        "action": action,
         "source": source,
+        "reason": reason,
         "trust": trust,
         "run_id": run_id,
         "sandbox": bool(sandbox),
         "runtime": runtime,
-        "max_runtime_seconds": int(max_runtime_seconds),
     }
+    if verdict is None:
+        del head["action"], head["reason"]
+    return head
 
 
 def _sanitize_llm(llm: Mapping[str, Any]) -> dict[str, Any]:
