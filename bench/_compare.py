@@ -170,7 +170,10 @@ FLAT_NAMES = {
     "host.api.client": "host._client",
     "host.api.events": "host._events",
     "host.api.server": "host._serve",
+    "host.audit.chain": "host._audit",  # split out of it after the move
     "host.audit.log": "host._audit",
+    "host.audit.records": "host._audit",  # split out of it after the move
+    "host.audit.verify": "host._audit",  # split out of it after the move
     "host.cli.completion": "host._completion",
     "host.cli.doctor": "host._doctor",
     "host.cli.explain": "host._explain",
@@ -184,14 +187,20 @@ FLAT_NAMES = {
     "host.core.strictyaml": "host._yaml",
     "host.core.terminal": "host._terminal",
     "host.core.vocab": "host._vocab",
-    "host.engine.engine": "host._engine",
     "host.engine.contract": "host._engine",  # split out of it after the move
+    "host.engine.engine": "host._engine",
+    "host.engine.errors": "host._engine",  # split out of it after the move
+    "host.engine.facts": "host._engine",  # split out of it after the move
     "host.engine.http": "host._engine_http",
     "host.engine.image": "host._image",
+    "host.engine.labels": "host._engine",  # split out of it after the move
     "host.engine.launch": "host._launch",
     "host.engine.pin": "host._pin",
+    "host.engine.probes": "host._engine",  # split out of it after the move
+    "host.engine.recipe": "host._image",  # split out of it after the move
     "host.engine.sdk": "host._engine_sdk",
     "host.engine.seccomp": "host._seccomp",
+    "host.engine.spec": "host._engine",  # split out of it after the move
     "host.engine.tararchive": "host._tararchive",
     "host.engine.volumes": "host._volumes",
     "host.engine.wrapper_env": "host._wrapper_env",
