@@ -49,7 +49,7 @@ def tools_call(state: BenchState) -> ToolsCall:
         response_format={"type": "json_schema", "name": "bench_answer",
                          "schema": json.dumps(schema, separators=(",", ":"))},
     )
-    # What the broker sends (host/llm/broker.py: the adapter's request and its max_tokens for these caps).
+    # What the broker sends (host/llm/providers.py: the adapter's request and its max_tokens for these caps).
     sent = {**openai_request(prepare(call, check_tools(call.tools, catalog))),
             "max_completion_tokens": min(16384, math.ceil(24000 / 3))}
     return ToolsCall(catalog, schema, call, sent)

@@ -1,1 +1,1 @@
-"""LLM calls made on the host under a run's grant and budgets; llm/broker is the only code with API keys."""
+"""LLM calls made on the host under a run's grant and budgets; the only package with API keys."""

@@ -1,7 +1,7 @@
 """Tool calling and structured output for the LLM broker, as data: the run's tool catalog, validation of what
 an agent asks for, provider-safe names, and the OpenAI / Anthropic request and response mappings.
 
-Nothing here calls a provider or reads a key: `host/llm/broker` does, with what `prepare` returns. Everything
+Nothing here calls a provider or reads a key: `host/llm/session` does, with what `prepare` returns. Everything
 an agent sends is checked and bounded here before any provider call (`Rejected`, which the broker refuses
 with a fixed message); everything a provider returns is normalized here to one shape (`ModelToolCall`),
 whichever API it came from.

@@ -13,7 +13,7 @@ from host.audit.records import run_record, start_record
 from host.core.errors import AuditReason, SandboxError
 from host.core.logs import set_run_id
 from host.core.vocab import Source
-from host.llm.broker import LlmSession
+from host.llm.session import LlmSession
 from host.policy.admission import Admission
 from host.policy.caller import NO_CALLER, CallerInfo
 from host.tools.gate import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate

@@ -17,7 +17,9 @@ from host.core.errors import CallRefusal
 from host.core.logs import set_run_id
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import WireReason
-from host.llm.broker import MAX_MESSAGES, Completion, LlmSession
+from host.llm.admission import MAX_MESSAGES
+from host.llm.providers import Completion
+from host.llm.session import LlmSession
 from host.llm.toolcalls import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
 from host.policy.rules import RunPolicy
 from host.tools.gate import ToolGate, ToolRefusal

@@ -9,7 +9,8 @@ from typing import Any
 
 from host.core.strictjson import dumps_strict
 from host.core.vocab import HOST_TRUST, Trust
-from host.llm.broker import LlmBroker, LlmSession
+from host.llm.broker import LlmBroker
+from host.llm.session import LlmSession
 from host.llm.toolcalls import ToolCatalog, build_catalog
 from host.policy.rules import RunPolicy
 from host.runtime.session import RunTask
@@ -104,9 +105,9 @@ def tool_catalog(
     installed tool pack on the effective allowlist (None: every installed tool pack, by slug), in allowlist
     order; community packs only when the run has tool sandboxes (else the gate refuses their calls).
 
-    Called once per run, on first use (host/llm/broker.LlmSession.tool_catalog). Packs the gate already looked
-    up are reused (`packs`, its per-run cache), so both see one set of installed packs; with no allowlist,
-    the lockfile is read once and every tool pack it holds joins that cache.
+    Called once per run, on first use (host/llm/session.LlmSession.tool_catalog). Packs the gate already
+    looked up are reused (`packs`, its per-run cache), so both see one set of installed packs; with no
+    allowlist, the lockfile is read once and every tool pack it holds joins that cache.
     """
     if policy.allowed_packages is None:
         entries = lockfile.entries()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from host.llm.broker import MAX_MESSAGES
+from host.llm.admission import MAX_MESSAGES
 from host.runtime.runner import RunResult, SandboxHost
 from host.runtime.session import (
     HANDSHAKE_TIMEOUT_MS,

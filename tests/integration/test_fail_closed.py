@@ -25,7 +25,8 @@ from host.engine.facts import EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
 from host.engine.labels import LABEL_SLUG
-from host.llm.broker import LlmBroker, LlmSession
+from host.llm.broker import LlmBroker
+from host.llm.session import LlmSession
 from host.packs.install import LABEL_ARTIFACT, Lockfile
 from host.policy.rules import LlmPolicy
 from host.runtime.rundir import run_root

@@ -28,7 +28,7 @@ STAGES = ("routed", "verified", "claimed", "started", "fetched", "agent_done", "
 
 LLM_REFUSALS = ("refused_disabled", "refused_limit", "refused_input", "refused_output", "refused_model",
                 "refused_tool")  # fmt: skip
-"""The LLM usage counters that are refusals, by kind (host/llm/broker.LlmSession.usage)."""
+"""The LLM usage counters that are refusals, by kind (host/llm/session.LlmSession.usage)."""
 
 BUDGET_CAPS = {"refused_input_tokens": "max_input_tokens", "refused_total_tokens": "max_total_tokens",
                "refused_cost": "max_cost_usd"}  # fmt: skip

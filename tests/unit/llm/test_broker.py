@@ -18,21 +18,13 @@ from typing import Any
 import pytest
 
 from host.core.errors import ConfigError
-from host.llm.broker import (
-    MAX_ENV_FILE_BYTES,
-    MAX_MESSAGES,
-    MESSAGE_OVERHEAD_CHARS,
-    Completion,
-    LlmBroker,
-    LlmRefusal,
-    LlmSession,
-    input_chars,
-    json_string_bytes,
-    parse_env_text,
-    read_env_file,
-)
+from host.llm.admission import MAX_MESSAGES, MESSAGE_OVERHEAD_CHARS, LlmRefusal, input_chars
+from host.llm.broker import LlmBroker
 from host.llm.budget import RetryPolicy
-from host.llm.toolcalls import MAX_TOOL_CALLS, MAX_TOOLS
+from host.llm.credentials import MAX_ENV_FILE_BYTES, parse_env_text, read_env_file
+from host.llm.providers import Completion
+from host.llm.session import LlmSession
+from host.llm.toolcalls import MAX_TOOL_CALLS, MAX_TOOLS, json_string_bytes
 from host.policy.rules import LlmPolicy
 from host.runtime.backends.hostproc import HostSpec, host_wrapper_env
 from host.runtime.rundir import RunDir

@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from host.core.errors import CallRefusal
-from host.llm.broker import LlmBroker, LlmRefusal, LlmSession
+from host.llm.admission import LlmRefusal
+from host.llm.broker import LlmBroker
 from host.llm.budget import (
     CAP_COST,
     CAP_INPUT,
@@ -35,6 +36,7 @@ from host.llm.budget import (
     retry_after_seconds,
     transient_kind,
 )
+from host.llm.session import LlmSession
 from host.policy.rules import LlmPolicy
 from host.spec.config import LlmHostConfig, ModelPrice
 from tests.support.fake_llm import Behaviour, FakeLlmServer

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
-from host.llm import broker as _broker
-from host.llm.broker import Completion, LlmBroker, LlmRefusal, LlmSession, json_string_bytes
+from host.llm import admission as _admission
+from host.llm.admission import LlmRefusal
+from host.llm.broker import LlmBroker
 from host.llm.budget import TOOL_PROMPT_TOKENS
+from host.llm.providers import Completion
+from host.llm.session import LlmSession
 from host.llm.toolcalls import (
     JSON_INSTRUCTION,
     JSON_MODE_CHARS,
@@ -29,6 +32,7 @@ from host.llm.toolcalls import (
     anthropic_request,
     build_catalog,
     check_tools,
+    json_string_bytes,
     model_call,
     openai_request,
     prepare,
@@ -247,7 +251,7 @@ def test_the_input_bound_covers_every_text_either_adapter_sends(json_mode: str) 
                    {"type": json_mode} if json_mode else None)  # fmt: skip
     p = prepare(call, check_tools(call.tools, catalog))
     # The hidden tool-use prompt's allowance is for what the provider adds, not for the text we send.
-    bound = _broker._estimate(p) - TOOL_PROMPT_TOKENS
+    bound = _admission._estimate(p) - TOOL_PROMPT_TOKENS
     for body in (openai_request(p), anthropic_request(p)):
         assert bound >= _sent_text_bytes(body) + 3, body
 

@@ -21,7 +21,8 @@ from typing import Any
 import grpc
 import pytest
 
-from host.llm.broker import LlmBroker, LlmSession
+from host.llm.broker import LlmBroker
+from host.llm.session import LlmSession
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.runtime.session import (
     MAX_MESSAGE_BYTES,
@@ -922,7 +923,7 @@ def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, deco
 
 
 def test_a_call_carries_at_most_max_messages(env: Env, decodes: list[str]) -> None:
-    from host.llm.broker import MAX_MESSAGES
+    from host.llm.admission import MAX_MESSAGES
     from host.llm.toolcalls import MAX_TOOLS
 
     llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=10**6, max_output_chars=100)
@@ -1047,7 +1048,7 @@ def test_host_error_warnings_are_rate_limited_per_run(env: Env, caplog: pytest.L
 
 def test_llm_input_counts_roles_and_overhead_on_the_wire(env: Env) -> None:
     """Finding 3: many empty messages used to reach the provider as megabytes under a 2,000-character cap."""
-    from host.llm.broker import MESSAGE_OVERHEAD_CHARS
+    from host.llm.admission import MESSAGE_OVERHEAD_CHARS
 
     llm = LlmPolicy(enabled=True, max_calls=5, max_input_chars=2000, max_output_chars=100)
     run = env.started(llm=llm)
