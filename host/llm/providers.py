@@ -122,7 +122,21 @@ def _bounded(calls: Sequence[Any]) -> Sequence[Any]:
     return calls
 
 
-class _OpenAiAdapter:
+class _SdkAdapter:
+    """What both adapters share: the SDK's exceptions that mean a timeout or a rate limit, set by each."""
+
+    _timeouts: tuple[type[Exception], ...]
+    _rate_limited: type[Exception]
+
+    def reason_for(self, exc: Exception) -> WireReason:
+        if isinstance(exc, self._timeouts):
+            return WireReason.LLM_TIMEOUT
+        if isinstance(exc, self._rate_limited):
+            return WireReason.LLM_RATE_LIMITED
+        return WireReason.LLM_UNAVAILABLE
+
+
+class _OpenAiAdapter(_SdkAdapter):
     """OpenAI and OpenAI-compatible servers through the openai SDK's chat completions."""
 
     def __init__(self, binding: Binding, timeout: float) -> None:
@@ -135,7 +149,7 @@ class _OpenAiAdapter:
         self._model = binding.model
         # OpenAI deprecated max_tokens; compatible servers (Ollama, vLLM) reliably understand only max_tokens.
         self._completion_bound = binding.provider == "openai"
-        self._timeouts: tuple[type[Exception], ...] = (openai.APITimeoutError, httpx2.TimeoutException)
+        self._timeouts = (openai.APITimeoutError, httpx2.TimeoutException)
         self._rate_limited = openai.RateLimitError
 
     def _body(self, request: Prepared, max_tokens: int) -> dict[str, Any]:
@@ -192,13 +206,6 @@ class _OpenAiAdapter:
             tool_calls=done,
         )
 
-    def reason_for(self, exc: Exception) -> WireReason:
-        if isinstance(exc, self._timeouts):
-            return WireReason.LLM_TIMEOUT
-        if isinstance(exc, self._rate_limited):
-            return WireReason.LLM_RATE_LIMITED
-        return WireReason.LLM_UNAVAILABLE
-
 
 def _openai_call(request: Prepared, call: Any, taken: set[str]) -> ModelToolCall:
     """A function call (a `custom` tool call names nothing the request defined: refused); `taken`: the ids
@@ -210,7 +217,7 @@ def _openai_call(request: Prepared, call: Any, taken: set[str]) -> ModelToolCall
     return model_call(request, call.id, function.name, function.arguments, taken)
 
 
-class _AnthropicAdapter:
+class _AnthropicAdapter(_SdkAdapter):
     """Anthropic through the anthropic SDK's messages API; system messages go to `system=`, tool calls are
     tool_use blocks, a JSON response format is a forced response tool (host/llm/toolcalls.py)."""
 
@@ -230,7 +237,7 @@ class _AnthropicAdapter:
         sdk_logger.setLevel(max(logging.INFO, sdk_logger.getEffectiveLevel()))
         self._model = binding.model
         # The SDK wraps a timeout while connecting, but a stalled stream raises httpx2's own timeout.
-        self._timeouts: tuple[type[Exception], ...] = (anthropic.APITimeoutError, httpx2.TimeoutException)
+        self._timeouts = (anthropic.APITimeoutError, httpx2.TimeoutException)
         self._rate_limited = anthropic.RateLimitError
 
     def _request(self, request: Prepared, max_tokens: int) -> dict[str, Any]:
@@ -304,13 +311,6 @@ class _AnthropicAdapter:
         if request.json_mode and not done and finish == "tool_use":
             finish = "end_turn"  # the model answered through the response tool
         yield Completion("", _finished(finish, bool(done)), input_tokens, output_tokens, done)
-
-    def reason_for(self, exc: Exception) -> WireReason:
-        if isinstance(exc, self._timeouts):
-            return WireReason.LLM_TIMEOUT
-        if isinstance(exc, self._rate_limited):
-            return WireReason.LLM_RATE_LIMITED
-        return WireReason.LLM_UNAVAILABLE
 
 
 def adapter_for(binding: Binding, timeout: float) -> Adapter:
