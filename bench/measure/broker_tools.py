@@ -12,7 +12,8 @@ from bench._state import FAKE_KEY, LLM_TOOL_COUNT, BenchState
 from bench._stats import med, summary
 from bench.measure.shared import first_chunk, interleaved, timed
 from host.llm.broker import LlmBroker
-from host.llm.toolcalls import LlmCall, ToolCatalog, build_catalog, check_tools, openai_request, prepare
+from host.llm.toolcalls import LlmCall, ToolCatalog, build_catalog, check_tools, prepare
+from host.llm.translate import openai_request
 from host.policy.rules import LlmPolicy
 from host.runtime.runner import SandboxHost
 from host.runtime.wiring import lookup_toolpack

@@ -15,16 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from host.core.strictjson import check_finite
 from host.core.vocab import WireReason
 from host.llm.credentials import Binding
-from host.llm.toolcalls import (
-    MAX_TOOL_CALLS,
-    RESPONSE_TOOL,
+from host.llm.toolcalls import MAX_TOOL_CALLS, RESPONSE_TOOL, ModelToolCall, Prepared, canonical_json
+from host.llm.translate import (
     CallDelta,
     CallStream,
-    ModelToolCall,
-    Prepared,
     TooManyToolCalls,
     anthropic_request,
-    canonical_json,
     model_call,
     openai_request,
 )
@@ -219,7 +215,7 @@ def _openai_call(request: Prepared, call: Any, taken: set[str]) -> ModelToolCall
 
 class _AnthropicAdapter(_SdkAdapter):
     """Anthropic through the anthropic SDK's messages API; system messages go to `system=`, tool calls are
-    tool_use blocks, a JSON response format is a forced response tool (host/llm/toolcalls.py)."""
+    tool_use blocks, a JSON response format is a forced response tool (host/llm/translate.py)."""
 
     def __init__(self, binding: Binding, timeout: float) -> None:
         import anthropic  # noqa: PLC0415  see _OpenAiAdapter

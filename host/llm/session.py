@@ -28,7 +28,8 @@ from host.llm.budget import BudgetRefusal, LlmBudget, RetryCounts, RetryPolicy
 from host.llm.credentials import Binding, Resolution
 from host.llm.providers import Adapter, Completion, StreamItem
 from host.llm.retrying import retrying, retrying_stream
-from host.llm.toolcalls import MAX_TOOL_CALLS, MAX_TOOLS, CallDelta, LlmCall, ToolCatalog, TooManyToolCalls
+from host.llm.toolcalls import MAX_TOOL_CALLS, MAX_TOOLS, LlmCall, ToolCatalog
+from host.llm.translate import CallDelta, TooManyToolCalls
 from host.policy.rules import LlmPolicy
 from host.spec.config import LlmHostConfig
 

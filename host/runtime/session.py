@@ -20,7 +20,8 @@ from host.core.vocab import WireReason
 from host.llm.admission import MAX_MESSAGES
 from host.llm.providers import Completion
 from host.llm.session import LlmSession
-from host.llm.toolcalls import MAX_TOOLS, CallDelta, LlmCall, ModelToolCall
+from host.llm.toolcalls import MAX_TOOLS, LlmCall, ModelToolCall
+from host.llm.translate import CallDelta
 from host.policy.rules import RunPolicy
 from host.tools.gate import ToolGate, ToolRefusal
 from sandbox_wrapper.protocol import PROTOCOL_VERSION, llm_pb2, session_pb2, tools_pb2
