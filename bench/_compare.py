@@ -211,9 +211,15 @@ FLAT_NAMES = {
     "host.k8s.objects": "host._k8s_objects",
     "host.k8s.pod": "host._k8s_pod",
     "host.k8s.run": "host._k8s_run",
+    "host.llm.admission": "host._broker",  # split out of it after the move
     "host.llm.broker": "host._broker",
     "host.llm.budget": "host._budget",
+    "host.llm.credentials": "host._broker",  # split out of it after the move
+    "host.llm.providers": "host._broker",  # split out of it after the move
+    "host.llm.retrying": "host._broker",  # split out of it after the move
+    "host.llm.session": "host._broker",  # split out of it after the move
     "host.llm.toolcalls": "host._llmtools",
+    "host.llm.translate": "host._llmtools",  # split out of it after the move
     "host.packs.install": "host._packs",
     "host.packs.requirements": "host._requirements",
     "host.packs.scaffold": "host._scaffold",
