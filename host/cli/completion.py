@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
+
+from host.cli.output import EXIT_OK
+from host.cli.parser import build_parser
 
 PROG = "agentnode-sandbox"
 SLUG_COMMANDS = ("run", "uninstall", "doctor", "explain")
@@ -74,4 +78,12 @@ def _path_cases(parser: argparse.ArgumentParser) -> str:
     return "\n".join(f"      {shlex.quote(p)}) path={shlex.quote(p)} ;;" for p in sorted(paths))
 
 
-__all__ = ["SLUG_COMMANDS", "bash_script"]
+def cmd_completion(args: argparse.Namespace) -> int:
+    script = bash_script(build_parser())
+    if args.shell == "zsh":
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    sys.stdout.write(script)
+    return EXIT_OK
+
+
+__all__ = ["SLUG_COMMANDS", "bash_script", "cmd_completion"]

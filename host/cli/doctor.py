@@ -6,6 +6,7 @@ fix an operator reads here is the one the run would print; nothing is swept, bui
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from host.cli.output import EXIT_FAILED, EXIT_OK, emit, say
 from host.core.errors import AuditReason, ConfigError, EngineError, SandboxError
 from host.core.owner import owner_alive
+from host.core.terminal import safe_line, safe_token
 from host.core.vocab import HOST_TRUST, Route, Trust
 from host.engine.engine import open_engine
 from host.engine.errors import engine_errors
@@ -277,4 +280,20 @@ def _engine_rows(
     return rows
 
 
-__all__ = ["Check", "DoctorReport", "capability_checks", "image_checks", "leftover_check", "run_doctor"]
+def cmd_doctor(args: argparse.Namespace) -> int:
+    report = run_doctor(args.slug)
+
+    def human() -> None:
+        for c in report.checks:
+            say(f"  {'ok' if c.ok else 'FAIL':<5} {safe_token(c.check):<20} {safe_line(c.detail)}")
+            if c.fix:
+                say(f"  {'':<5} {'':<20} fix: {safe_line(c.fix)}")
+        failed = sum(1 for c in report.checks if not c.ok)
+        say("ready" if report.ready else f"not ready: {failed} check(s) failed")
+
+    emit(args, report.to_json(), human)
+    return EXIT_OK if report.ready else EXIT_FAILED
+
+
+__all__ = ["Check", "DoctorReport", "capability_checks", "cmd_doctor", "image_checks", "leftover_check",
+           "run_doctor"]  # fmt: skip

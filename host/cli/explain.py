@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from host.cli.output import EXIT_OK, emit, say
+from host.core.terminal import safe_line, safe_token
 from host.core.vocab import Route
 from host.policy.admission import decide_route, effective_policy, installed_agent, refusal_error
 from host.policy.rules import RouteDecision, RunPolicy, declares_llm
@@ -100,10 +103,82 @@ def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explan
     entry = installed_agent(Lockfile(cfg.paths.lockfile), slug)
     decision = decide_route(entry, cfg, environ)
     manifest, policy = effective_policy(entry, cfg, decision.route)
-    from host.llm.broker import LlmBroker  # noqa: PLC0415  only the explanation needs it, not every run's admission
+    from host.llm.broker import LlmBroker  # only the explanation needs it, not every run's admission
 
     provider = LlmBroker(cfg.agent_sandbox.llm, environ).describe(slug)
     return Explanation(entry, decision, manifest, policy, cfg, provider)
 
 
-__all__ = ["Explanation", "explain_policy"]
+def _human_explain(p: Mapping[str, Any]) -> None:
+    """Every value is escaped where it is interpolated: package names, models and messages come from packs."""
+    req, llm = p["requested"], p["llm"]
+
+    def line(label: str, value: Any) -> None:
+        say(f"  {label + ':':<21} {value}")
+
+    def capped(key: str) -> str:
+        lowered = f" (the host ceiling lowered it from {safe_line(req[key])})" if key in p["clamped"] else ""
+        return f"{safe_line(p[key])}{lowered}"
+
+    def names(items: Sequence[Any]) -> str:
+        return ", ".join(safe_token(item) for item in items)
+
+    say(f"{safe_token(p['slug'])} {safe_token(p['version'])} (trust {safe_token(p['trust'])})")
+    line("route", f"{safe_token(p['route'])}: {safe_line(p['route_message'])}")
+    if p["hint"]:
+        line("hint", safe_line(p["hint"]))
+    if p["runtime"]:
+        image = safe_line(p["image"] or "(not pinned)")
+        line("sandbox", f"runtime {safe_token(p['runtime'])}, image {image}")
+    if p["allowed_packages"] is None:
+        line("tools", "any installed tool pack (the manifest declares no tool_access.allowed_packages)")
+    else:
+        line("tools", names(p["allowed_packages"]) or "(none)")
+    line("max_tool_calls", capped("max_tool_calls"))
+    idle = safe_line(p["idle_timeout_seconds"])
+    line("max_runtime_seconds", f"{capped('max_runtime_seconds')} (idle limit {idle})")
+    line("max_iterations", capped("max_iterations"))
+    if not llm["enabled"]:
+        line("llm", "not granted (llm_access.enabled is not true, or the host disabled it)")
+    else:
+        if p["route"] == Route.HOST.value:
+            line("llm", "host path: llm_access caps do not apply (sanity bounds below)")
+        elif llm["granted_by"] == "grant_declared":
+            line("llm", "granted by the host's llm.grant_declared (the pack declares it needs an LLM)")
+        else:
+            line("llm", "granted by the manifest's llm_access")
+        for key in ("max_calls", "max_input_chars", "max_output_chars"):
+            lowered = f" (lowered from {safe_line(req['llm'][key])})" if key in llm["clamped"] else ""
+            line(f"llm {key}", f"{safe_line(llm[key])}{lowered}")
+        for key in ("max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd"):
+            if llm.get(key) is None:
+                continue  # no such budget: the character caps above still bound every call
+            lowered = f" (lowered from {safe_line(req['llm'].get(key))})" if key in llm["clamped"] else ""
+            line(f"llm {key}", f"{safe_line(llm[key])}{lowered}")
+        price = llm.get("price")
+        if price is not None:
+            line(
+                "llm price",
+                f"{safe_line(price.get('input_per_million'))} / "
+                f"{safe_line(price.get('output_per_million'))} USD per million input / output tokens",
+            )
+        elif llm.get("max_cost_usd") is not None:
+            line(
+                "llm price",
+                "none for the host model: max_cost_usd refuses every call (add the model to "
+                "agent_sandbox.llm.prices)",
+            )
+        models = llm["allowed_models"]
+        line("llm models", "any host model" if models is None else names(models) or "none")
+    provider = safe_line(f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip())
+    line("llm provider", f"{provider} ({'configured' if llm['configured'] else 'not configured'})")
+    line("clamped by the host", names(p["clamped"]) or "nothing")
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    payload = explain_policy(args.slug).to_json()
+    emit(args, payload, lambda: _human_explain(payload))
+    return EXIT_OK
+
+
+__all__ = ["Explanation", "cmd_policy", "explain_policy"]

@@ -149,7 +149,7 @@ def refusal_status(reason: AuditReason, error: str, hint: str) -> dict[str, Any]
 
 
 RESULT_DEPTH = 512
-"""How deep a result read back from a status may nest: as deep as a local run's (cli/main.RESULT_DEPTH)."""
+"""How deep a result read back from a status may nest: as deep as a local run's (cli/run.RESULT_DEPTH)."""
 
 
 RUN_PATH = "kubernetes"

@@ -3,7 +3,7 @@
 A new `run` process pays for importing gRPC, the session, the broker and their kin (~150-200 ms) and then
 waits for the engine to start the container (~300 ms on runc, more under gVisor). Here the run is admitted
 and its container verified, created and started with light modules only, while those imports go on in
-another thread (host/cli/main.py): they overlap the engine's work instead of preceding it. The container's
+another thread (host/cli/run.py): they overlap the engine's work instead of preceding it. The container's
 wrapper waits for the run's socket (`PRELAUNCH_SOCKET_WAIT`), which the host serves once it has adopted the
 container (`SandboxHost.run(prelaunched=...)`).
 

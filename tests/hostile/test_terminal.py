@@ -8,7 +8,7 @@ its stdout and stderr carry no raw ESC, C1 or bidi character while the escaped f
 
 Every terminal row has a positive control: the escaped form of the hostile text must be in the output, so
 a command that never printed the text (or crashed before it could) fails the row instead of passing it.
-Which pack-authored text a human-mode command prints (host/cli/main.py): `policy explain` the tool packages
+Which pack-authored text a human-mode command prints (host/cli/*.py): `policy explain` the tool packages
 and the LLM model allowlist; `install` its warnings (unknown manifest key names) and its errors (the
 offending file name). A pack's name, goal and system prompt reach only the agent (no command prints them),
 and slug and version are validated to plain tokens at install, so no row claims to test those on the

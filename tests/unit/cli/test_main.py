@@ -1008,10 +1008,10 @@ def test_errors_that_quote_pack_text_stay_on_their_two_lines(
 def test_log_lines_are_escaped_too() -> None:
     import logging
 
-    from host.cli.main import _SafeFormatter
+    from host.cli.output import SafeFormatter
 
     record = logging.LogRecord("host.x", logging.WARNING, __file__, 1, "seen: %s", (HOSTILE,), None)
-    line = _SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    line = SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert line.startswith("WARNING host.x: seen: ")
     assert_terminal_safe(line)
 
@@ -1089,7 +1089,7 @@ def test_run_takes_only_an_owner_only_listening_admin_socket(
     else may write to, and that accepts a connection now; anything else is passed over (run here)."""
     import socket
 
-    from host.cli.main import _serve_socket
+    from host.cli.run import _serve_socket
 
     config = tmp_path / "cfg"
     config.mkdir(mode=0o755)

@@ -439,7 +439,7 @@ def test_ctrl_c_in_the_cli_prints_the_cancelled_run_and_exits_130(
 
         return show
 
-    monkeypatch.setattr("host.cli.main._progress", progress)
+    monkeypatch.setattr("host.cli.run.progress", progress)
     agent = NodeAgent(kube_api, [{"phase": "Running"}])
     agent.start()
     code = main(["run", "echo", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--json"])
