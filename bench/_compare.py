@@ -174,10 +174,17 @@ FLAT_NAMES = {
     "host.audit.log": "host._audit",
     "host.audit.records": "host._audit",  # split out of it after the move
     "host.audit.verify": "host._audit",  # split out of it after the move
+    "host.cli.audit": "host._cli",  # split out of it after the move
     "host.cli.completion": "host._completion",
     "host.cli.doctor": "host._doctor",
     "host.cli.explain": "host._explain",
+    "host.cli.image": "host._cli",  # split out of it after the move
     "host.cli.main": "host._cli",
+    "host.cli.output": "host._cli",  # split out of it after the move
+    "host.cli.packs": "host._cli",  # split out of it after the move
+    "host.cli.parser": "host._cli",  # split out of it after the move
+    "host.cli.run": "host._cli",  # split out of it after the move
+    "host.cli.serve": "host._cli",  # split out of it after the move
     "host.core.calltrace": "host._calltrace",
     "host.core.errors": "host._errors",
     "host.core.logs": "host._logs",
