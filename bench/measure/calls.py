@@ -27,7 +27,8 @@ from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
 from host.runtime.rundir import make_run_dir
 from host.runtime.runner import SandboxHost
-from host.runtime.session import RunSession, RunTask, build_run_server
+from host.runtime.runserver import build_run_server
+from host.runtime.session import RunSession, RunTask
 from host.runtime.wiring import lookup_toolpack
 from host.spec.config import LlmHostConfig
 from host.tools import gate as _tools

@@ -22,7 +22,7 @@ from host.engine.labels import LABEL_RUN, LABEL_SLUG
 from host.engine.spec import container_spec
 from host.runtime.rundir import make_run_dir
 from host.runtime.runner import RunResult
-from host.runtime.session import MAX_MESSAGE_BYTES
+from host.runtime.runserver import MAX_MESSAGE_BYTES
 
 RPC_CLIENT = """
 import json, os, sys, time

@@ -23,8 +23,8 @@ from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import Runtime, WireReason
 from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
 from host.runtime.pool import PoolSettings
+from host.runtime.rpcwire import REASON_METADATA_KEY
 from host.runtime.runner import RunResult, SandboxHost
-from host.runtime.session import REASON_METADATA_KEY
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 

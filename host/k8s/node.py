@@ -51,7 +51,8 @@ from host.policy.admission import Admission
 from host.runtime.result import RunResult
 from host.runtime.rundir import RunDir, run_root
 from host.runtime.runner import SandboxHost
-from host.runtime.session import RunSession, build_run_server
+from host.runtime.runserver import build_run_server
+from host.runtime.session import RunSession
 from host.runtime.workload import Workload
 from host.spec.config import HostConfig, load_config
 

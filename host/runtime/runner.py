@@ -31,7 +31,8 @@ from host.runtime.pool import PoolSettings, WarmPools
 from host.runtime.result import RunResult, from_error, from_outcome, host_fault, withheld
 from host.runtime.runaudit import RunAudit, RunFacts
 from host.runtime.rundir import orphaned_runs, sweep_run_dirs
-from host.runtime.session import MAX_CONNECTIONS_PER_RUN, RunSession
+from host.runtime.runserver import MAX_CONNECTIONS_PER_RUN
+from host.runtime.session import RunSession
 from host.runtime.telemetry.tracing import RunTracer
 from host.runtime.toolsandbox import ToolSandboxLauncher
 from host.runtime.wiring import run_services, run_task

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from host.runtime.rundir import RunDir, make_run_dir
-from host.runtime.session import RunSession, build_run_server
+from host.runtime.runserver import build_run_server
+from host.runtime.session import RunSession
 
 if TYPE_CHECKING:
     from host.policy.admission import Admission

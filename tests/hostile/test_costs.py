@@ -21,16 +21,10 @@ from typing import Any
 import pytest
 
 from host.llm.admission import MAX_MESSAGES
+from host.runtime.rpcwire import Call
 from host.runtime.runner import RunResult, SandboxHost
-from host.runtime.session import (
-    HANDSHAKE_TIMEOUT_MS,
-    MAX_CONNECTIONS_PER_RUN,
-    REFUSAL_BURST,
-    REFUSAL_REFILL_PER_SECOND,
-    RunSession,
-    _Call,
-    _RunServices,
-)
+from host.runtime.runserver import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN, _RunServices
+from host.runtime.session import REFUSAL_BURST, REFUSAL_REFILL_PER_SECOND, RunSession
 from tests.hostile.conftest import CANARY, STUBS, Lab, Ledger, brief, rss_bytes
 
 pytestmark = pytest.mark.docker
@@ -353,7 +347,7 @@ class ServedMeter:
             real = getattr(_RunServices, name)
 
             def timed(
-                svc: _RunServices, raw: bytes, call: _Call, context: Any, _real: Any = real, _name: str = name
+                svc: _RunServices, raw: bytes, call: Call, context: Any, _real: Any = real, _name: str = name
             ) -> Any:
                 started = time.thread_time()
                 try:

@@ -15,7 +15,8 @@ import pytest
 
 from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
-from host.runtime.session import RunSession, RunTask, build_run_server
+from host.runtime.runserver import build_run_server
+from host.runtime.session import RunSession, RunTask
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.load import load_manifest
 from host.spec.manifest.model import ToolpackManifest

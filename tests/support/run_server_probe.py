@@ -23,7 +23,8 @@ from typing import Any
 
 from host.llm.broker import LlmBroker
 from host.policy.rules import LlmPolicy, RunPolicy
-from host.runtime.session import RunSession, RunTask, build_run_server
+from host.runtime.runserver import build_run_server
+from host.runtime.session import RunSession, RunTask
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner

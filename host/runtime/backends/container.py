@@ -30,7 +30,8 @@ from host.engine.pin import verify_pinned_image
 from host.engine.probes import MemoryProbe, PidsProbe
 from host.policy.admission import Admission
 from host.runtime.pool import PoolSettings, WarmPools
-from host.runtime.session import RunSession, build_run_server
+from host.runtime.runserver import build_run_server
+from host.runtime.session import RunSession
 from host.runtime.workload import SocketServer, Workload
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.model import AgentManifest

@@ -45,11 +45,11 @@ def test_wire_reason_is_exactly_the_generated_error_reason() -> None:
 
 
 def test_the_host_status_table_is_typed_and_total() -> None:
-    from host.runtime import session as _session
+    from host.runtime import rpcwire as _rpcwire
 
-    assert set(_session._STATUS) == set(WireReason)
-    assert all(type(reason) is WireReason for reason in _session._STATUS)
-    assert all(type(reason) is WireReason for reason in _session._UNMETERED)
+    assert set(_rpcwire._STATUS) == set(WireReason)
+    assert all(type(reason) is WireReason for reason in _rpcwire._STATUS)
+    assert all(type(reason) is WireReason for reason in _rpcwire._UNMETERED)
 
 
 def test_examples_import_only_public_modules() -> None:

@@ -24,14 +24,8 @@ import pytest
 from host.llm.broker import LlmBroker
 from host.llm.session import LlmSession
 from host.policy.rules import LlmPolicy, RunPolicy
-from host.runtime.session import (
-    MAX_MESSAGE_BYTES,
-    RefusalBudget,
-    RunOutcome,
-    RunSession,
-    RunTask,
-    build_run_server,
-)
+from host.runtime.runserver import MAX_MESSAGE_BYTES, build_run_server
+from host.runtime.session import RefusalBudget, RunOutcome, RunSession, RunTask
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.gate import InstalledToolpack, ToolGate, ToolOutcome, ToolRunner
@@ -275,9 +269,9 @@ def test_errors_proto_names_a_status_for_every_reason() -> None:
 
 
 def test_server_status_table_matches_errors_proto() -> None:
-    from host.runtime import session as _session
+    from host.runtime import rpcwire as _rpcwire
 
-    assert _session._STATUS == PROTO_STATUS
+    assert _rpcwire._STATUS == PROTO_STATUS
 
 
 # --- building and serving -----------------------------------------------------------------------------------
@@ -804,16 +798,16 @@ MiB = 1 << 20
 @pytest.fixture
 def decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The request types the run servers decoded (our own decoding step, counted)."""
-    from host.runtime import session as _session
+    from host.runtime import runserver as _runserver
 
     seen: list[str] = []
-    real = _session._decode
+    real = _runserver.decode
 
     def counting(message_type: Any, raw: bytes, max_fields: int) -> Any:
         seen.append(str(message_type.DESCRIPTOR.name))
         return real(message_type, raw, max_fields)
 
-    monkeypatch.setattr(_session, "_decode", counting)
+    monkeypatch.setattr(_runserver, "decode", counting)
     return seen
 
 
@@ -893,7 +887,7 @@ def test_refusals_before_decoding_need_no_decoding(env: Env, decodes: list[str])
 
 
 def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, decodes: list[str]) -> None:
-    from host.runtime.session import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
+    from host.runtime.runserver import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
     from host.tools.gate import MAX_REQUEST_BYTES
 
     fresh = env.start()
@@ -1003,12 +997,12 @@ def test_any_report_past_the_state_checks_ends_the_run(
 def test_a_host_fault_while_reading_a_report_still_ends_the_run(
     env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from host.runtime import session as _session
+    from host.runtime import runserver as _runserver
 
     def broken(text: str, max_bytes: int) -> Any:
         raise RecursionError(HOST_SECRET)
 
-    monkeypatch.setattr(_session, "loads_strict", broken)
+    monkeypatch.setattr(_runserver, "loads_strict", broken)
     run = env.started()
     assert_refused(refused(run.report, {"a": 1}), "HOST_ERROR")
     outcome = run.session.outcome
@@ -1159,7 +1153,7 @@ def _outcome_of(call: Callable[[], Any]) -> Any:
 
 
 def test_a_connection_flood_is_bounded_before_the_handshake() -> None:
-    from host.runtime.session import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN
+    from host.runtime.runserver import HANDSHAKE_TIMEOUT_MS, MAX_CONNECTIONS_PER_RUN
 
     with ServerProbe({}) as probe:
         base = probe.command("report")["fds"]
