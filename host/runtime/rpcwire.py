@@ -3,6 +3,7 @@ error into a gRPC status with a stable reason, the refusal charge, and a bounded
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol
@@ -120,22 +121,33 @@ class _Message(Protocol):
     def SerializeToString(self) -> bytes: ...
 
 
+@contextlib.contextmanager
+def _serving(
+    session: RunSession, name: str, context: grpc.ServicerContext, *, throttled: bool
+) -> Iterator[Call]:
+    """One call's prologue and epilogue, for every handler: the run id on its log records, the refusal
+    throttle, the one translation boundary (a refusal charged, any error aborted with its reason), the
+    call's end."""
+    call = Call(session)
+    try:
+        set_run_id(session.task.run_id if session.task is not None else "")  # for its log records
+        if throttled:
+            session.throttle()
+        yield call
+    except Exception as exc:  # noqa: BLE001 (the one translation boundary)
+        _note_refusal(session, call, exc, throttled)
+        _translate(exc, context, name, session)
+    finally:
+        call.finish()
+        set_run_id("")
+
+
 def unary(session: RunSession, name: str, serve: _Serve, *, throttled: bool) -> grpc.RpcMethodHandler:
     """A unary handler that receives the request as raw bytes, so `serve` decides what decoding is worth."""
 
     def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
-        call = Call(session)
-        try:
-            set_run_id(session.task.run_id if session.task is not None else "")  # for its log records
-            if throttled:
-                session.throttle()
+        with _serving(session, name, context, throttled=throttled) as call:
             return serve(raw, call, context)
-        except Exception as exc:  # noqa: BLE001 (the one translation boundary)
-            _note_refusal(session, call, exc, throttled)
-            _translate(exc, context, name, session)
-        finally:
-            call.finish()
-            set_run_id("")
 
     return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
 
@@ -146,20 +158,10 @@ def unary_stream(
     """The streaming twin of unary: chunks already sent stay sent, the error ends the stream."""
 
     def handler(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
-        call = Call(session)
-        try:
-            set_run_id(session.task.run_id if session.task is not None else "")  # for its log records
-            if throttled:
-                session.throttle()
+        with _serving(session, name, context, throttled=throttled) as call:
             for item in serve(raw, call, context):
                 session.touch()
                 yield item
-        except Exception as exc:  # noqa: BLE001 (the one translation boundary)
-            _note_refusal(session, call, exc, throttled)
-            _translate(exc, context, name, session)
-        finally:
-            call.finish()
-            set_run_id("")
 
     return grpc.unary_stream_rpc_method_handler(handler, response_serializer=_serialize)
 
