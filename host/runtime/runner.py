@@ -329,17 +329,7 @@ class SandboxHost:
             ending = watch(work.session, work, deadline=deadline + work.deadline_grace, idle_limit=idle_limit)
             run.mark("agent_done")
             run.fetched(work.session.fetched_at)
-            if ending is not Ending.REPORTED:
-                work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
-            # The last lines, for the result and a follower: an agent that returned has its output in once the
-            # wrapper's marks arrive (host/runtime/workload.py), an exited one once its stream ends. A run
-            # that was stopped has no marks; a background teardown (serve) on Docker, whose stream carries
-            # output as it is written, answers without waiting for the container's end unless someone follows.
-            if ending in (Ending.REPORTED, Ending.EXITED):
-                work.settle_logs(_LOG_SETTLE_ENDED_SECONDS)
-            elif not (self.teardowns.background and a.sandboxed) or run.on_log is not None or work.logs_lag:
-                work.settle_logs(_LOG_SETTLE_SECONDS)
-            work.session.listen_logs(None)  # a line later than that is in the logs only
+            _wind_down(work, ending, run, self.teardowns, sandboxed=a.sandboxed)
             outcome = conclude(
                 ending,
                 work,
@@ -362,6 +352,26 @@ class SandboxHost:
                     run.after_result = teardown  # it would compete with the audit for the host's cores
                 else:
                     teardown()
+
+
+def _wind_down(
+    work: Workload, ending: Ending, run: RunFacts, teardowns: Teardowns, *, sandboxed: bool
+) -> None:
+    """Close a watched run's session to its agent: cancelled unless it reported, its last lines awaited (for
+    the result and a follower), then no line more to the follower.
+
+    An agent that returned has its output in once the wrapper's marks arrive (host/runtime/workload.py), an
+    exited one once its stream ends. A run that was stopped has no marks; a background teardown (serve) on
+    Docker, whose stream carries output as it is written, answers without waiting for the container's end
+    unless someone follows.
+    """
+    if ending is not Ending.REPORTED:
+        work.session.cancel()  # the outcome is fixed now: nothing the agent sends later counts
+    if ending in (Ending.REPORTED, Ending.EXITED):
+        work.settle_logs(_LOG_SETTLE_ENDED_SECONDS)
+    elif not (teardowns.background and sandboxed) or run.on_log is not None or work.logs_lag:
+        work.settle_logs(_LOG_SETTLE_SECONDS)
+    work.session.listen_logs(None)  # a line later than that is in the logs only
 
 
 __all__ = ["RunResult", "SandboxHost"]
