@@ -242,9 +242,11 @@ FLAT_NAMES = {
     "host.runtime.pool": "host._pool",
     "host.runtime.prelaunch": "host._prelaunch",
     "host.runtime.result": "host._result",
+    "host.runtime.rpcwire": "host._session",  # split out of it after the move
     "host.runtime.runaudit": "host._runaudit",
     "host.runtime.rundir": "host._rundir",
     "host.runtime.runner": "host._runner",
+    "host.runtime.runserver": "host._session",  # split out of it after the move
     "host.runtime.session": "host._session",
     "host.runtime.telemetry.metrics": "host._metrics",
     "host.runtime.telemetry.tracing": "host._tracing",
