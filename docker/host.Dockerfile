@@ -1,6 +1,6 @@
 # The agentnode-sandbox HOST image: the Kubernetes controller (`k8s-controller`) and node agent
 # (`serve --node`) of deploy/, where it is named agentnode-sandbox:0.1.0 (HOST_IMAGE in
-# host/k8s/objects.py) and overridden with kustomize's `images:`. It is NOT the sandbox image the agents
+# host/k8s/objects/names.py) and overridden with kustomize's `images:`. It is NOT the sandbox image the agents
 # run in (docker/Dockerfile, built by `agentnode-sandbox image build`).
 #
 # Build it from a checkout with a context of only what the install needs (no .venv, .state or .git):

@@ -20,7 +20,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from host.core.errors import AuditReason, EngineError
-from host.k8s.objects import GROUP, PLURAL, VERSION
+from host.k8s.objects.agentrun import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger("agentnode.sandbox.kubernetes")
 

@@ -27,19 +27,18 @@ from kubernetes import config as k8s_config
 from host.core.errors import AuditReason
 from host.core.vocab import Runtime
 from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
-from host.k8s.objects import (
+from host.k8s.objects.agentrun import (
     MAX_AGENTRUN_NAME_CHARS,
     MAX_ERROR_CHARS,
     MAX_GOAL_CHARS,
     MAX_HINT_CHARS,
     MAX_KWARGS_JSON_CHARS,
     MAX_RESULT_JSON_CHARS,
-    NAMESPACE,
     PHASES,
     agentrun,
-    is_dns_label,
 )
-from host.k8s.pod import POD_START_GRACE_SECONDS
+from host.k8s.objects.names import NAMESPACE, is_dns_label
+from host.k8s.objects.pod import POD_START_GRACE_SECONDS
 from host.k8s.run import RUN_PATH, TERMINAL_PHASES, result_json
 from host.policy.caller import CallerInfo
 from host.spec.config import DEFAULT_MAX_RUNTIME_SECONDS

@@ -20,19 +20,9 @@ from host.core.logs import set_run_id
 from host.core.terminal import safe_line
 from host.k8s.api import KubeApi, KubeError, Ref
 from host.k8s.node import HostRoutesRefused
-from host.k8s.objects import (
-    GROUP,
-    LABEL_ROLE,
-    MAX_ERROR_CHARS,
-    MAX_HINT_CHARS,
-    PLURAL,
-    ROLE_AGENT_RUN,
-    VERSION,
-    owner_reference,
-    pod_mismatches,
-    pod_name,
-)
-from host.k8s.pod import pod_for
+from host.k8s.objects.agentrun import GROUP, MAX_ERROR_CHARS, MAX_HINT_CHARS, PLURAL, VERSION
+from host.k8s.objects.names import LABEL_ROLE, ROLE_AGENT_RUN
+from host.k8s.objects.pod import owner_reference, pod_for, pod_mismatches, pod_name
 from host.k8s.run import (
     TERMINAL_PHASES,
     RunRequest,

@@ -29,15 +29,8 @@ from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.owner import owner_token
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID
 from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired
-from host.k8s.objects import (
-    LABEL_ROLE,
-    PACK_HOST_DIR,
-    ROLE_AGENT_RUN,
-    RUN_DIR_PREFIX,
-    RUN_HOST_DIR,
-    pod_mismatches,
-)
-from host.k8s.pod import pod_for
+from host.k8s.objects.names import LABEL_ROLE, PACK_HOST_DIR, ROLE_AGENT_RUN, RUN_DIR_PREFIX, RUN_HOST_DIR
+from host.k8s.objects.pod import pod_for, pod_mismatches
 from host.k8s.run import (
     TERMINAL_PHASES,
     audit_digest,

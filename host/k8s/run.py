@@ -18,7 +18,7 @@ from host.core.errors import AuditReason, ConfigError
 from host.core.strictjson import JsonRejected, loads_strict
 from host.core.terminal import safe_line
 from host.core.vocab import Runtime
-from host.k8s.objects import (
+from host.k8s.objects.agentrun import (
     API_VERSION,
     KIND,
     MAX_ERROR_CHARS,
@@ -31,8 +31,8 @@ from host.policy.caller import CallerInfo, InvalidCaller
 from host.runtime.result import RunResult
 from host.spec.manifest.model import SLUG_RE
 
-# The bounds are the CRD's (host/k8s/objects): an object must fit the API server's ~1.5 MiB, and a status
-# patch the schema refuses would lose the whole result.
+# The bounds are the CRD's (host/k8s/objects/agentrun.py): an object must fit the API server's ~1.5 MiB, and a
+# status patch the schema refuses would lose the whole result.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from host.k8s.objects import agentrun as agentrun_body
-from host.k8s.pod import pod_for
+from host.k8s.objects.agentrun import agentrun as agentrun_body
+from host.k8s.objects.pod import pod_for
 from host.packs.install import LockEntry, Lockfile, artifact_hash
 from host.policy.admission import admit
 from host.spec.config import HostConfig, load_config
@@ -189,7 +189,7 @@ def docker_kwargs_for_pod(
     (the same build) stands in for the pod's registry reference."""
     from docker.types import Mount
 
-    from host.k8s.objects import PACK_HOST_DIR, RUN_HOST_DIR
+    from host.k8s.objects.names import PACK_HOST_DIR, RUN_HOST_DIR
 
     spec = pod["spec"]
     (container,) = spec["containers"]

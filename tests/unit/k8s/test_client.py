@@ -30,7 +30,7 @@ from host.k8s.client import (
     run_result,
     submit_and_wait,
 )
-from host.k8s.objects import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
+from host.k8s.objects.agentrun import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
 from host.k8s.run import result_json
 from host.policy.caller import CallerInfo
 from tests.support.cli import assert_error_lines, cli, json_out

@@ -35,8 +35,9 @@ from host.k8s.controller import (
     quiet_kopf_logging,
     run_controller,
 )
-from host.k8s.objects import API_VERSION, KIND, LABEL_ROLE, ROLE_AGENT_RUN, agentrun, pod_mismatches
-from host.k8s.pod import pod_for
+from host.k8s.objects.agentrun import API_VERSION, KIND, agentrun
+from host.k8s.objects.names import LABEL_ROLE, ROLE_AGENT_RUN
+from host.k8s.objects.pod import pod_for, pod_mismatches
 from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import admit
 from host.spec.config import load_config

@@ -21,7 +21,7 @@ from host.core.errors import AuditReason, EngineError
 from host.core.owner import owner_token
 from host.k8s.api import KubeApi
 from host.k8s.node import PackStore, serve_node
-from host.k8s.pod import pod_for
+from host.k8s.objects.pod import pod_for
 from host.packs.install import Lockfile
 from host.policy.admission import admit
 from host.runtime.rundir import RunDir

@@ -1,4 +1,4 @@
-"""The Kubernetes objects (host/k8s/objects.py), checked offline: valid against the bundled API schemas of
+"""The Kubernetes objects (host/k8s/objects/), checked offline: valid against the bundled API schemas of
 current Kubernetes versions, hardened field by field, compared against tampered pods, and deploy/ never
 drifting from what the code renders."""
 
@@ -17,35 +17,33 @@ import pytest
 import yaml
 
 from host.engine.contract import HOME_IN_CONTAINER, PACK_DIR_IN_CONTAINER, SOCKET_DIR_IN_CONTAINER
-from host.engine.wrapper_env import WRAPPER_ARGS
-from host.k8s.objects import (
+from host.engine.wrapper_env import SOCKET_WAIT_ENV, WRAPPER_ARGS
+from host.k8s.objects.admission import admission_policy, admission_policy_binding
+from host.k8s.objects.agentrun import (
     API_VERSION,
-    CONTROLLER_NAME,
     KIND,
+    MAX_GOAL_CHARS,
+    MAX_KWARGS_JSON_CHARS,
+    agentrun,
+    agentrun_crd,
+)
+from host.k8s.objects.deploy import deploy_objects
+from host.k8s.objects.names import (
+    CONTROLLER_NAME,
     LABEL_AGENTRUN,
     LABEL_MANAGED_BY,
     LABEL_ROLE,
     LLM_SECRET_NAME,
-    MAX_GOAL_CHARS,
-    MAX_KWARGS_JSON_CHARS,
     NODE_AGENT_NAME,
     PACK_HOST_DIR,
     POD_UID_ENV,
     ROLE_AGENT_RUN,
     RUN_DIR_PREFIX,
     RUN_HOST_DIR,
-    SOCKET_WAIT_ENV,
-    PodInputs,
-    admission_policy,
-    admission_policy_binding,
-    agentrun,
-    agentrun_crd,
-    deploy_objects,
-    pod_mismatches,
     quantity_bytes,
     quantity_cpu,
-    run_pod,
 )
+from host.k8s.objects.pod import PodInputs, pod_mismatches, run_pod
 from host.policy.caller import MAX_LABELS, CallerInfo
 from tests.support.paths import REPO
 

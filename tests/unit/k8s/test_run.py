@@ -12,7 +12,7 @@ import pytest
 from host.audit.log import AuditLog
 from host.audit.records import run_record
 from host.core.errors import AuditReason, ConfigError
-from host.k8s.objects import API_VERSION, KIND, MAX_ERROR_CHARS, MAX_KWARGS_JSON_CHARS
+from host.k8s.objects.agentrun import API_VERSION, KIND, MAX_ERROR_CHARS, MAX_KWARGS_JSON_CHARS
 from host.k8s.run import (
     audit_digest,
     controller_owner,
@@ -132,7 +132,7 @@ def test_every_status_the_node_agent_writes_fits_the_crd(result: RunResult) -> N
     """A status the schema refuses would lose the whole result (the API server rejects the patch)."""
     import jsonschema
 
-    from host.k8s.objects import agentrun_crd
+    from host.k8s.objects.agentrun import agentrun_crd
 
     schema = agentrun_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     status = {k: v for k, v in status_for(result, audit_digest="d" * 64).items() if v is not None}

@@ -53,8 +53,8 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
     ("host.engine.volumes", "import host.packs.install", "host/'s packages import downward only"),
     ("host.api.client", "import host.k8s.api", "host/'s packages import downward only"),
     ("host.core.vocab", "import host.core.errors", "no import circles"),
-    ("host.k8s.pod", "import host.engine.engine", "the Kubernetes backend never imports"),
-    ("host.k8s.pod", "import docker", "the Kubernetes backend never imports"),
+    ("host.k8s.objects.pod", "import host.engine.engine", "the Kubernetes backend never imports"),
+    ("host.k8s.objects.pod", "import docker", "the Kubernetes backend never imports"),
     ("host.tools.gate", "import sandbox_wrapper._tool_exec", "only through sandbox_wrapper.protocol"),
     ("sandbox_wrapper._llm", "import host.core.vocab", "the in-container package never imports the host"),
 ])  # fmt: skip

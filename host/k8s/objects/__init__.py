@@ -1,0 +1,1 @@
+"""The Kubernetes objects of docs/kubernetes.md as plain data, built in one place so no two parts disagree."""
