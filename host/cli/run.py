@@ -157,13 +157,13 @@ def _run_on_kubernetes(args: argparse.Namespace, kwargs: dict[str, Any], caller:
         is_dns_label,
         submit_and_wait,
     )
+    from host.k8s.objects.agentrun import RunRequest
 
     if args.namespace is not None and not is_dns_label(args.namespace):
         raise UsageError("--namespace must be a DNS label (1-63 of a-z 0-9 -)")
-    request: dict[str, Any] = dict(slug=args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                                   caller=caller)  # fmt: skip
+    request = RunRequest(slug=args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller)
     try:  # what the cluster would refuse is a usage error before any connection
-        agentrun_body(agentrun_name(args.slug), args.namespace or DEFAULT_NAMESPACE, **request)
+        agentrun_body(agentrun_name(args.slug), args.namespace or DEFAULT_NAMESPACE, request)
     except InvalidAgentRun as exc:
         raise UsageError(str(exc)) from None
     if not args.debug:  # the client's retries log each attempt; the error line says how it ended
@@ -177,9 +177,9 @@ def _run_on_kubernetes(args: argparse.Namespace, kwargs: dict[str, Any], caller:
 
     try:
         payload = submit_and_wait(
-            kube, namespace=args.namespace or default_namespace,
+            kube, request, namespace=args.namespace or default_namespace,
             timeout=args.wait_seconds or DEFAULT_WAIT_SECONDS, on_created=created,
-            on_phase=lambda phase: phases(f"AgentRun {where[0]}: {phase}"), **request,
+            on_phase=lambda phase: phases(f"AgentRun {where[0]}: {phase}"),
         )  # fmt: skip
     finally:
         kube.close()

@@ -7,8 +7,8 @@ into exactly what a local `run --json` prints. A run that outlives its wait, or 
 AgentRun (its pod goes with it), so nothing is left behind.
 
 What the cluster sends is input: KubeApi bounds every read, and the status is held to its schema's types and
-bounds again here before it becomes a result. Nothing here logs or prints the goal, the kwargs or the
-result; progress is the phase names only.
+bounds again (run.run_result) before it becomes a result. Nothing here logs or prints the goal, the kwargs or
+the result; progress is the phase names only.
 """
 
 from __future__ import annotations
@@ -29,18 +29,15 @@ from host.core.vocab import Runtime
 from host.k8s.api import KubeApi, KubeError, Ref, WatchExpired, unusable_configuration
 from host.k8s.objects.agentrun import (
     MAX_AGENTRUN_NAME_CHARS,
-    MAX_ERROR_CHARS,
     MAX_GOAL_CHARS,
-    MAX_HINT_CHARS,
     MAX_KWARGS_JSON_CHARS,
-    MAX_RESULT_JSON_CHARS,
     PHASES,
+    RunRequest,
     agentrun,
 )
 from host.k8s.objects.names import NAMESPACE, is_dns_label
 from host.k8s.objects.pod import POD_START_GRACE_SECONDS
-from host.k8s.run import RUN_PATH, TERMINAL_PHASES, result_json
-from host.policy.caller import CallerInfo
+from host.k8s.run import RUN_ID, RUN_PATH, TERMINAL_PHASES, run_result
 from host.spec.config import DEFAULT_MAX_RUNTIME_SECONDS
 from host.spec.manifest.model import SLUG_RE
 
@@ -61,8 +58,6 @@ MAX_CONSECUTIVE_FAILURES = 6
 the client gives up (and deletes the run)."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-_RUN_ID = re.compile(r"[0-9a-f]{1,64}")
-_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _HEX_SUFFIX_CHARS = 8
 
 
@@ -87,16 +82,7 @@ def agentrun_name(slug: str) -> str:
     return f"{stem}-{secrets.token_hex(_HEX_SUFFIX_CHARS // 2)}"
 
 
-def agentrun_body(
-    name: str,
-    namespace: str,
-    *,
-    slug: str,
-    goal: str | None = None,
-    kwargs: Mapping[str, Any] | None = None,
-    runtime: Runtime | str | None = None,
-    caller: CallerInfo | None = None,
-) -> dict[str, Any]:
+def agentrun_body(name: str, namespace: str, request: RunRequest) -> dict[str, Any]:
     """The AgentRun `agentrun(...)` builds, refused with InvalidAgentRun where the CRD would refuse it."""
     if not is_dns_label(namespace):
         raise InvalidAgentRun("the namespace must be a DNS label (1-63 of a-z 0-9 -)")
@@ -104,14 +90,14 @@ def agentrun_body(
         raise InvalidAgentRun(
             f"an AgentRun name must be a DNS label (1-{MAX_AGENTRUN_NAME_CHARS} of a-z 0-9 -)"
         )
-    if not SLUG_RE.fullmatch(slug):
+    if not SLUG_RE.fullmatch(request.slug):
         raise InvalidAgentRun(f"SLUG must be a pack slug ({SLUG_RE.pattern})")
-    if runtime is not None and str(runtime) not in (Runtime.RUNSC.value, Runtime.RUNC.value):
+    if request.runtime is not None and str(request.runtime) not in (Runtime.RUNSC.value, Runtime.RUNC.value):
         raise InvalidAgentRun("a cluster run's runtime is runsc or runc")
-    if goal is not None and len(goal) > MAX_GOAL_CHARS:
+    if request.goal is not None and len(request.goal) > MAX_GOAL_CHARS:
         raise InvalidAgentRun(f"the goal is longer than an AgentRun carries ({MAX_GOAL_CHARS} characters)")
     try:
-        body = agentrun(name, namespace, slug=slug, goal=goal, kwargs=kwargs, runtime=runtime, caller=caller)
+        body = agentrun(name, namespace, request)
     except (TypeError, ValueError):
         raise InvalidAgentRun("the kwargs must be JSON values (finite numbers only)") from None
     if len(body["spec"].get("kwargsJson", "")) > MAX_KWARGS_JSON_CHARS:
@@ -182,7 +168,7 @@ class _Follower:
         status = obj.get("status")
         status = status if isinstance(status, dict) else {}
         run_id = status.get("runId")
-        if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id):
+        if isinstance(run_id, str) and RUN_ID.fullmatch(run_id):
             self.run_id = run_id
         phase = status.get("phase") or "Pending"  # no status yet: not admitted yet
         if phase not in PHASES:
@@ -283,38 +269,6 @@ def _delete(kube: KubeApi, ref: Ref) -> bool:
 # -- results -----------------------------------------------------------------------------------------------
 
 
-def _clip(value: Any, limit: int) -> Any:
-    return value[:limit] if isinstance(value, str) else None
-
-
-def _bounded_status(status: Any) -> dict[str, Any]:
-    """The status with every field result_json reads held to the CRD schema's type and bound (the schema is
-    the API server's check; this client does not rely on it)."""
-    if not isinstance(status, dict):
-        return {}
-    duration = status.get("durationMs")
-    run_id = status.get("runId")
-    code = status.get("errorCode")
-    mode = status.get("modeUsed")
-    result = status.get("resultJson")
-    return {
-        "success": status.get("success") is True,
-        "resultJson": result if isinstance(result, str) and len(result) <= MAX_RESULT_JSON_CHARS else None,
-        "error": _clip(status.get("error"), MAX_ERROR_CHARS),
-        "errorCode": code if isinstance(code, str) and _CODE.fullmatch(code) else None,
-        "hint": _clip(status.get("hint"), MAX_HINT_CHARS),
-        "modeUsed": mode if isinstance(mode, str) and _CODE.fullmatch(mode) else None,
-        "runId": run_id if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else None,
-        "timedOut": status.get("timedOut") is True,
-        "durationMs": duration if type(duration) is int and 0 <= duration < 2**63 else 0,
-    }
-
-
-def run_result(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A terminal AgentRun as the `run --json` object: `result_json` of its status, bounded first."""
-    return result_json({"status": _bounded_status(obj.get("status"))})
-
-
 def _failure(error: str, code: AuditReason, hint: str, *, run_id: str, started: float,
              timed_out: bool = False) -> dict[str, Any]:  # fmt: skip
     return {
@@ -341,24 +295,20 @@ def _left_behind(ref: Ref) -> str:
 
 def submit_and_wait(
     kube: KubeApi,
+    request: RunRequest,
     *,
     namespace: str,
-    slug: str,
-    goal: str | None = None,
-    kwargs: Mapping[str, Any] | None = None,
-    runtime: Runtime | str | None = None,
-    caller: CallerInfo | None = None,
     name: str | None = None,
     timeout: float,
     on_phase: Callable[[str], None] | None = None,
     on_created: Callable[[Ref], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Create an AgentRun for this run, wait for its end and return the `run --json` object of a local run.
+    """Create an AgentRun for `request`, wait for its end and return the `run --json` object of a local run.
 
-    `name` defaults to `agentrun_name(slug)` (a Ctrl-C during the create deletes only such a name: a given
-    one may be someone else's). `on_created` hears the AgentRun's address once it exists; `on_phase` each
-    new phase (Pending, Scheduled, Running, Succeeded, Failed), nothing else. When `timeout` seconds pass
+    `name` defaults to `agentrun_name(request.slug)` (a Ctrl-C during the create deletes only such a name: a
+    given one may be someone else's). `on_created` hears the AgentRun's address once it exists; `on_phase`
+    each new phase (Pending, Scheduled, Running, Succeeded, Failed), nothing else. When `timeout` seconds pass
     first, the AgentRun is deleted and the result is a failed run with `error_code` "timeout"; a Ctrl-C
     deletes it too and raises RunCancelled (a KeyboardInterrupt) holding the cancelled run's object.
     Raises InvalidAgentRun before sending anything when the request cannot be an AgentRun, and KubeError
@@ -368,8 +318,8 @@ def submit_and_wait(
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_WAIT_SECONDS):
         raise InvalidAgentRun(f"the wait must be more than 0 and at most {MAX_WAIT_SECONDS} seconds")
     generated = name is None
-    name = name if name is not None else agentrun_name(slug)
-    body = agentrun_body(name, namespace, slug=slug, goal=goal, kwargs=kwargs, runtime=runtime, caller=caller)
+    name = name if name is not None else agentrun_name(request.slug)
+    body = agentrun_body(name, namespace, request)
     ref = Ref(namespace, name)
     started = time.monotonic()
     try:
@@ -463,6 +413,5 @@ __all__ = [
     "agentrun_name",
     "connect",
     "is_dns_label",
-    "run_result",
     "submit_and_wait",
 ]

@@ -20,12 +20,11 @@ from host.core.logs import set_run_id
 from host.core.terminal import safe_line
 from host.k8s.api import KubeApi, KubeError, Ref
 from host.k8s.node import HostRoutesRefused
-from host.k8s.objects.agentrun import GROUP, MAX_ERROR_CHARS, MAX_HINT_CHARS, PLURAL, VERSION
+from host.k8s.objects.agentrun import GROUP, MAX_ERROR_CHARS, MAX_HINT_CHARS, PLURAL, VERSION, RunRequest
 from host.k8s.objects.names import LABEL_ROLE, ROLE_AGENT_RUN
 from host.k8s.objects.pod import owner_reference, pod_for, pod_mismatches, pod_name
 from host.k8s.run import (
     TERMINAL_PHASES,
-    RunRequest,
     audit_digest,
     controller_owner,
     refusal_status,

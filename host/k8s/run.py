@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from host.k8s.objects.agentrun import (
     MAX_HINT_CHARS,
     MAX_KWARGS_JSON_CHARS,
     MAX_RESULT_JSON_CHARS,
+    RunRequest,
 )
 from host.policy.caller import CallerInfo, InvalidCaller
 from host.runtime.result import RunResult
@@ -34,17 +35,9 @@ from host.spec.manifest.model import SLUG_RE
 # The bounds are the CRD's (host/k8s/objects/agentrun.py): an object must fit the API server's ~1.5 MiB, and a
 # status patch the schema refuses would lose the whole result.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """An AgentRun's spec, validated: what `SandboxHost.run` is called with."""
-
-    slug: str
-    goal: str | None = None
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    runtime: str | None = None
-    caller: CallerInfo = field(default_factory=CallerInfo)
+RUN_ID = re.compile(r"[0-9a-f]{1,64}")
+"""A run id as a status carries it (the CRD's runId pattern)."""
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def _invalid(problem: str) -> ConfigError:
@@ -186,6 +179,38 @@ def result_json(agentrun: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cut(value: Any, limit: int) -> Any:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def _bounded_status(status: Any) -> dict[str, Any]:
+    """The status with every field result_json reads held to the CRD schema's type and bound (the schema is
+    the API server's check; a client does not rely on it)."""
+    if not isinstance(status, dict):
+        return {}
+    duration = status.get("durationMs")
+    run_id = status.get("runId")
+    code = status.get("errorCode")
+    mode = status.get("modeUsed")
+    result = status.get("resultJson")
+    return {
+        "success": status.get("success") is True,
+        "resultJson": result if isinstance(result, str) and len(result) <= MAX_RESULT_JSON_CHARS else None,
+        "error": _cut(status.get("error"), MAX_ERROR_CHARS),
+        "errorCode": code if isinstance(code, str) and _CODE.fullmatch(code) else None,
+        "hint": _cut(status.get("hint"), MAX_HINT_CHARS),
+        "modeUsed": mode if isinstance(mode, str) and _CODE.fullmatch(mode) else None,
+        "runId": run_id if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None,
+        "timedOut": status.get("timedOut") is True,
+        "durationMs": duration if type(duration) is int and 0 <= duration < 2**63 else 0,
+    }
+
+
+def run_result(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A terminal AgentRun as the `run --json` object: `result_json` of its status, bounded first."""
+    return result_json({"status": _bounded_status(obj.get("status"))})
+
+
 def audit_digest(audit_file: Path, run_id: str, *, window: int = 1024 * 1024) -> str:
     """sha256 of the run's end record as the audit log holds it (the next record's chain link names the
     same digest), looked up in the log's last `window` bytes; "" when it is not there."""
@@ -206,12 +231,13 @@ def audit_digest(audit_file: Path, run_id: str, *, window: int = 1024 * 1024) ->
 
 
 __all__ = [
+    "RUN_ID",
     "TERMINAL_PHASES",
-    "RunRequest",
     "audit_digest",
     "controller_owner",
     "refusal_status",
     "result_json",
     "run_request",
+    "run_result",
     "status_for",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from host.k8s.objects.agentrun import RunRequest
 from host.k8s.objects.agentrun import agentrun as agentrun_body
 from host.k8s.objects.pod import pod_for
 from host.packs.install import LockEntry, Lockfile, artifact_hash
@@ -65,7 +66,8 @@ class Cluster:
 
     def submit(self, slug: str, name: str, **spec: Any) -> dict[str, Any]:
         """What a user does: create an AgentRun."""
-        return dict(self.api.create("agentruns", agentrun_body(name, NAMESPACE, slug=slug, **spec)))
+        body = agentrun_body(name, NAMESPACE, RunRequest(slug=slug, **spec))
+        return dict(self.api.create("agentruns", body))
 
     def place(
         self, agentrun: dict[str, Any], *, node: str = NODE, pod: dict[str, Any] | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from host.core.vocab import Runtime
@@ -180,28 +181,31 @@ def agentrun_crd() -> dict[str, Any]:
     }
 
 
-def agentrun(
-    name: str,
-    namespace: str,
-    *,
-    slug: str,
-    goal: str | None = None,
-    kwargs: Mapping[str, Any] | None = None,
-    runtime: Runtime | str | None = None,
-    caller: CallerInfo | None = None,
-) -> dict[str, Any]:
-    """An AgentRun body; `kwargs` travels as compact JSON text (kwargsJson), so no schema has to describe
-    it. Unset fields are left out: the controller fills them from the cluster's config."""
-    spec: dict[str, Any] = {"slug": slug}
-    if goal is not None:
-        spec["goal"] = goal
-    if kwargs is not None:
-        spec["kwargsJson"] = json.dumps(
-            dict(kwargs), separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-    if runtime is not None:
-        spec["runtime"] = str(runtime)
-    if caller is not None and not caller.empty:
+@dataclass(frozen=True)
+class RunRequest:
+    """An AgentRun's spec, validated: what `SandboxHost.run` is called with (and what a client submits)."""
+
+    slug: str
+    goal: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    runtime: str | None = None
+    caller: CallerInfo = field(default_factory=CallerInfo)
+
+
+def agentrun(name: str, namespace: str, request: RunRequest) -> dict[str, Any]:
+    """An AgentRun body; `kwargs` travels as compact JSON text (kwargsJson, `{}` when there are none), so no
+    schema has to describe it. Unset fields are left out: the controller fills them from the cluster's
+    config."""
+    spec: dict[str, Any] = {"slug": request.slug}
+    if request.goal is not None:
+        spec["goal"] = request.goal
+    spec["kwargsJson"] = json.dumps(
+        dict(request.kwargs), separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    if request.runtime is not None:
+        spec["runtime"] = str(request.runtime)
+    caller = request.caller
+    if not caller.empty:
         who: dict[str, Any] = {}
         if caller.tenant:
             who["tenant"] = caller.tenant
@@ -234,6 +238,7 @@ __all__ = [
     "SHORT_NAME",
     "SINGULAR",
     "VERSION",
+    "RunRequest",
     "agentrun",
     "agentrun_crd",
 ]

@@ -13,6 +13,7 @@ from host.k8s.objects.agentrun import (
     KIND,
     MAX_GOAL_CHARS,
     MAX_KWARGS_JSON_CHARS,
+    RunRequest,
     agentrun,
     agentrun_crd,
 )
@@ -73,8 +74,9 @@ def test_the_crd_has_the_contract_names() -> None:
 
 def test_agentrun_bodies_match_the_crd(agentrun_validator: jsonschema.protocols.Validator) -> None:
     caller = CallerInfo.parse("acme", "req-1", {"team": "search"})
-    full = agentrun("nightly", "team-a", slug="report", goal="sum up", kwargs={"n": 1, "é": [True]},
-                    runtime="runsc", caller=caller)  # fmt: skip
+    request = RunRequest(slug="report", goal="sum up", kwargs={"n": 1, "é": [True]}, runtime="runsc",
+                         caller=caller)  # fmt: skip
+    full = agentrun("nightly", "team-a", request)
     assert full == {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -84,8 +86,8 @@ def test_agentrun_bodies_match_the_crd(agentrun_validator: jsonschema.protocols.
             "caller": {"tenant": "acme", "requestId": "req-1", "labels": {"team": "search"}},
         },
     }  # fmt: skip
-    minimal = agentrun("nightly", "team-a", slug="report", caller=CallerInfo())
-    assert minimal["spec"] == {"slug": "report"}
+    minimal = agentrun("nightly", "team-a", RunRequest(slug="report", caller=CallerInfo()))
+    assert minimal["spec"] == {"slug": "report", "kwargsJson": "{}"}
     for body in (full, minimal):
         agentrun_validator.validate(body)
 
@@ -124,7 +126,7 @@ def test_bad_agentrun_bodies_are_refused(
 
 
 def test_a_status_is_bounded_too(agentrun_validator: jsonschema.protocols.Validator) -> None:
-    body = agentrun("nightly", "team-a", slug="report")
+    body = agentrun("nightly", "team-a", RunRequest(slug="report"))
     body["status"] = {
         "phase": "Succeeded", "runId": "ab" * 16, "success": True, "durationMs": 12,
         "auditDigest": "c" * 64, "errorCode": "agent_completed", "observedGeneration": 1,

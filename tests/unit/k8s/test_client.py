@@ -27,11 +27,16 @@ from host.k8s.client import (
     RunCancelled,
     agentrun_body,
     agentrun_name,
-    run_result,
     submit_and_wait,
 )
-from host.k8s.objects.agentrun import MAX_AGENTRUN_NAME_CHARS, MAX_GOAL_CHARS, MAX_KWARGS_JSON_CHARS, agentrun
-from host.k8s.run import result_json
+from host.k8s.objects.agentrun import (
+    MAX_AGENTRUN_NAME_CHARS,
+    MAX_GOAL_CHARS,
+    MAX_KWARGS_JSON_CHARS,
+    RunRequest,
+    agentrun,
+)
+from host.k8s.run import result_json, run_result
 from host.policy.caller import CallerInfo
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.k8s import eventually as poll
@@ -43,6 +48,7 @@ __all__ = ["kube_api"]  # the fixture, from tests.support.kubeapi
 NAMESPACE = "team-a"
 DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 RUN_ID = "0123456789abcdef0123456789abcdef"
+ECHO = RunRequest(slug="echo")
 SUCCEEDED = {
     "phase": "Succeeded", "runId": RUN_ID, "success": True, "resultJson": '{"answer":42,"text":"h\\u00e9"}',
     "errorCode": None, "error": None, "hint": None, "timedOut": False, "durationMs": 1234,
@@ -169,19 +175,19 @@ def test_what_the_crd_would_refuse_is_refused_before_anything_is_sent(
     kube_api: KubeAPI, kube: KubeApi, change: dict[str, Any], words: str
 ) -> None:
     request: dict[str, Any] = {"namespace": NAMESPACE, "name": "r-1", "slug": "echo", **change}
+    where = {key: request.pop(key) for key in ("namespace", "name")}
     with pytest.raises(InvalidAgentRun, match=re.escape(words)) as refused:
-        submit_and_wait(kube, timeout=5, **request)
+        submit_and_wait(kube, RunRequest(**request), timeout=5, **where)
     assert "vvvv" not in str(refused.value) and "Not A Slug" not in str(refused.value)  # never the value
     assert kube_api.objects("agentruns") == [] and kube_api.requests == []
     with pytest.raises(InvalidAgentRun):
-        submit_and_wait(kube, namespace=NAMESPACE, slug="echo", timeout=0)
+        submit_and_wait(kube, ECHO, namespace=NAMESPACE, timeout=0)
 
 
 def test_the_body_is_what_agentrun_builds() -> None:
     caller = CallerInfo.parse("acme", "req-1", {"team": "blue"})
-    request: dict[str, Any] = {"slug": "echo", "goal": "hi", "kwargs": {"n": 3, "s": "é"}, "runtime": "runsc",
-                               "caller": caller}  # fmt: skip
-    assert agentrun_body("r-1", NAMESPACE, **request) == agentrun("r-1", NAMESPACE, **request)
+    request = RunRequest(slug="echo", goal="hi", kwargs={"n": 3, "s": "é"}, runtime="runsc", caller=caller)
+    assert agentrun_body("r-1", NAMESPACE, request) == agentrun("r-1", NAMESPACE, request)
 
 
 # -- the CLI: submit, follow, print the run object -----------------------------------------------------------
@@ -210,8 +216,9 @@ def test_a_cluster_run_prints_exactly_the_local_json_contract(
     name = created["metadata"]["name"]
     assert DNS_LABEL.fullmatch(name) and name.startswith("echo-")
     caller = CallerInfo.parse("acme", "req-1", {"team": "blue"})
-    expected = agentrun(name, NAMESPACE, slug="echo", goal="say hi", kwargs={"n": 3, "who": "Ada"},
-                        runtime="runsc", caller=caller)  # fmt: skip
+    request = RunRequest(slug="echo", goal="say hi", kwargs={"n": 3, "who": "Ada"}, runtime="runsc",
+                         caller=caller)  # fmt: skip
+    expected = agentrun(name, NAMESPACE, request)
     assert created["spec"] == expected["spec"]
     assert created["spec"]["kwargsJson"] == '{"n":3,"who":"Ada"}'
     assert created["spec"]["caller"] == {"tenant": "acme", "requestId": "req-1", "labels": {"team": "blue"}}
@@ -287,7 +294,7 @@ def test_dropped_watches_and_a_compacted_history_still_end_with_the_result(
     agent = NodeAgent(kube_api, [{"phase": "Scheduled"}, {"phase": "Running"}, SUCCEEDED], between=disrupt)
     agent.start()
     phases: list[str] = []
-    payload = submit_and_wait(kube, namespace=NAMESPACE, slug="echo", timeout=30, on_phase=phases.append)
+    payload = submit_and_wait(kube, ECHO, namespace=NAMESPACE, timeout=30, on_phase=phases.append)
     assert payload == result_json(agent.result())
     assert phases == ["Pending", "Scheduled", "Running", "Succeeded"]
     watches = [r for r in kube_api.requests if r.query.get("watch") == "true"]
@@ -326,7 +333,7 @@ def test_an_expired_watch_is_read_again_and_watched_anew(kube_api: KubeAPI, kube
     agent = NodeAgent(kube_api, [{"phase": "Running"}, FAILED],
                       between=lambda step: wait_for(lambda: flaky.watch_calls >= 2))  # fmt: skip
     agent.start()
-    payload = submit_and_wait(flaky, namespace=NAMESPACE, slug="echo", timeout=30)  # type: ignore[arg-type]
+    payload = submit_and_wait(flaky, ECHO, namespace=NAMESPACE, timeout=30)  # type: ignore[arg-type]
     assert payload == result_json(agent.result())
     assert flaky.watch_calls >= 2 and flaky.get_calls >= 1
 
@@ -337,7 +344,7 @@ def test_watches_that_end_at_once_back_off_instead_of_spinning(kube_api: KubeAPI
 
     flaky = Flaky(kube, watch)
     started = time.monotonic()
-    payload = submit_and_wait(flaky, namespace=NAMESPACE, slug="echo", timeout=1.5)  # type: ignore[arg-type]
+    payload = submit_and_wait(flaky, ECHO, namespace=NAMESPACE, timeout=1.5)  # type: ignore[arg-type]
     assert time.monotonic() - started < 5
     assert payload["error_code"] == "timeout"
     assert flaky.watch_calls <= 6, flaky.watch_calls  # 0.2 + 0.4 + 0.8 s of backoff fill 1.5 s
@@ -352,7 +359,7 @@ def test_an_api_that_keeps_failing_mid_wait_deletes_the_run_and_says_so(
         yield  # a generator
 
     with pytest.raises(KubeError, match=r"\(403\); the AgentRun was deleted"):
-        submit_and_wait(Flaky(kube, forbidden), namespace=NAMESPACE, slug="echo", timeout=30)  # type: ignore[arg-type]
+        submit_and_wait(Flaky(kube, forbidden), ECHO, namespace=NAMESPACE, timeout=30)  # type: ignore[arg-type]
     assert kube_api.objects("agentruns") == []
 
     class Unreachable(Flaky):
@@ -361,7 +368,7 @@ def test_an_api_that_keeps_failing_mid_wait_deletes_the_run_and_says_so(
 
     naps: list[float] = []
     with pytest.raises(KubeError, match="did not answer GET"):
-        submit_and_wait(Unreachable(kube, broken), namespace=NAMESPACE, slug="echo", timeout=30,  # type: ignore[arg-type]
+        submit_and_wait(Unreachable(kube, broken), ECHO, namespace=NAMESPACE, timeout=30,  # type: ignore[arg-type]
                         sleep=naps.append)  # fmt: skip
     assert naps == [0.2, 0.4]  # transient: retried with backoff (watch and read fail: 2 each), then given up
     assert kube_api.objects("agentruns") == []
@@ -383,7 +390,7 @@ def test_watches_that_keep_breaking_become_backed_off_polling(kube_api: KubeAPI,
     finisher = threading.Thread(target=finish, daemon=True)
     finisher.start()
     naps: list[float] = []  # the pauses it asks for (not slept here)
-    payload = submit_and_wait(flaky, namespace=NAMESPACE, slug="echo", timeout=30,  # type: ignore[arg-type]
+    payload = submit_and_wait(flaky, ECHO, namespace=NAMESPACE, timeout=30,  # type: ignore[arg-type]
                               sleep=naps.append)  # fmt: skip
     finisher.join(10)
     assert payload == result_json({"status": SUCCEEDED})
@@ -419,7 +426,7 @@ def test_ctrl_c_deletes_the_agentrun_and_reports_a_cancelled_run(kube_api: KubeA
     agent = NodeAgent(kube_api, [{"phase": "Running", "runId": RUN_ID}])
     agent.start()
     with pytest.raises(RunCancelled) as cancelled:
-        submit_and_wait(kube, namespace=NAMESPACE, slug="echo", timeout=30, on_phase=interrupt)
+        submit_and_wait(kube, ECHO, namespace=NAMESPACE, timeout=30, on_phase=interrupt)
     agent.result()
     assert isinstance(cancelled.value, KeyboardInterrupt)
     result = cancelled.value.result
@@ -463,7 +470,7 @@ def test_ctrl_c_during_the_create_deletes_only_a_name_made_here(
 
     flaky = InterruptedCreate(kube, lambda *_: iter(()))
     with pytest.raises(RunCancelled) as cancelled:
-        submit_and_wait(flaky, namespace=NAMESPACE, slug="echo", name=given_name, timeout=30)  # type: ignore[arg-type]
+        submit_and_wait(flaky, ECHO, namespace=NAMESPACE, name=given_name, timeout=30)  # type: ignore[arg-type]
     result = cancelled.value.result
     check_schema("run", result)
     assert result["error_code"] == "cancelled"
@@ -482,7 +489,7 @@ def test_an_agentrun_deleted_on_the_cluster_ends_the_wait(kube_api: KubeAPI, kub
 
     deleter = threading.Thread(target=delete, daemon=True)
     deleter.start()
-    payload = submit_and_wait(kube, namespace=NAMESPACE, slug="echo", timeout=30)
+    payload = submit_and_wait(kube, ECHO, namespace=NAMESPACE, timeout=30)
     deleter.join(10)
     check_schema("run", payload)
     assert payload["error_code"] == "cancelled" and "deleted on the cluster" in payload["error"]
@@ -513,7 +520,7 @@ def test_phases_outside_the_contract_are_never_reported(kube_api: KubeAPI, kube:
     agent = NodeAgent(kube_api, [{"phase": "Evil\x1b[2J"}, {"phase": "Running"}, SUCCEEDED])
     agent.start()
     phases: list[str] = []
-    submit_and_wait(kube, namespace=NAMESPACE, slug="echo", timeout=30, on_phase=phases.append)
+    submit_and_wait(kube, ECHO, namespace=NAMESPACE, timeout=30, on_phase=phases.append)
     agent.result()
     assert phases == ["Pending", "Running", "Succeeded"]
 

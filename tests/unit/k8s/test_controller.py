@@ -35,7 +35,7 @@ from host.k8s.controller import (
     quiet_kopf_logging,
     run_controller,
 )
-from host.k8s.objects.agentrun import API_VERSION, KIND, agentrun
+from host.k8s.objects.agentrun import API_VERSION, KIND, RunRequest, agentrun
 from host.k8s.objects.names import LABEL_ROLE, ROLE_AGENT_RUN
 from host.k8s.objects.pod import pod_for, pod_mismatches
 from host.packs.install import LockEntry, Lockfile
@@ -153,7 +153,7 @@ class Cluster:
     # -- the cluster's objects ----------------------------------------------------------------------------
 
     def submit(self, name: str, *, slug: str = "hello-agent", **spec: Any) -> dict[str, Any]:
-        body = agentrun(name, NS, slug=slug, goal=GOAL, kwargs={"token": SECRET})
+        body = agentrun(name, NS, RunRequest(slug=slug, goal=GOAL, kwargs={"token": SECRET}))
         body["spec"]["caller"] = CALLER
         body["spec"].update(spec)
         return self.api.create("agentruns", body, namespace=NS)
