@@ -215,8 +215,11 @@ FLAT_NAMES = {
     "host.k8s.client": "host._k8s_client",
     "host.k8s.controller": "host._k8s_controller",
     "host.k8s.node": "host._k8s_node",
-    "host.k8s.objects": "host._k8s_objects",
-    "host.k8s.pod": "host._k8s_pod",
+    "host.k8s.objects.admission": "host._k8s_objects",  # host.k8s.objects, split after the move
+    "host.k8s.objects.agentrun": "host._k8s_objects",
+    "host.k8s.objects.deploy": "host._k8s_objects",
+    "host.k8s.objects.names": "host._k8s_objects",
+    "host.k8s.objects.pod": "host._k8s_objects",  # pod_for came from host._k8s_pod
     "host.k8s.run": "host._k8s_run",
     "host.llm.admission": "host._broker",  # split out of it after the move
     "host.llm.broker": "host._broker",
