@@ -266,8 +266,11 @@ FLAT_NAMES = {
     "host.spec.manifest.reader": "host._manifest",
     "host.spec.manifest.toolpack": "host._manifest",
     "host.spec.wheels": "host._wheels",
+    "host.tools.arguments": "host._tools",  # split out of it after the move
+    "host.tools.calls": "host._tools",  # split out of it after the move
     "host.tools.gate": "host._tools",
     "host.tools.link": "host._toollink",
+    "host.tools.workers": "host._tools",  # split out of it after the move
 }
 """The module names host/ had before it became sub-packages (issue 36): under --compare against a revision
 from before, the overlay's sitecustomize maps each name the measuring code imports to that revision's

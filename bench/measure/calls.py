@@ -31,8 +31,10 @@ from host.runtime.runserver import build_run_server
 from host.runtime.session import RunSession, RunTask
 from host.runtime.wiring import lookup_toolpack
 from host.spec.config import LlmHostConfig
-from host.tools import gate as _tools
-from host.tools.gate import InstalledToolpack, ResolvedTool, ToolGate, ToolOutcome, ToolRunner, resolve_tool
+from host.tools import workers as _workers
+from host.tools.calls import InstalledToolpack, ResolvedTool, ToolOutcome, resolve_tool
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 
 STDIO_CLIENT = """
@@ -82,7 +84,7 @@ def _worker_relay(state: BenchState, runtime: str, pack: InstalledToolpack, n: i
     """Time the worker relay floor from inside a sandbox (see _worker_relay_server)."""
     tool = resolve_tool(pack.slug, pack.manifest, "noop")
     line = (json.dumps({"entrypoint": tool.entrypoint, "fallback": tool.fallback, "arguments": {}}) + "\n")
-    worker = _tools._Worker(pack.root, pack.interpreter)
+    worker = _workers._Worker(pack.root, pack.interpreter)
     try:
         return rpc_from_container(state, runtime, _worker_relay_server(worker, line.encode()),
                                   method=WORKER_RELAY_CALL, n=n, warmup=warmup)

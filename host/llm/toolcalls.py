@@ -44,7 +44,7 @@ from typing import Any
 from host.core.strictjson import JsonRejected, check_finite, dumps_strict, loads_strict, utf8_len
 from host.core.vocab import WireReason
 from host.spec.manifest.model import ToolSpec
-from host.tools.gate import MAX_ARGUMENTS_BYTES
+from host.tools.calls import MAX_ARGUMENTS_BYTES
 
 MAX_TOOLS = 128
 """Tool definitions a run's catalog holds, and so at most what one request may name; more are dropped."""

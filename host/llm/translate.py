@@ -22,7 +22,7 @@ from host.llm.toolcalls import (
     ToolDef,
     canonical_json,
 )
-from host.tools.gate import MAX_ARGUMENTS_BYTES
+from host.tools.calls import MAX_ARGUMENTS_BYTES
 
 RESPONSE_TOOL_DESCRIPTION = (
     "Give your final answer with this tool: its input is the whole answer, a JSON object "

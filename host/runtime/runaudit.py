@@ -16,7 +16,8 @@ from host.core.vocab import Source
 from host.llm.session import LlmSession
 from host.policy.admission import Admission
 from host.policy.caller import NO_CALLER, CallerInfo
-from host.tools.gate import MODE_HOST_WORKER, MODE_TOOL_SANDBOX, ToolGate
+from host.tools.calls import MODE_HOST_WORKER, MODE_TOOL_SANDBOX
+from host.tools.gate import ToolGate
 
 
 @dataclass

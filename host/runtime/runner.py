@@ -39,7 +39,7 @@ from host.runtime.wiring import run_services, run_task
 from host.runtime.workload import Backend, Teardowns, Workload
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import Lockfile
-from host.tools.gate import ToolRunner
+from host.tools.workers import ToolRunner
 
 if TYPE_CHECKING:
     from host.runtime.prelaunch import Prelaunched

@@ -18,14 +18,14 @@ from host.llm.toolcalls import MAX_TOOLS, LlmCall, ModelToolCall
 from host.llm.translate import CallDelta
 from host.runtime.rpcwire import Call, decode, field_counts, unary, unary_stream
 from host.runtime.session import REPORT_HOLD_SECONDS, RunOutcome, RunSession
-from host.tools.gate import ToolRefusal
+from host.tools.calls import ToolRefusal
 from sandbox_wrapper.protocol import PROTOCOL_VERSION, llm_pb2, session_pb2, tools_pb2
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The run server's gRPC message cap, both directions (the wrapper's channel allows 8 MiB, so this one
 binds): it bounds what one request makes the host hold. Each method has its own cap, checked before the
 request is decoded and, at the default limits, far below this one: FETCH_REQUEST_MAX_BYTES, a result of
-max_result_bytes plus REPORT_ENVELOPE_BYTES, a tool request of MAX_REQUEST_BYTES (host/tools/gate.py), an LLM
+max_result_bytes plus REPORT_ENVELOPE_BYTES, a tool request of MAX_REQUEST_BYTES (host/tools/calls.py), an LLM
 request of max_input_chars plus framing. A larger message never reaches a method: gRPC refuses it with a
 bare RESOURCE_EXHAUSTED (no reason)."""
 

@@ -5,8 +5,8 @@ A tool sandbox is the Docker backend's container (host/runtime/backends/containe
 hardened profile, the run's runtime and image pin, the tool pack's own verified volume, its own socket)
 running the wrapper's tool-server mode; its calls cross a ToolLink (host/tools/link.py). The run's ToolGate
 decides every call as for a trusted pack and hands community ones here; replies become ToolOutcomes through
-the same `_outcome` as the host worker's, so results, errors, size caps and timeouts read the same on both
-paths.
+the same `reply_outcome` (host/tools/calls.py) as the host worker's, so results, errors, size caps and
+timeouts read the same on both paths.
 
 Rules: one call at a time per sandbox (later calls of that pack queue, within their own timeout); a call's
 timeout covers a start it needs; a call that times out, or whose sandbox dies or breaks the protocol, fails
@@ -31,7 +31,13 @@ from host.runtime.backends.container import DockerBackend, ToolSandbox
 from host.runtime.workload import Teardowns
 from host.spec.config import HostConfig, sandbox_enabled
 from host.spec.lockfile import Lockfile
-from host.tools.gate import MODE_TOOL_SANDBOX, InstalledToolpack, ResolvedTool, ToolOutcome, _outcome
+from host.tools.calls import (
+    MODE_TOOL_SANDBOX,
+    InstalledToolpack,
+    ResolvedTool,
+    ToolOutcome,
+    reply_outcome,
+)
 from host.tools.link import LinkBroken, LinkTimeout
 
 logger = logging.getLogger("agentnode.sandbox.toolsandbox")
@@ -131,7 +137,7 @@ class ToolSandboxes:
             if box is self._timed and box.link.calls == 1:
                 box.mark("first_reply")
                 self._note_stage(box, "first_reply")
-            return dataclasses.replace(_outcome(reply), mode_used=MODE_TOOL_SANDBOX)
+            return dataclasses.replace(reply_outcome(reply), mode_used=MODE_TOOL_SANDBOX)
         finally:
             slot.lock.release()
 

@@ -17,7 +17,9 @@ from host.runtime.session import RunTask
 from host.runtime.toolsandbox import ToolSandboxes
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.model import AgentManifest, ToolpackManifest, ToolSpec
-from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
+from host.tools.calls import InstalledToolpack
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The tool sandbox connects (it is the client, as every sandbox is) and the host s
 comes back is read with the call's deadline, within a size cap, and only while that call is in flight, so
 an untrusted sandbox can make the host hold at most one bounded reply. The wire format is in
 protos/agentnode/sandbox/v1/toolsandbox.proto; replies become the same dict the host's tool worker writes,
-so host/tools/gate.py `_outcome` turns both into ToolOutcomes alike.
+so host/tools/calls.py `reply_outcome` turns both into ToolOutcomes alike.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ from host.runtime.session import RunSession, RunTask
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.load import load_manifest
 from host.spec.manifest.model import ToolpackManifest
-from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
+from host.tools.calls import InstalledToolpack
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper.protocol import (
     llm_pb2,

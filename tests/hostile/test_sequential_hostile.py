@@ -21,7 +21,7 @@ import pytest
 
 from host.runtime.backends.sequential import MAX_KEPT_RESULTS_BYTES
 from host.runtime.runner import RunResult, SandboxHost
-from host.tools.gate import MAX_ARGUMENTS_BYTES
+from host.tools.calls import MAX_ARGUMENTS_BYTES
 from tests.hostile.conftest import TOOLPACK, Lab, Ledger, brief, rss_bytes
 from tests.support.cli import cli
 

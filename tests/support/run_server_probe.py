@@ -27,7 +27,9 @@ from host.runtime.runserver import build_run_server
 from host.runtime.session import RunSession, RunTask
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
-from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
+from host.tools.calls import InstalledToolpack
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 
 REPO = Path(__file__).resolve().parents[2]

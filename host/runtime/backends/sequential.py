@@ -25,7 +25,8 @@ from host.runtime.rundir import make_run_dir
 from host.runtime.session import RunOutcome, RunSession
 from host.runtime.workload import UnpooledBackend, Workload
 from host.spec.manifest.model import OrchestrationStep
-from host.tools.gate import MAX_ARGUMENTS_BYTES, ToolGate, ToolRefusal
+from host.tools.calls import MAX_ARGUMENTS_BYTES, ToolRefusal
+from host.tools.gate import ToolGate
 from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 logger = logging.getLogger("agentnode.sandbox.sequential")

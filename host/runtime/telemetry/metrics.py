@@ -82,7 +82,7 @@ class HostMetrics:
                 self.stages.labels(stage).observe(max(0.0, ms) / 1000)
         gate = run.gate
         if gate is not None:
-            from host.tools.gate import MODE_HOST_WORKER, MODE_TOOL_SANDBOX  # noqa: PLC0415
+            from host.tools.calls import MODE_HOST_WORKER, MODE_TOOL_SANDBOX  # noqa: PLC0415
 
             self.tool_calls.labels("host_worker").inc(gate.calls_in(MODE_HOST_WORKER))
             self.tool_calls.labels("tool_sandbox").inc(gate.calls_in(MODE_TOOL_SANDBOX))

@@ -13,7 +13,8 @@ from host.packs.install import Lockfile
 from host.spec.config import load_config
 from host.spec.manifest.load import load_manifest
 from host.spec.manifest.model import AgentManifest, ToolpackManifest
-from host.tools.gate import InstalledToolpack, ToolRunner, resolve_tool
+from host.tools.calls import InstalledToolpack, resolve_tool
+from host.tools.workers import ToolRunner
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.schema import check_schema
 from tests.unit.cli._support import HOSTILE, SPOOF_VERSION, assert_terminal_safe, engine_error, write_agent

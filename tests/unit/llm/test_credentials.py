@@ -20,7 +20,7 @@ from host.llm.providers import Completion
 from host.runtime.backends.hostproc import HostSpec, host_wrapper_env
 from host.runtime.rundir import RunDir
 from host.spec.config import AgentLlmConfig, LlmHostConfig
-from host.tools.gate import _worker_env
+from host.tools.workers import _worker_env
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer
 from tests.unit.llm._support import AGENT_KEY, CANARY, MESSAGES, agents_host, drain, env_for, grant, refusal
 

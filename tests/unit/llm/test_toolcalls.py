@@ -46,7 +46,7 @@ from host.policy.rules import LlmPolicy, RunPolicy
 from host.runtime import wiring as _wiring
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
-from host.tools.gate import InstalledToolpack
+from host.tools.calls import InstalledToolpack
 from tests.support.fake_llm import SECRET_IN_ERROR_BODY, Behaviour, FakeLlmServer, FakeToolCall
 from tests.unit.llm._tools import CATALOG, COUNT, LOOP, REVERSE, SCHEMA, USER, prepared, tools_call
 

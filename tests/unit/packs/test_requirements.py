@@ -36,7 +36,8 @@ from host.packs.requirements import (
 from host.runtime.wiring import lookup_toolpack
 from host.spec.config import ConfigPaths, config_paths
 from host.spec.wheels import VENV_DIR
-from host.tools.gate import ResolvedTool, ToolRunner
+from host.tools.calls import ResolvedTool
+from host.tools.workers import ToolRunner
 from sandbox_wrapper import _runner
 from tests.support.tars import assert_ends_at_marker
 

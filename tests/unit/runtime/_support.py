@@ -22,7 +22,9 @@ from host.runtime.runserver import build_run_server
 from host.runtime.session import RefusalBudget, RunSession, RunTask
 from host.spec.config import LlmHostConfig
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
-from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
+from host.tools.calls import InstalledToolpack
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     errors_pb2,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from host.tools.gate import ToolRunner
+from host.tools.workers import ToolRunner
 from tests.support.fake_llm import FakeLlmServer
 from tests.unit.runtime._support import Env, write_toolpack
 

@@ -17,7 +17,8 @@ import pytest
 from host.policy.rules import LlmPolicy
 from host.runtime.runserver import MAX_MESSAGE_BYTES
 from host.runtime.session import RefusalBudget
-from host.tools.gate import ToolGate, ToolOutcome
+from host.tools.calls import ToolOutcome
+from host.tools.gate import ToolGate
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
     errors_pb2,
@@ -195,7 +196,7 @@ def test_refusals_before_decoding_need_no_decoding(env: Env, decodes: list[str])
 
 def test_each_method_has_its_own_byte_cap_checked_before_decoding(env: Env, decodes: list[str]) -> None:
     from host.runtime.runserver import FETCH_REQUEST_MAX_BYTES, REPORT_ENVELOPE_BYTES
-    from host.tools.gate import MAX_REQUEST_BYTES
+    from host.tools.calls import MAX_REQUEST_BYTES
 
     fresh = env.start()
     fetch = session_pb2.FetchTaskRequest(protocol_version=PROTOCOL_VERSION).SerializeToString()

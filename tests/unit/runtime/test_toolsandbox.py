@@ -29,16 +29,16 @@ from host.runtime.toolsandbox import (
 from host.runtime.workload import Teardowns
 from host.spec.config import load_config
 from host.spec.manifest.model import ToolpackManifest
-from host.tools.gate import (
+from host.tools.calls import (
     MODE_TOOL_SANDBOX,
     InstalledToolpack,
     ResolvedTool,
-    ToolGate,
     ToolRefusal,
-    ToolRunner,
-    _outcome,
+    reply_outcome,
 )
+from host.tools.gate import ToolGate
 from host.tools.link import MAX_REPLY_BYTES, LinkBroken, LinkTimeout, ToolLink, reply_dict
+from host.tools.workers import ToolRunner
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._tool_exec import handle
 from sandbox_wrapper._tool_server import FRAME_HEADER, frame, reply_message
@@ -132,14 +132,14 @@ def test_a_reply_crosses_as_the_same_dict(reply: dict[str, Any]) -> None:
     assert message.call_id == 7
     back = reply_dict(message)
     assert back == {"error_type": "", **reply} if not reply["ok"] else back == reply
-    assert _outcome(back) == _outcome(reply)
+    assert reply_outcome(back) == reply_outcome(reply)
 
 
 def test_a_reply_without_an_outcome_or_with_an_unknown_failure_is_not_serializable() -> None:
     assert reply_dict(toolsandbox_pb2.ToolReply(call_id=1))["failure"] == "not_serializable"
     odd = toolsandbox_pb2.ToolReply.FromString(b"\x08\x01\x18\x63")  # failure = 99 (open enum)
     assert reply_dict(odd)["failure"] == "not_serializable"
-    assert not _outcome(reply_dict(odd)).success
+    assert not reply_outcome(reply_dict(odd)).success
 
 
 def test_the_executor_replies_map_to_the_host_workers_outcomes(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_the_executor_replies_map_to_the_host_workers_outcomes(tmp_path: Path) -
             direct = handle({"entrypoint": entrypoint, "fallback": "", "arguments": {"k": 1}})
             crossed = reply_dict(toolsandbox_pb2.ToolReply.FromString(
                 reply_message(1, direct).SerializeToString()))  # fmt: skip
-            assert _outcome(crossed) == _outcome(direct), name
+            assert reply_outcome(crossed) == reply_outcome(direct), name
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("t_exec", None)
@@ -222,13 +222,13 @@ def test_the_link_runs_calls_in_one_process_in_order(box: FakeBox) -> None:
     deadline = time.monotonic() + 30
     replies = [box.link.call("t_tools:tick", "", "{}", deadline) for _ in range(5)]
     assert all(r["ok"] for r in replies)
-    assert [_outcome(r).result["n"] for r in replies] == [1, 2, 3, 4, 5]
-    assert len({_outcome(r).result["pid"] for r in replies}) == 1
+    assert [reply_outcome(r).result["n"] for r in replies] == [1, 2, 3, 4, 5]
+    assert len({reply_outcome(r).result["pid"] for r in replies}) == 1
     assert box.link.calls == 5 and box.link.idle_ok()
     fallback = box.link.call("t_tools:nope", "run", '{"a": 1}', deadline)
-    assert _outcome(fallback).result == {"default": {"a": 1}}
-    assert _outcome(box.link.call("t_tools:boom", "", "{}", deadline)).error == "tool raised KeyError"
-    assert _outcome(box.link.call("t_tools:huge", "", "{}", deadline)).error == "tool result too large"
+    assert reply_outcome(fallback).result == {"default": {"a": 1}}
+    assert reply_outcome(box.link.call("t_tools:boom", "", "{}", deadline)).error == "tool raised KeyError"
+    assert reply_outcome(box.link.call("t_tools:huge", "", "{}", deadline)).error == "tool result too large"
 
 
 def test_a_slow_reply_times_out_and_a_dead_server_breaks_the_link(box: FakeBox) -> None:

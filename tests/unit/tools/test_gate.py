@@ -14,16 +14,10 @@ from typing import Any
 import pytest
 
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
-from host.tools.gate import (
-    InstalledToolpack,
-    ResolvedTool,
-    ToolGate,
-    ToolOutcome,
-    ToolRefusal,
-    ToolRunner,
-    resolve_tool,
-    schema_error,
-)
+from host.tools.arguments import schema_error
+from host.tools.calls import InstalledToolpack, ResolvedTool, ToolOutcome, ToolRefusal, resolve_tool
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 
 TOOL_MODULE = textwrap.dedent(
     """
@@ -566,7 +560,7 @@ def test_a_refusal_before_parsing_allocates_nothing_for_the_arguments(
 
 
 def test_screen_refuses_without_a_request(tmp_path: Path, runner: ToolRunner) -> None:
-    from host.tools.gate import MAX_REQUEST_BYTES
+    from host.tools.calls import MAX_REQUEST_BYTES
 
     calc = make_pack(tmp_path, "calc")
     nothing = gate_for(runner, calc, allowed=())
@@ -601,15 +595,15 @@ def test_non_finite_arguments_never_reach_a_schema_or_a_tool(
 
 @pytest.mark.parametrize("result_json", ["1e999", "[-1e999]", '{"a": NaN}', "[" * 65 + "]" * 65, "{oops"])
 def test_a_tool_result_that_is_not_strict_json_is_a_failed_call(result_json: str) -> None:
-    from host.tools.gate import _outcome
+    from host.tools.calls import reply_outcome
 
-    outcome = _outcome({"ok": True, "result_json": result_json})
+    outcome = reply_outcome({"ok": True, "result_json": result_json})
     assert (outcome.success, outcome.result, outcome.error) == (
         False,
         None,
         "tool result is not JSON-serializable",
     )
-    assert _outcome({"ok": True, "result_json": "[1e308]"}).result == [1e308]
+    assert reply_outcome({"ok": True, "result_json": "[1e308]"}).result == [1e308]
 
 
 def test_the_worker_refuses_non_finite_requests() -> None:

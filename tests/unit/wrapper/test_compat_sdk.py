@@ -19,7 +19,9 @@ import pytest
 import sandbox_wrapper
 from host.engine.recipe import _wrapper_sources
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
-from host.tools.gate import InstalledToolpack, ToolGate, ToolRunner
+from host.tools.calls import InstalledToolpack
+from host.tools.gate import ToolGate
+from host.tools.workers import ToolRunner
 from sandbox_wrapper._tool_exec import COMPAT_DIR
 from tests.support.paths import REPO
 
