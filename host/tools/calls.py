@@ -70,6 +70,9 @@ class ToolOutcome:
     result_json: str | None = None
     """`result` as the strict JSON text it was checked as, when the runner has it (so the RPC layer sends
     it on without serializing the value again); None: serialize `result`."""
+    missing: bool = False
+    """The pack defines no function for this call (the worker's ImportError): the gate then tells the agent
+    which tools the pack has."""
 
 
 def failed(error: str) -> ToolOutcome:
@@ -124,9 +127,6 @@ def resolve_tool(slug: str, manifest: ToolpackManifest, tool_name: str) -> Resol
     raise ToolRefusal(WireReason.TOOL_NOT_FOUND, f"package '{slug}' has no such tool; available: {names}")
 
 
-MISSING = "tool not found (ImportError)"
-
-
 def reply_outcome(reply: dict[str, Any]) -> ToolOutcome:
     """Turn a worker reply into an outcome with a host-written error; exception text never crosses."""
     if reply.get("ok") is True:
@@ -148,6 +148,6 @@ def reply_outcome(reply: dict[str, Any]) -> ToolOutcome:
         return failed(f"tool entrypoint could not be loaded ({error_type})")
     if failure == "too_large":
         return failed("tool result too large")
-    if failure == "missing":
-        return failed(MISSING)
+    if failure == "missing":  # the gate names the pack's tools instead (ToolGate.call)
+        return ToolOutcome(success=False, result=None, error="tool not found (ImportError)", missing=True)
     return failed("tool result is not JSON-serializable")

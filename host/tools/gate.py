@@ -21,7 +21,6 @@ from host.tools.calls import (
     DEFAULT_TOOL_TIMEOUT,
     MAX_MESSAGE,
     MAX_REQUEST_BYTES,
-    MISSING,
     MODE_HOST_WORKER,
     MODE_TOOL_SANDBOX,
     InstalledToolpack,
@@ -179,7 +178,7 @@ class ToolGate:
         with self._lock:  # counted where it runs as it starts, like the reservation itself
             self._placed[mode] = self._placed.get(mode, 0) + 1
         outcome = runner.run(pack, tool, arguments, timeout=timeout)
-        if outcome.error == MISSING:  # name what the agent can call instead (§3.3's ImportError)
+        if outcome.missing:  # name what the agent can call instead (§3.3's ImportError)
             names = ", ".join(t.name for t in pack.manifest.tools) or "(none)"
             error = f"tool not found: package '{slug}' defines no function for this call; its tools: {names}"
             outcome = ToolOutcome(False, None, error[:MAX_MESSAGE], outcome.mode_used)

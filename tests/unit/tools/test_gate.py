@@ -15,7 +15,14 @@ import pytest
 
 from host.spec.manifest.model import ToolpackManifest, ToolSpec
 from host.tools.arguments import schema_error
-from host.tools.calls import InstalledToolpack, ResolvedTool, ToolOutcome, ToolRefusal, resolve_tool
+from host.tools.calls import (
+    InstalledToolpack,
+    ResolvedTool,
+    ToolOutcome,
+    ToolRefusal,
+    reply_outcome,
+    resolve_tool,
+)
 from host.tools.gate import ToolGate
 from host.tools.workers import ToolRunner
 
@@ -831,3 +838,28 @@ def test_only_large_arguments_wait_for_a_parse_slot(tmp_path: Path, runner: Tool
         for _ in range(PARSE_SLOTS):
             gate._parsing.release()
     assert large.wait(10)
+
+
+# --- a missing function is a flag on the outcome, not a message the gate matches -------------------------
+
+
+class _Replying:
+    """A ToolRunner stand-in that answers every call with one worker reply (as reply_outcome reads it)."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+
+    def run(self, pack: InstalledToolpack, tool: Any, arguments: Any, *, timeout: float) -> ToolOutcome:
+        return reply_outcome(self.reply)
+
+
+def test_only_the_missing_flag_makes_the_gate_name_the_packs_tools(tmp_path: Path) -> None:
+    pack = make_pack(tmp_path, "calc")
+    missing = gate_for(_Replying({"ok": False, "failure": "missing"}), pack)  # type: ignore[arg-type]
+    outcome = missing.call("calc", "missing_function", "{}")
+    assert (outcome.success, outcome.missing, outcome.error) == (False, False, MISSING_IN_CALC)
+    # the same words for another failure are passed on as they are: nothing branches on the text
+    lookalike = ToolOutcome(success=False, result=None, error="tool not found (ImportError)")
+    runner = _Replying({})
+    runner.run = lambda *a, **k: lookalike  # type: ignore[method-assign]
+    assert gate_for(runner, pack).call("calc", "echo", "{}") == lookalike  # type: ignore[arg-type]
