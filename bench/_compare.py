@@ -230,6 +230,7 @@ FLAT_NAMES = {
     "host.llm.session": "host._broker",  # split out of it after the move
     "host.llm.toolcalls": "host._llmtools",
     "host.llm.translate": "host._llmtools",  # split out of it after the move
+    "host.packs.files": "host._packs",  # split out of it after the move
     "host.packs.install": "host._packs",
     "host.packs.requirements": "host._requirements",
     "host.packs.scaffold": "host._scaffold",

@@ -30,11 +30,11 @@ from host.k8s.run import (
     refusal_status,
     run_request,
 )
-from host.packs.install import Lockfile
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER
 from host.runtime.runaudit import RunAudit, RunFacts
 from host.spec.config import HostConfig, load_config, sandbox_enabled
+from host.spec.lockfile import Lockfile
 from host.spec.manifest.model import SLUG_RE
 
 logger = logging.getLogger("agentnode.sandbox.controller")

@@ -39,7 +39,7 @@ from host.k8s.run import (
     run_request,
     status_for,
 )
-from host.packs.install import SKIP_DIRS, SKIP_SUFFIXES, LockEntry, artifact_hash
+from host.packs.files import SKIP_DIRS, SKIP_SUFFIXES, artifact_hash
 from host.policy.admission import Admission
 from host.runtime.result import RunResult
 from host.runtime.rundir import RunDir, run_root
@@ -48,6 +48,7 @@ from host.runtime.runserver import build_run_server
 from host.runtime.session import RunSession
 from host.runtime.workload import Workload
 from host.spec.config import HostConfig, load_config
+from host.spec.lockfile import LockEntry
 
 logger = logging.getLogger("agentnode.sandbox.node")
 

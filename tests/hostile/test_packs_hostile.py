@@ -22,8 +22,9 @@ import docker.errors
 import pytest
 
 from host.core.errors import SandboxError
-from host.packs.install import LABEL_PACK, LockEntry, Lockfile, uninstall_pack
+from host.packs.install import LABEL_PACK, uninstall_pack
 from host.spec.config import load_config
+from host.spec.lockfile import LockEntry, Lockfile
 from tests.hostile.conftest import Lab, Ledger, brief, host_subprocess
 
 pytestmark = pytest.mark.docker

@@ -34,9 +34,10 @@ import docker.errors
 import pytest
 
 from host.core.errors import SandboxError
-from host.packs.install import LABEL_PACK, Lockfile, install_pack
+from host.packs.install import LABEL_PACK, install_pack
 from host.packs.requirements import MAX_PYPROJECT_BYTES, MAX_REQUIREMENTS, MAX_WHEELS, Source
 from host.spec.config import load_config
+from host.spec.lockfile import Lockfile
 from tests.hostile.conftest import Lab, Ledger, brief, rss_bytes
 from tests.support.cli import cli
 

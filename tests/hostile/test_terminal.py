@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from host.packs.install import Lockfile
+from host.spec.lockfile import Lockfile
 from tests.hostile.conftest import STUBS, Lab, Ledger, brief
 from tests.support.cli import cli
 

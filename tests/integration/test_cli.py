@@ -21,7 +21,7 @@ import docker.errors
 import pytest
 
 from host.engine.image import BUILD_HINT
-from host.packs.install import Lockfile
+from host.spec.lockfile import Lockfile
 from tests.support.cli import assert_error_lines, cli, json_out
 from tests.support.fake_llm import FakeLlmServer
 from tests.support.host_state import HostState

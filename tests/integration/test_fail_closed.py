@@ -24,14 +24,14 @@ from host.engine.contract import ContainerLimits
 from host.engine.facts import EngineKind
 from host.engine.http import EngineClient
 from host.engine.image import LABEL_INPUTS_HASH
-from host.engine.labels import LABEL_SLUG
+from host.engine.labels import LABEL_ARTIFACT, LABEL_SLUG
 from host.llm.broker import LlmBroker
 from host.llm.session import LlmSession
-from host.packs.install import LABEL_ARTIFACT, Lockfile
 from host.policy.rules import LlmPolicy
 from host.runtime.rundir import run_root
 from host.runtime.runner import RunResult, SandboxHost
 from host.spec.config import load_config
+from host.spec.lockfile import Lockfile
 from tests.support.fake_engine import FakeEngine
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

@@ -20,7 +20,10 @@ from docker.types import Mount
 from host.core.owner import owner_token
 from host.engine.labels import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG
 from host.engine.tararchive import upload_tar
-from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION, Lockfile, artifact_hash, volume_name
+from host.engine.volumes import volume_name
+from host.packs.files import artifact_hash
+from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION
+from host.spec.lockfile import Lockfile
 from tests.support.host_state import HostState
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from host.core.errors import PackError
-from host.packs.install import LockEntry, Lockfile
 from host.packs.requirements import SITE_DIR, Source
+from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.wheels import VENV_DIR
 from tests.support.cli import cli, json_out
 from tests.support.host_state import HostState

@@ -22,8 +22,8 @@ import pytest
 
 from host.audit.verify import verify_audit
 from host.engine.labels import LABEL_OWNER
-from host.packs.install import Lockfile
 from host.runtime.pool import PoolSettings
+from host.spec.lockfile import Lockfile
 from tests.support.cli import cli, json_out
 from tests.support.host_state import HostState
 from tests.support.paths import REPO

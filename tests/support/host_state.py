@@ -12,10 +12,10 @@ import docker
 import docker.errors
 
 from host.engine.engine import open_engine
-from host.packs.install import LABEL_PACK, LockEntry, install_pack
+from host.packs.install import LABEL_PACK, install_pack
 from host.runtime.runner import SandboxHost
 from host.spec.config import load_config
-from host.spec.lockfile import Lockfile
+from host.spec.lockfile import LockEntry, Lockfile
 
 
 class HostState:

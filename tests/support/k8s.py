@@ -22,9 +22,10 @@ import yaml
 from host.k8s.objects.agentrun import RunRequest
 from host.k8s.objects.agentrun import agentrun as agentrun_body
 from host.k8s.objects.pod import pod_for
-from host.packs.install import LockEntry, Lockfile, artifact_hash
+from host.packs.files import artifact_hash
 from host.policy.admission import admit
 from host.spec.config import HostConfig, load_config
+from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.load import manifest_data, parse_manifest
 from tests.support.kubeapi import KubeAPI
 from tests.support.packs import write_agent

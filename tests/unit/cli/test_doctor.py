@@ -15,8 +15,8 @@ from host.core.owner import owner_token
 from host.engine.facts import EngineFacts, require_capable
 from host.engine.image import BUILD_HINT
 from host.engine.labels import LABEL_OWNER, LABEL_RUN
-from host.packs.install import Lockfile
 from host.spec.config import load_config
+from host.spec.lockfile import Lockfile
 from tests.support.cli import cli, json_out
 from tests.support.paths import REPO
 from tests.support.schema import check_schema

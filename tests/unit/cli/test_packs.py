@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from host.packs.install import Lockfile
 from host.spec.config import load_config
+from host.spec.lockfile import Lockfile
 from host.spec.manifest.load import load_manifest
 from host.spec.manifest.model import AgentManifest, ToolpackManifest
 from host.tools.calls import InstalledToolpack, resolve_tool
@@ -175,7 +175,7 @@ def test_init_agent_and_toolpack_run_together_on_the_host_path(env: dict[str, st
 
 
 def _entry(**fields: Any) -> Any:
-    from host.packs.install import LockEntry
+    from host.spec.lockfile import LockEntry
 
     base: dict[str, Any] = {
         "slug": "spoof", "version": "1.0.0", "package_type": "agent", "trust_level": "unverified",

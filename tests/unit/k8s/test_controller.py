@@ -38,9 +38,9 @@ from host.k8s.controller import (
 from host.k8s.objects.agentrun import API_VERSION, KIND, RunRequest, agentrun
 from host.k8s.objects.names import LABEL_ROLE, ROLE_AGENT_RUN
 from host.k8s.objects.pod import pod_for, pod_mismatches
-from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import admit
 from host.spec.config import load_config
+from host.spec.lockfile import LockEntry, Lockfile
 from tests.support.k8s import eventually as poll
 from tests.support.kubeapi import KubeAPI, kube_api
 

@@ -22,9 +22,9 @@ from host.core.owner import owner_token
 from host.k8s.api import KubeApi
 from host.k8s.node import PackStore, serve_node
 from host.k8s.objects.pod import pod_for
-from host.packs.install import Lockfile
 from host.policy.admission import admit
 from host.runtime.rundir import RunDir
+from host.spec.lockfile import Lockfile
 from tests.support.k8s import NAMESPACE, NODE, Cluster, cluster, eventually
 from tests.support.kubeapi import kube_api
 

@@ -21,18 +21,14 @@ import pytest
 import requests
 
 from host.core.errors import AuditReason, EngineRejected, ManifestError, PackError
+from host.engine.volumes import verify_volume, volume_name
+from host.packs import files as _files
 from host.packs import install as _packs
-from host.packs.install import (
-    LockEntry,
-    Lockfile,
-    artifact_hash,
-    install_pack,
-    uninstall_pack,
-    verify_volume,
-    volume_name,
-)
+from host.packs.files import artifact_hash
+from host.packs.install import install_pack, uninstall_pack
 from host.spec import lockfile as _lockfile
 from host.spec.config import ConfigPaths, config_paths
+from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.load import load_manifest, manifest_data
 from tests.support.tars import assert_ends_at_marker
 
@@ -109,7 +105,7 @@ def test_symlinks_are_refused(tmp_path: Path) -> None:
 
 
 def test_oversized_packs_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_packs, "MAX_PACK_BYTES", 1000)
+    monkeypatch.setattr(_files, "MAX_PACK_BYTES", 1000)
     pack = write_pack(tmp_path, "alpha")
     (pack / "blob.bin").write_bytes(b"x" * 2000)
     with pytest.raises(PackError, match="larger than"):
@@ -132,7 +128,7 @@ def test_pack_tar_holds_exactly_the_hashed_files_with_neutral_metadata(tmp_path:
     os.chmod(pack / "src" / "tool.sh", 0o755)
     (pack / "src" / "__pycache__").mkdir()
     (pack / "src" / "__pycache__" / "mod.pyc").write_bytes(b"\0")
-    with _packs._snapshot(pack) as snap, tarfile.open(fileobj=snap.archive) as tar:
+    with _files.snapshot(pack) as snap, tarfile.open(fileobj=snap.archive) as tar:
         assert_ends_at_marker(snap.archive)
         assert snap.digest == artifact_hash(pack) and snap.dirs == {"src"}
         members = {m.name: m for m in tar.getmembers()}
@@ -185,7 +181,7 @@ def test_an_unchanged_lockfile_is_not_parsed_again(tmp_path: Path, monkeypatch: 
     lock.put(entry(manifest=raw))
     parses: list[object] = []
     real_loads = json.loads
-    monkeypatch.setattr(_packs.json, "loads", lambda *a, **k: parses.append(a) or real_loads(*a, **k))
+    monkeypatch.setattr(_lockfile.json, "loads", lambda *a, **k: parses.append(a) or real_loads(*a, **k))
     first = lock.get("alpha")
     assert first is not None and lock.get("alpha") is first and lock.entries()["alpha"] is first
     assert first.parsed_manifest() is first.parsed_manifest()
@@ -420,8 +416,8 @@ def test_a_huge_sparse_file_is_refused_before_any_byte_is_read(
     with (pack / "model.bin").open("wb") as fh:
         fh.truncate(3 << 30)
     opened: list[str] = []
-    real_open = _packs._open_file
-    monkeypatch.setattr(_packs, "_open_file", lambda fd, f: opened.append(f.rel) or real_open(fd, f))
+    real_open = _files._open_file
+    monkeypatch.setattr(_files, "_open_file", lambda fd, f: opened.append(f.rel) or real_open(fd, f))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
     with pytest.raises(PackError, match=r"^model\.bin: the file is larger than 32 MiB"):
@@ -432,11 +428,11 @@ def test_a_huge_sparse_file_is_refused_before_any_byte_is_read(
 
 
 def test_the_total_size_is_checked_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_packs, "MAX_PACK_BYTES", 1000)
+    monkeypatch.setattr(_files, "MAX_PACK_BYTES", 1000)
     pack = write_pack(tmp_path, "alpha")
     for name in ("a.bin", "b.bin"):
         (pack / name).write_bytes(b"x" * 450)
-    monkeypatch.setattr(_packs, "_open_file", lambda fd, f: pytest.fail("read before the size check"))
+    monkeypatch.setattr(_files, "_open_file", lambda fd, f: pytest.fail("read before the size check"))
     with pytest.raises(PackError, match="the pack is larger than"):
         artifact_hash(pack)
 
@@ -445,12 +441,12 @@ def test_the_total_size_is_checked_before_reading(tmp_path: Path, monkeypatch: p
 def test_the_walk_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
     pack = write_pack(tmp_path, "alpha")
     if limit == "entries":
-        monkeypatch.setattr(_packs, "MAX_PACK_ENTRIES", 10)
+        monkeypatch.setattr(_files, "MAX_PACK_ENTRIES", 10)
         for i in range(20):
             (pack / f"f{i}.py").write_text("")
         match = "more than 10 files and directories"
     else:
-        monkeypatch.setattr(_packs, "MAX_PACK_DEPTH", 3)
+        monkeypatch.setattr(_files, "MAX_PACK_DEPTH", 3)
         (pack / "a" / "b" / "c" / "d").mkdir(parents=True)
         match = r"^a/b/c/d: directories nest deeper than 3 levels"
     with pytest.raises(PackError, match=match):
@@ -463,7 +459,7 @@ def test_a_file_changed_after_the_scan_is_refused(
 ) -> None:
     pack = write_pack(tmp_path, "alpha")
     target = pack / "mod.py"
-    real_scan = _packs._scan
+    real_scan = _files._scan
 
     def scan_then_change(root_fd: int) -> Any:
         found = real_scan(root_fd)
@@ -480,7 +476,7 @@ def test_a_file_changed_after_the_scan_is_refused(
                 target.symlink_to("/etc/hostname")
         return found
 
-    monkeypatch.setattr(_packs, "_scan", scan_then_change)
+    monkeypatch.setattr(_files, "_scan", scan_then_change)
     error = _within(5, lambda: artifact_hash(pack))
     assert isinstance(error, PackError), error
     assert error.message == "mod.py: changed while the pack was being installed"
@@ -492,7 +488,7 @@ def test_a_growing_file_is_read_only_up_to_its_checked_size(
     """Same inode, same size at open, then appended to while being read: refused, never read past."""
     pack = write_pack(tmp_path, "alpha")
     target = pack / "mod.py"
-    real_open = _packs._open_file
+    real_open = _files._open_file
 
     def open_then_grow(root_fd: int, f: Any) -> int:
         fd = real_open(root_fd, f)
@@ -501,7 +497,7 @@ def test_a_growing_file_is_read_only_up_to_its_checked_size(
                 fh.write(b"x" * 10)
         return fd
 
-    monkeypatch.setattr(_packs, "_open_file", open_then_grow)
+    monkeypatch.setattr(_files, "_open_file", open_then_grow)
     with pytest.raises(PackError, match=r"^mod\.py: changed while"):
         artifact_hash(pack)
 
@@ -590,7 +586,7 @@ def test_an_oversized_lockfile_is_refused_unparsed(tmp_path: Path, monkeypatch: 
     assert "reinstall the packs" in info.value.hint
     monkeypatch.setattr(_lockfile, "MAX_LOCKFILE_BYTES", 100)
     path.write_text(json.dumps({"lockfile_version": 1, "packages": {"a": {"pad": "x" * 200}}}))
-    monkeypatch.setattr(_packs.json, "loads", lambda *a, **k: pytest.fail("parsed an oversized lockfile"))
+    monkeypatch.setattr(_lockfile.json, "loads", lambda *a, **k: pytest.fail("parsed an oversized lockfile"))
     with pytest.raises(PackError, match="over the"):
         Lockfile(path).get("a")
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from host.core.errors import PackError
+from host.engine.volumes import verify_volume, volume_name
 from host.packs import requirements as rq
-from host.packs.install import LockEntry, Lockfile, install_pack, uninstall_pack, verify_volume, volume_name
+from host.packs.install import install_pack, uninstall_pack
 from host.packs.requirements import (
     SITE_DIR,
     Declared,
@@ -35,6 +36,7 @@ from host.packs.requirements import (
 )
 from host.runtime.wiring import lookup_toolpack
 from host.spec.config import ConfigPaths, config_paths
+from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.wheels import VENV_DIR
 from host.tools.calls import ResolvedTool
 from host.tools.workers import ToolRunner

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from host.core.errors import AuditReason, EngineError
-from host.packs.install import LockEntry, Lockfile
 from host.policy.admission import Admission
 from host.runtime.backends.hostproc import HostBackend, HostSpec
 from host.runtime.result import RunResult
@@ -26,6 +25,7 @@ from host.runtime.runner import SandboxHost
 from host.runtime.session import REPORT_HOLD_SECONDS, RunSession
 from host.runtime.workload import Teardowns, Workload
 from host.spec.config import load_config
+from host.spec.lockfile import LockEntry, Lockfile
 
 AGENT = """
 import os, shutil, sys, time

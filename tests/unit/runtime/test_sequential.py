@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from host.core.errors import AuditReason
-from host.packs.install import LockEntry, Lockfile
 from host.policy.rules import resolve_run_policy
 from host.runtime.backends.sequential import (
     CONSUMED_KWARGS,
@@ -34,6 +33,7 @@ from host.runtime.outcome import EndFacts, Ending, name_outcome
 from host.runtime.runner import SandboxHost
 from host.runtime.session import RunOutcome
 from host.spec.config import AgentSandboxConfig, LimitsCeiling, load_config
+from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.load import load_manifest, manifest_data, parse_manifest
 from host.spec.manifest.model import OrchestrationStep
 from tests.support.paths import REPO
