@@ -230,10 +230,12 @@ FLAT_NAMES = {
     "host.llm.session": "host._broker",  # split out of it after the move
     "host.llm.toolcalls": "host._llmtools",
     "host.llm.translate": "host._llmtools",  # split out of it after the move
+    "host.packs.declared": "host._requirements",  # split out of it after the move
     "host.packs.files": "host._packs",  # split out of it after the move
     "host.packs.install": "host._packs",
     "host.packs.requirements": "host._requirements",
     "host.packs.scaffold": "host._scaffold",
+    "host.packs.site": "host._requirements",  # split out of it after the move
     "host.policy.admission": "host._admission",
     "host.policy.caller": "host._caller",
     "host.policy.rules": "host._policy",

@@ -18,7 +18,7 @@ from typing import IO
 from host.core.errors import PackError
 from host.core.terminal import safe_line
 from host.engine.tararchive import upload_tar
-from host.packs.requirements import MAX_PYPROJECT_BYTES, PYPROJECT, reserved_name
+from host.packs.declared import MAX_PYPROJECT_BYTES, PYPROJECT, reserved_name
 
 MAX_PACK_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES = 32 * 1024 * 1024

@@ -35,22 +35,19 @@ from host.engine.errors import engine_errors
 from host.engine.image import daemon_arch
 from host.engine.labels import LABEL_ARTIFACT
 from host.engine.volumes import volume_name
+from host.packs.declared import read_requirements
 from host.packs.files import CHUNK, Snapshot, show_name, snapshot
 from host.packs.requirements import (
-    SITE_DIR,
     Progress,
     Resolved,
     Source,
-    build_site,
-    build_venv,
     host_target,
     identity,
     image_target,
     lock_record,
-    read_requirements,
     resolve,
-    site_archive,
 )
+from host.packs.site import SITE_DIR, build_site, build_venv, site_archive
 from host.spec.config import ConfigPaths
 from host.spec.lockfile import (
     MAX_LOCK_ENTRY_BYTES,

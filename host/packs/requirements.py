@@ -30,56 +30,37 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import tarfile
 import tempfile
 import time
-import tomllib
-import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from host.core.errors import PackError
 from host.core.terminal import safe_line, safe_token
 from host.engine.recipe import sha256_file
-from host.engine.tararchive import upload_tar
+from host.packs.declared import Declared
 from host.spec.wheels import _WHEEL_NAME, Wheel, identity, recorded_wheels
 
 if TYPE_CHECKING:
-    from packaging.requirements import Requirement
+    pass
 
 Progress = Callable[[str], None]
 
-PYPROJECT = "pyproject.toml"
-MAX_PYPROJECT_BYTES = 256 * 1024
-MAX_REQUIREMENTS = 64
-MAX_REQUIREMENT_CHARS = 200
 MAX_WHEELS = 200
 """Wheels one resolution may bring (the requirements and everything they depend on)."""
 MAX_WHEEL_BYTES = 512 * 2**20
 """Downloaded wheels in total, for one target."""
 STOP_POLL_SECONDS = 0.5
 """How often a running download is checked against MAX_WHEELS and MAX_WHEEL_BYTES."""
-MAX_SITE_BYTES = 1024 * 2**20
-"""Unpacked wheels in total (a wheel's sizes are checked before anything is written)."""
-MAX_SITE_FILES = 50_000
 
 DOWNLOAD_TIMEOUT = 900.0
-INSTALL_TIMEOUT = 600.0
-VENV_TIMEOUT = 120.0
-COMPILE_TIMEOUT = 300.0
 _OUTPUT_TAIL = 64 * 1024
 
-RESERVED_PREFIX = ".agentnode-"
-"""Names the host places into a pack's copies; a pack may not bring its own (at its root or under src/)."""
-SITE_DIR = ".agentnode-site"
-"""Under the import root: the unpacked requirements (sandbox volume; host copy of a trusted agent)."""
 
-HOST_RUNTIME_NAMES = frozenset({"agentnode-sdk"})
-"""Distributions the host stands in for (the agentnode runtime): never resolved, a warning instead."""
 
 IMAGE_PYTHON = (3, 11)
 """The image's interpreter (docker/: Debian 12's python3, CPython 3.11)."""
@@ -107,153 +88,6 @@ _UNREACHABLE = (
     "ReadTimeoutError",
     "SSLError",
 )
-
-
-# --- what the pack declares ----------------------------------------------------------------------------
-
-
-def _refused(what: str, problem: str, hint: str) -> PackError:
-    return PackError(f"{PYPROJECT}: {what} {problem}", hint=hint)
-
-
-def _shown(text: str) -> str:
-    """A requirement as the pack wrote it, for an error line: escaped (once) and short, in quotes."""
-    return f"'{safe_line(text, limit=80)}'"
-
-
-_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".egg")
-
-
-def validate_requirement(text: object, index: int) -> Requirement:
-    """`[project].dependencies[index]` as a plain PEP 508 requirement, or a PackError saying why not.
-
-    Refused: anything that is not a string, longer than MAX_REQUIREMENT_CHARS or not printable ASCII;
-    anything that starts with `-` (a pip option, `-e`, `-r`, `--index-url`, ...); what packaging cannot
-    parse as PEP 508 (which includes `--hash` and other per-line options); direct references (`name @ URL`).
-    """
-    where = f"[project].dependencies[{index}]"
-    if not isinstance(text, str):
-        raise _refused(where, "is not a string", "list requirements as strings, e.g. \"requests>=2.31\"")
-    if len(text) > MAX_REQUIREMENT_CHARS:
-        raise _refused(
-            where, f"is longer than {MAX_REQUIREMENT_CHARS} characters", "shorten the requirement"
-        )
-    if not all(" " <= ch <= "~" for ch in text):
-        raise _refused(
-            where,
-            f"{_shown(text)} holds characters other than printable ASCII",
-            "write the requirement in plain ASCII (PEP 508)",
-        )
-    if text.strip().startswith("-"):
-        raise _refused(
-            where,
-            f"{_shown(text)} looks like a pip option; only PEP 508 requirements are installed",
-            "remove it; the host decides where packages come from (install --offline --find-links DIR)",
-        )
-    from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415  (install only)
-
-    try:
-        req = Requirement(text)
-    except InvalidRequirement:
-        raise _refused(
-            where,
-            f"{_shown(text)} is not a PEP 508 requirement",
-            "write it as NAME[extras] SPECIFIERS [; marker], e.g. \"requests>=2.31\"",
-        ) from None
-    if req.name.lower().endswith(_ARCHIVE_SUFFIXES):
-        # pip reads such a name as a local file to unpack (and build), whatever --only-binary says
-        raise _refused(
-            where,
-            f"{_shown(text)} names an archive file, not a package",
-            "list the package by its name; for a wheel that is on no index, install with --offline "
-            "--find-links DIR holding it",
-        )
-    if req.url:
-        raise _refused(
-            where,
-            f"{_shown(text)} is a direct URL reference ({req.name} @ ...); only requirements resolved "
-            "from an index are installed",
-            f"use a version specifier for {req.name}; for a wheel that is on no index, install with "
-            "--offline --find-links DIR holding it",
-        )
-    return req
-
-
-@dataclass(frozen=True)
-class Declared:
-    """A pack's requirements, validated: what goes to pip (normalized text), and what installs but is odd."""
-
-    requirements: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def names(self) -> frozenset[str]:
-        from packaging.requirements import Requirement  # noqa: PLC0415  (install only)
-
-        return frozenset(canonicalize_name(Requirement(r).name) for r in self.requirements)
-
-
-def read_requirements(pyproject: bytes | None, pack_refs: Iterable[str] = ()) -> Declared:
-    """`[project].dependencies` of a pack's pyproject.toml (None: the pack has none), validated.
-
-    Optional dependencies are never installed (as by the agentnode SDK); `agentnode-sdk` is left to the
-    host (a warning); so is a requirement naming an agentnode pack in `pack_refs` (the manifest's
-    `dependencies` and the packs installed here): real packs list other packs there, which are no PyPI
-    projects (a warning). Dependencies declared `dynamic` cannot be known without building the pack (a
-    warning: nothing is installed).
-    """
-    packs = frozenset(canonicalize_name(ref) for ref in pack_refs)
-    if pyproject is None:
-        return Declared()
-    if len(pyproject) > MAX_PYPROJECT_BYTES:
-        raise _refused("", f"is larger than {MAX_PYPROJECT_BYTES // 1024} KiB", "shorten pyproject.toml")
-    try:
-        data = tomllib.loads(pyproject.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _refused("", "is not UTF-8", "save pyproject.toml as UTF-8") from None
-    except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        problem = "nests too deep" if isinstance(exc, RecursionError) else safe_line(str(exc), limit=120)
-        raise _refused("", f"is not valid TOML ({problem})", "fix it, then install again") from None
-    project = data.get("project")
-    if project is None:
-        return Declared()
-    if not isinstance(project, dict):
-        raise _refused("[project]", "is not a table", "fix pyproject.toml, then install again")
-    warnings: list[str] = []
-    dynamic = project.get("dynamic")
-    if isinstance(dynamic, list) and "dependencies" in dynamic:
-        warnings.append(
-            f"{PYPROJECT} declares [project].dependencies dynamic: the host never builds a pack, so none "
-            "are installed (list them in [project].dependencies)"
-        )
-    raw = project.get("dependencies")
-    if raw is None:
-        return Declared(warnings=tuple(warnings))
-    if not isinstance(raw, list):
-        raise _refused("[project].dependencies", "is not a list", "make it a list of requirement strings")
-    if len(raw) > MAX_REQUIREMENTS:
-        raise _refused(
-            "[project].dependencies",
-            f"lists {len(raw)} requirements, more than the {MAX_REQUIREMENTS} this host installs",
-            "trim the list to what the pack imports",
-        )
-    requirements: list[str] = []
-    for index, text in enumerate(raw):
-        req = validate_requirement(text, index)
-        if canonicalize_name(req.name) in HOST_RUNTIME_NAMES:
-            warnings.append(
-                f"requirement {req.name} is not installed: this host provides the agentnode runtime "
-                "(AgentContext) itself"
-            )
-            continue
-        if canonicalize_name(req.name) in packs:
-            warnings.append(
-                f"requirement {req.name} names an agentnode pack, not a Python package: it is not installed "
-                "with pip (install the pack itself; agents call it with run_tool)"
-            )
-            continue
-        requirements.append(str(req))
-    return Declared(tuple(requirements), tuple(warnings))
 
 
 # --- where wheels must run, and where they come from -------------------------------------------------
@@ -569,158 +403,6 @@ def resolve(
     return Resolved(target, wheels, directory)
 
 
-# --- placing them --------------------------------------------------------------------------------------
-
-
-def _unsafe_member(name: str) -> bool:
-    parts = PurePosixPath(name).parts
-    return (
-        not parts
-        or name.startswith("/")
-        or "\\" in name
-        or any(part in ("", ".", "..") or not part.isprintable() for part in parts)
-    )
-
-
-def _site_members(zf: zipfile.ZipFile, wheel: Path) -> list[tuple[zipfile.ZipInfo, tuple[str, ...]]]:
-    """The files of a wheel that land in a site, with their paths there; an unsafe path is refused."""
-    members: list[tuple[zipfile.ZipInfo, tuple[str, ...]]] = []
-    for info in zf.infolist():
-        if _unsafe_member(info.filename):
-            shown = safe_line(info.filename, limit=80)
-            raise PackError(
-                f"{safe_token(wheel.name)} holds an unsafe path '{shown}'",
-                hint="ask the pack's publisher to replace that requirement",
-            )
-        parts = PurePosixPath(info.filename).parts
-        if parts[0].endswith(".data"):
-            if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                continue
-            parts = parts[2:]
-        if not info.is_dir():
-            members.append((info, parts))
-    return members
-
-
-def check_archives(wheels: Sequence[Path]) -> None:
-    """Refuse wheels that hold an unsafe path or unpack, all together, to more than MAX_SITE_FILES files or
-    MAX_SITE_BYTES, judged from their zip directories before a byte is extracted (by us or by pip)."""
-    total = files = 0
-    for wheel in wheels:
-        try:
-            with zipfile.ZipFile(wheel) as zf:
-                members = _site_members(zf, wheel)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
-            raise PackError(
-                f"cannot read {safe_token(wheel.name)} ({type(exc).__name__})",
-                hint="check free space in the temporary directory (TMPDIR), then install again",
-            ) from None
-        files += len(members)
-        total += sum(info.file_size for info, _ in members)
-        if files > MAX_SITE_FILES or total > MAX_SITE_BYTES:
-            raise PackError(
-                f"the pack's requirements unpack to more than {MAX_SITE_FILES} files or "
-                f"{MAX_SITE_BYTES // 2**20} MiB",
-                hint="ask the pack's publisher to trim its requirements",
-            )
-
-
-def unpack_site(wheels: Sequence[Path], site: Path) -> None:
-    """Install wheels by unpacking them into `site` (an import root), each archive checked first.
-
-    `<name>.data/purelib` and `platlib` merge into the root; scripts, headers and data are dropped (nothing
-    runs them). Sizes and counts are bounded by what the archives declare, before any byte is written
-    (zipfile stops at the declared size and fails the CRC of anything longer).
-    """
-    check_archives(wheels)
-    site.mkdir(parents=True, exist_ok=True)
-    for wheel in wheels:
-        try:
-            with zipfile.ZipFile(wheel) as zf:
-                for info, parts in _site_members(zf, wheel):
-                    dest = site.joinpath(*parts)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(info) as src, dest.open("wb") as out:
-                        while chunk := src.read(1 << 20):
-                            out.write(chunk)
-                    dest.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
-            raise PackError(
-                f"cannot unpack {safe_token(wheel.name)} ({type(exc).__name__})",
-                hint="check free space in the temporary directory (TMPDIR), then install again",
-            ) from None
-
-
-def compile_site(site: Path, shown_as: str) -> None:
-    """Byte-compile an unpacked site when this host's interpreter writes the bytecode its user reads; an
-    optimization only, so a failure or timeout leaves the site as it is (the sources still import)."""
-    run_step(compile_command(site, shown_as), timeout=COMPILE_TIMEOUT, cwd=site)
-
-
-@contextlib.contextmanager
-def site_archive(site: Path, prefix: str) -> Iterator[IO[bytes]]:
-    """A tar of `site` under `prefix/` (directories 0755, files 0644 or 0755, owned by root, mtime 0)."""
-    with tempfile.TemporaryFile(prefix="agentnode-site-") as archive:
-        with upload_tar(archive) as tar:
-            for top, dirs, names in os.walk(site):
-                dirs.sort()
-                rel_top = Path(top).relative_to(site)
-                entries = [(name, True) for name in dirs] + [(name, False) for name in sorted(names)]
-                if rel_top == Path("."):
-                    entries.insert(0, ("", True))
-                for name, is_dir in entries:
-                    path = Path(top) / name if name else Path(top)
-                    rel = (rel_top / name) if name else rel_top
-                    arcname = f"{prefix}/{rel.as_posix()}" if rel != Path(".") else prefix
-                    st = path.lstat()
-                    info = tarfile.TarInfo(arcname)
-                    info.uid = info.gid = 0
-                    info.mtime = 0
-                    if is_dir:
-                        info.type = tarfile.DIRTYPE
-                        info.mode = 0o755
-                        tar.addfile(info)
-                    elif stat.S_ISREG(st.st_mode):
-                        info.size = st.st_size
-                        info.mode = 0o755 if st.st_mode & 0o111 else 0o644
-                        with path.open("rb") as fh:
-                            tar.addfile(info, fh)
-        yield archive
-
-
-def _step_failed(what: str, done: Finished, timeout: float) -> PackError:
-    if done.code is None:
-        return PackError(f"{what} did not finish within {timeout:.0f} s", hint="install again")
-    return PackError(
-        f"{what} failed (exit code {done.code}): {summary(done.output)}",
-        hint="check free space and permissions under the host's config directory, then install again",
-    )
-
-
-def build_venv(env_dir: Path, resolved: Resolved, progress: Progress | None = None) -> None:
-    """A virtual environment at `env_dir` holding exactly the resolved wheels (for a trusted toolpack)."""
-    say = progress or (lambda _line: None)
-    check_archives(resolved.paths())  # the same bounds as an unpacked site, before pip extracts anything
-    say(f"requirements: creating the tool environment {env_dir.name}")
-    done = run_step(venv_command(env_dir), timeout=VENV_TIMEOUT, cwd=env_dir.parent)
-    if done.code != 0:
-        raise _step_failed("creating the tool environment", done, VENV_TIMEOUT)
-    say(f"requirements: installing {len(resolved.wheels)} wheel(s) into it")
-    done = run_step(venv_install_command(env_dir, resolved.paths()), timeout=INSTALL_TIMEOUT, cwd=env_dir)
-    if done.code != 0:
-        raise _step_failed("installing the requirements into the tool environment", done, INSTALL_TIMEOUT)
-
-
-def build_site(site: Path, resolved: Resolved, *, shown_as: str, progress: Progress | None = None) -> None:
-    """The resolved wheels unpacked into `site`, byte-compiled when this host writes the right bytecode."""
-    say = progress or (lambda _line: None)
-    say(f"requirements: unpacking {len(resolved.wheels)} wheel(s) for {resolved.target.label}")
-    unpack_site(resolved.paths(), site)
-    target_python = IMAGE_PYTHON if resolved.target.platforms is not None else sys.version_info[:2]
-    if sys.implementation.name == "cpython" and sys.version_info[:2] == target_python:
-        compile_site(site, shown_as)
-
-
 # --- the lockfile's record -----------------------------------------------------------------------------
 
 
@@ -736,31 +418,11 @@ def lock_record(declared: Declared, sandbox: Resolved | None, host: Resolved | N
     return record
 
 
-def reserved_name(paths: Iterable[str]) -> str | None:
-    """The first pack path that uses a name the host reserves (at the root, or directly under src/)."""
-    for rel in paths:
-        parts = rel.split("/")
-        if parts[0].startswith(RESERVED_PREFIX) or (
-            parts[0] == "src" and len(parts) > 1 and parts[1].startswith(RESERVED_PREFIX)
-        ):
-            return rel
-    return None
-
-
 __all__ = [
-    "HOST_RUNTIME_NAMES",
-    "MAX_PYPROJECT_BYTES",
-    "MAX_REQUIREMENTS",
-    "MAX_REQUIREMENT_CHARS",
-    "PYPROJECT",
-    "SITE_DIR",
-    "Declared",
     "Resolved",
     "Source",
     "Target",
     "Wheel",
-    "build_site",
-    "build_venv",
     "compile_command",
     "download_command",
     "host_target",
@@ -769,14 +431,10 @@ __all__ = [
     "lock_record",
     "manylinux_platforms",
     "pip_env",
-    "read_requirements",
     "recorded_wheels",
-    "reserved_name",
     "resolve",
     "run_step",
-    "site_archive",
     "summary",
-    "validate_requirement",
     "venv_command",
     "venv_install_command",
 ]

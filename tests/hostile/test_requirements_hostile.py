@@ -34,8 +34,9 @@ import docker.errors
 import pytest
 
 from host.core.errors import SandboxError
+from host.packs.declared import MAX_PYPROJECT_BYTES, MAX_REQUIREMENTS
 from host.packs.install import LABEL_PACK, install_pack
-from host.packs.requirements import MAX_PYPROJECT_BYTES, MAX_REQUIREMENTS, MAX_WHEELS, Source
+from host.packs.requirements import MAX_WHEELS, Source
 from host.spec.config import load_config
 from host.spec.lockfile import Lockfile
 from tests.hostile.conftest import Lab, Ledger, brief, rss_bytes

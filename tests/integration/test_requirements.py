@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from host.core.errors import PackError
-from host.packs.requirements import SITE_DIR, Source
+from host.packs.requirements import Source
+from host.packs.site import SITE_DIR
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.wheels import VENV_DIR
 from tests.support.cli import cli, json_out

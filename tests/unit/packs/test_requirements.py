@@ -18,11 +18,12 @@ import pytest
 
 from host.core.errors import PackError
 from host.engine.volumes import verify_volume, volume_name
+from host.packs import declared as dq
 from host.packs import requirements as rq
+from host.packs import site as st
+from host.packs.declared import Declared, read_requirements, validate_requirement
 from host.packs.install import install_pack, uninstall_pack
 from host.packs.requirements import (
-    SITE_DIR,
-    Declared,
     Finished,
     Resolved,
     Source,
@@ -30,10 +31,9 @@ from host.packs.requirements import (
     Wheel,
     identity,
     image_target,
-    read_requirements,
     recorded_wheels,
-    validate_requirement,
 )
+from host.packs.site import SITE_DIR
 from host.runtime.wiring import lookup_toolpack
 from host.spec.config import ConfigPaths, config_paths
 from host.spec.lockfile import LockEntry, Lockfile
@@ -140,9 +140,9 @@ def test_a_malformed_pyproject_is_refused(data: bytes, problem: str) -> None:
 
 
 def test_reserved_names_are_found_at_the_root_and_under_src() -> None:
-    assert rq.reserved_name(["agentnode.yaml", "mod.py", "lib/.agentnode-site/x.py"]) is None
-    assert rq.reserved_name(["mod.py", ".agentnode-site/evil.py"]) == ".agentnode-site/evil.py"
-    assert rq.reserved_name(["src/.agentnode-venv"]) == "src/.agentnode-venv"
+    assert dq.reserved_name(["agentnode.yaml", "mod.py", "lib/.agentnode-site/x.py"]) is None
+    assert dq.reserved_name(["mod.py", ".agentnode-site/evil.py"]) == ".agentnode-site/evil.py"
+    assert dq.reserved_name(["src/.agentnode-venv"]) == "src/.agentnode-venv"
 
 
 # --- commands, as data -------------------------------------------------------------------------------
@@ -295,11 +295,11 @@ def test_wheels_unpack_into_an_import_root_and_archive_under_a_prefix(tmp_path: 
          "demo.data/scripts/demo-cli": "#!/bin/sh\n", "demo.data/data/share/x": "data\n"},
     )  # fmt: skip
     site = tmp_path / "site"
-    rq.unpack_site([wheel], site)
+    st.unpack_site([wheel], site)
     assert (site / "demo" / "__init__.py").read_text() == "X = 1\n"
     assert (site / "extra_mod.py").exists() and (site / "demo-1.0.dist-info" / "METADATA").exists()
     assert not (site / "demo-cli").exists() and not (site / "share").exists()  # nothing runs scripts
-    with rq.site_archive(site, "src/.agentnode-site") as archive:
+    with st.site_archive(site, "src/.agentnode-site") as archive:
         assert_ends_at_marker(archive)
         with tarfile.open(fileobj=archive) as tar:
             members = {m.name: m for m in tar.getmembers()}
@@ -313,29 +313,29 @@ def test_wheels_unpack_into_an_import_root_and_archive_under_a_prefix(tmp_path: 
 def test_a_wheel_with_an_unsafe_path_is_refused(tmp_path: Path, bad: str) -> None:
     wheel = make_wheel(tmp_path / "w", "demo", "1.0", {}, raw={bad: b"x"})
     with pytest.raises(PackError, match="unsafe path"):
-        rq.unpack_site([wheel], tmp_path / "site")
+        st.unpack_site([wheel], tmp_path / "site")
     assert not (tmp_path / "escape.py").exists()
 
 
 def test_unpacked_sizes_are_bounded_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rq, "MAX_SITE_BYTES", 1000)
+    monkeypatch.setattr(st, "MAX_SITE_BYTES", 1000)
     wheel = make_wheel(tmp_path / "w", "demo", "1.0", {"demo/big.py": "#" * 2000})
     with pytest.raises(PackError, match="unpack to more than"):
-        rq.unpack_site([wheel], tmp_path / "site")
+        st.unpack_site([wheel], tmp_path / "site")
     assert not (tmp_path / "site" / "demo").exists()
 
 
 def test_a_tool_environment_gets_the_same_archive_bounds_before_anything_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rq, "MAX_SITE_BYTES", 1000)
+    monkeypatch.setattr(st, "MAX_SITE_BYTES", 1000)
     wheel = make_wheel(tmp_path / "w", "demo", "1.0", {"demo/big.py": "#" * 2000})
     resolved = Resolved(image_target("x86_64"), (Wheel(wheel.name, "0" * 64),), wheel.parent)
     env = tmp_path / "env"
     with pytest.raises(PackError, match="unpack to more than"):
-        rq.build_venv(env, resolved)
+        st.build_venv(env, resolved)
     assert not env.exists()  # refused before the venv was even created
 
 
@@ -461,6 +461,7 @@ def test_refusals_come_before_pip_or_any_copy(
     tmp_path: Path, paths: ConfigPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rq, "run_step", lambda *a, **k: pytest.fail("pip ran"))
+    monkeypatch.setattr(st, "run_step", lambda *a, **k: pytest.fail("pip ran"))
     pack = write_pack(tmp_path, "url-tools", kind="toolpack", source="", dependencies='["six @ https://x/six.whl"]')
     with pytest.raises(PackError, match="direct URL reference"):
         install_pack(pack, trust="trusted", paths=paths, client=None, image=None)
