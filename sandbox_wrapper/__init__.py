@@ -6,17 +6,7 @@ TYPE_CHECKING = False  # not typing's: a sandbox imports typing from its boot bu
 if TYPE_CHECKING:
     from typing import Any
 
-    from sandbox_wrapper._context import (
-        AgentContext,
-        AsyncLlmStream,
-        LLMResult,
-        LlmResult,
-        LlmStream,
-        RetryConfig,
-        RunToolResult,
-        ToolContext,
-        ToolResult,
-    )
+    from sandbox_wrapper._context import AgentContext
     from sandbox_wrapper._errors import (
         AgentLimitExceeded,
         AgentTerminated,
@@ -24,12 +14,23 @@ if TYPE_CHECKING:
         LlmAccessError,
         ToolAccessError,
     )
+    from sandbox_wrapper._llmcalls import AsyncLlmStream, LlmStream
+    from sandbox_wrapper._types import (
+        LLMResult,
+        LlmResult,
+        RetryConfig,
+        RunToolResult,
+        ToolContext,
+        ToolResult,
+    )
 
 _FROM = {
+    "AgentContext": "sandbox_wrapper._context",
+    "AsyncLlmStream": "sandbox_wrapper._llmcalls",
+    "LlmStream": "sandbox_wrapper._llmcalls",
     **dict.fromkeys(
-        ("AgentContext", "AsyncLlmStream", "LLMResult", "LlmResult", "LlmStream", "RetryConfig",
-         "RunToolResult", "ToolContext", "ToolResult"),
-        "sandbox_wrapper._context",
+        ("LLMResult", "LlmResult", "RetryConfig", "RunToolResult", "ToolContext", "ToolResult"),
+        "sandbox_wrapper._types",
     ),
     **dict.fromkeys(
         ("AgentLimitExceeded", "AgentTerminated", "HostUnavailableError", "LlmAccessError",
