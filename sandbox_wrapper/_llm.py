@@ -8,11 +8,11 @@ anything is sent); every limit is the host's to enforce.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2
+from sandbox_wrapper._strictjson import loads_finite
 
 Messages = str | Sequence[Mapping[str, Any]]
 """What call_llm accepts: one user message as text, or messages as dicts (an LlmResult is one)."""
@@ -35,32 +35,6 @@ _RESPONSE_FORMATS = {
     "json_object": llm_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT,
 }
 _MESSAGE_SHAPE = "each LLM message must be a mapping with str 'role' and 'content'"
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("a number is out of range (not finite)")
-    return value
-
-
-_FINITE = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-"""One decoder for every call (json.loads builds one per call when given hooks); it keeps no state between
-calls, as json's own shared default decoder does not."""
-
-
-def loads_finite(text: str) -> Any:
-    """json.loads that refuses what JSON has no room for: NaN, ±Infinity and numbers that overflow (1e999).
-
-    The host applies the same rule at its own boundary; this side never turns such text into a value.
-    """
-    if not isinstance(text, str) or text.startswith("\ufeff"):  # json.loads' own checks and errors
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
-    return _FINITE.decode(text)
 
 
 def dumps(value: Any, what: str) -> str:

@@ -16,8 +16,9 @@ import grpc
 from sandbox_wrapper import _llm
 from sandbox_wrapper._client import refusal
 from sandbox_wrapper._errors import AgentLimitExceeded, LlmAccessError, ToolAccessError
-from sandbox_wrapper._llm import Messages, loads_finite
+from sandbox_wrapper._llm import Messages
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2
+from sandbox_wrapper._strictjson import loads_finite
 from sandbox_wrapper._types import LlmResult, ToolContext, ToolResult
 
 _CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # the tool call ids the host accepts in a conversation

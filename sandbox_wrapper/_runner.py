@@ -22,8 +22,8 @@ from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
 from sandbox_wrapper._context import AgentContext
 from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated
-from sandbox_wrapper._llm import loads_finite
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
+from sandbox_wrapper._strictjson import loads_finite
 from sandbox_wrapper._tool_exec import add_compat_path
 
 DEFAULT_SOCKET = "/run/agentnode/sandbox.sock"

@@ -2,7 +2,9 @@
 
 Standard library only: the host runs this file as a script (`python -I -B _tool_exec.py <import root>`, JSON
 lines on stdin/stdout) for trusted packs, and a tool sandbox imports `handle` for community packs, so both
-paths resolve, call, serialize and bound a tool's result with one piece of code.
+paths resolve, call, serialize and bound a tool's result with one piece of code. Its strict JSON is the
+wrapper's one (sandbox_wrapper/_strictjson.py, standard library only too): imported as usual in a tool
+sandbox, loaded from its file beside this one when the host runs this file as a script.
 
 A request is `{"entrypoint": "module:function", "fallback": "<function>" or "", "arguments": {...}}`; the
 host's gate has already picked them by the format's rules (agentnode-format §3.3). A reply is
@@ -16,11 +18,10 @@ import asyncio
 import importlib
 import inspect
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 MAX_RESULT_BYTES = 1 << 20
 FALLBACK_REPR_CHARS = 2000
@@ -30,31 +31,30 @@ COMPAT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_compat")
 """Holds the `agentnode_sdk` compatibility package that SDK-written packs import (sandbox_wrapper/_compat)."""
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+def _strictjson_file() -> Any:
+    """sandbox_wrapper/_strictjson.py, loaded from its file beside this one, for the host's tool worker.
 
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("a number is not finite")
-    return value
-
-
-_FINITE = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-"""One decoder for every request (json.loads builds one per call when given hooks); it keeps no state."""
-_STRICT_OUT = json.JSONEncoder(allow_nan=False)
-"""One encoder for every result and reply, likewise."""
-
-
-def loads_finite(text: str) -> Any:
-    """json.loads that refuses NaN, ±Infinity and overflowing numbers (1e999), like the host's boundary.
-
-    This module imports only the standard library, so it keeps its own copy of the rule.
+    Why: run as a script (`python -I`), this file has neither the package nor its own directory on sys.path,
+    and importing the package would be wrong even where it can be found (an editable install): the pack's
+    agentnode_sdk takes the wrapper's classes once sandbox_wrapper is loaded, which imports gRPC. The module
+    is not put in sys.modules, so the pack's code never sees it.
     """
-    if not isinstance(text, str) or text.startswith("\ufeff"):  # json.loads' own checks and errors
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
-    return _FINITE.decode(text)
+    import importlib.util  # noqa: PLC0415 - only this mode needs it
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_strictjson.py")
+    spec = importlib.util.spec_from_file_location("sandbox_wrapper._strictjson", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __name__ != "__main__":  # imported: a tool sandbox, the agent wrapper
+    from sandbox_wrapper._strictjson import STRICT_ENCODER, loads_finite
+else:  # the host's tool worker: this file run as a script
+    _STRICTJSON = _strictjson_file()
+    STRICT_ENCODER, loads_finite = _STRICTJSON.STRICT_ENCODER, _STRICTJSON.loads_finite
 
 
 def _owned(module: Any, value: Any) -> bool:
@@ -127,7 +127,7 @@ def _result_json(result: Any) -> str:
     """Strict JSON of the result; one that is not JSON (an object, a set, NaN, a cycle) becomes the format's
     fallback repr, still a success, as the runtime's subprocess mode returns it."""
     try:
-        return _STRICT_OUT.encode(result)
+        return STRICT_ENCODER.encode(result)
     except (TypeError, ValueError):
         shown = repr(result)[:FALLBACK_REPR_CHARS]
         return json.dumps({"__agentnode_fallback_repr__": True, "repr": shown})
@@ -154,7 +154,7 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, argv[1])
     add_compat_path()
     for line in proto_in:
-        proto_out.write(_STRICT_OUT.encode(handle(loads_finite(line))) + "\n")
+        proto_out.write(STRICT_ENCODER.encode(handle(loads_finite(line))) + "\n")
         proto_out.flush()
 
 

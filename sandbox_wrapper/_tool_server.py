@@ -17,7 +17,8 @@ from typing import Any
 
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import toolsandbox_pb2
-from sandbox_wrapper._tool_exec import handle, loads_finite
+from sandbox_wrapper._strictjson import loads_finite
+from sandbox_wrapper._tool_exec import handle
 
 TOOL_SERVER_ARG = "tool-server"
 """The argument after `-m sandbox_wrapper` that selects this mode."""

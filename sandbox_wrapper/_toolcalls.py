@@ -3,7 +3,6 @@ the consecutive-error termination (the agentnode runtime's rules, which only mak
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -13,11 +12,10 @@ import grpc
 
 from sandbox_wrapper._client import refusal
 from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated, ToolAccessError
-from sandbox_wrapper._llm import loads_finite
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import tools_pb2
+from sandbox_wrapper._strictjson import STRICT_ENCODER, loads_finite
 from sandbox_wrapper._types import RetryConfig, ToolResult
 
-_ARGUMENTS = json.JSONEncoder(allow_nan=False)  # json.dumps(..., allow_nan=False), one encoder for all calls
 _PERMISSION_REASONS = frozenset({"TOOL_NOT_ALLOWED", "TOOL_PACK_UNTRUSTED"})
 # Every other reason (INVALID_REQUEST, TOO_LARGE, TOOL_NOT_FOUND, TOOL_ARGUMENTS_INVALID, RUN_DEADLINE,
 # TOO_MANY_REFUSALS after a burst of refused calls, and any reason a newer host adds) is a failed
@@ -261,7 +259,7 @@ class ToolCalls:
     ) -> tuple[ToolResult, bool]:
         """One RunTool call; (result, whether the tool ran). Raises for the refusals agents must not miss."""
         try:
-            arguments = _ARGUMENTS.encode(kwargs)
+            arguments = STRICT_ENCODER.encode(kwargs)
         except (TypeError, ValueError, RecursionError) as exc:
             return ToolResult(False, error=f"INVALID_REQUEST: tool arguments are not JSON: {exc}"), False
         request = tools_pb2.RunToolRequest(

@@ -614,7 +614,7 @@ def test_a_tool_result_that_is_not_strict_json_is_a_failed_call(result_json: str
 
 
 def test_the_worker_refuses_non_finite_requests() -> None:
-    from sandbox_wrapper._tool_exec import loads_finite
+    from sandbox_wrapper._strictjson import loads_finite
 
     for text in ("1e999", '{"a": -1e999}', "[NaN]", "Infinity"):
         with pytest.raises(ValueError):

@@ -68,7 +68,8 @@ def test_the_bundle_holds_the_wrapper_and_grpc(bundle: Path) -> None:
     assert version == sys.version
     for name in ("grpc", "grpc._channel", "google.protobuf.descriptor", "sandbox_wrapper._runner",
                  "sandbox_wrapper._context", "sandbox_wrapper._toolcalls", "sandbox_wrapper._llmcalls",
-                 "sandbox_wrapper._types", "sandbox_wrapper._tool_server", "typing"):  # fmt: skip
+                 "sandbox_wrapper._types", "sandbox_wrapper._strictjson", "sandbox_wrapper._tool_server",
+                 "typing"):  # fmt: skip
         assert name in modules, name
     origin, package, _ = modules["grpc"]
     assert package and origin.endswith("grpc/__init__.py")
