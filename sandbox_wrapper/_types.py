@@ -1,5 +1,10 @@
 """The values AgentContext hands an agent and takes from it (results, tool context, retry settings), apart
-from the context so naming them imports neither gRPC nor the context: standard library only."""
+from the context so naming them imports neither gRPC nor the context.
+
+Standard library only, and nothing of sandbox_wrapper: where the wrapper is not loaded (the host's tool
+worker), the agentnode_sdk compatibility package loads this file by its path for ToolContext and RetryConfig
+(sandbox_wrapper/_compat/agentnode_sdk/_runtime.py), so they have one definition.
+"""
 
 from __future__ import annotations
 

@@ -107,6 +107,7 @@ def test_agent_runner_reexports_the_sandbox_classes_where_the_wrapper_runs(sdk: 
     ):
         assert getattr(agent_runner, name) is getattr(sandbox_wrapper, name), name
     assert sdk.RunToolResult is sandbox_wrapper.RunToolResult  # what context.run_tool returns
+    assert "agentnode_sdk._wrapper_types" not in sys.modules  # the wrapper's file is loaded only without it
 
 
 @pytest.mark.parametrize(
@@ -139,7 +140,7 @@ def test_run_tool_keeps_the_sdk_signature(sdk: ModuleType) -> None:
 def test_without_the_wrapper_every_name_is_a_standin_and_no_wrapper_is_loaded() -> None:
     out = _python(
         """
-        import dataclasses
+        import dataclasses, pickle
         import agentnode_sdk
         from agentnode_sdk import ToolError, RunToolResult
         from agentnode_sdk.runtimes.agent_runner import (
@@ -165,6 +166,8 @@ def test_without_the_wrapper_every_name_is_a_standin_and_no_wrapper_is_loaded() 
                                            ToolContext, RetryConfig, RunToolResult)],
             "constructed": constructed,
             "alias": ToolError is agentnode_sdk.AgentNodeToolError,
+            "types_files": [sys.modules[c.__module__].__file__ for c in (ToolContext, RetryConfig)],
+            "pickled": pickle.loads(pickle.dumps(RetryConfig(max_retries=5))) == RetryConfig(max_retries=5),
         }))
         """,
         COMPAT_DIR,
@@ -200,6 +203,9 @@ def test_without_the_wrapper_every_name_is_a_standin_and_no_wrapper_is_loaded() 
     ]
     assert out["constructed"] is False
     assert out["alias"] is True
+    # ToolContext and RetryConfig are the wrapper's own classes, from its file: no copy of them here.
+    assert out["types_files"] == [str(REPO / "sandbox_wrapper" / "_types.py")] * 2
+    assert out["pickled"] is True
 
 
 def test_the_wrapper_adds_the_compat_dir_after_the_pack_and_its_requirements(tmp_path: Path) -> None:
@@ -248,6 +254,7 @@ SDK_TOOLS = textwrap.dedent(
     import agentnode_sdk
     from agentnode_sdk import ToolError
     from agentnode_sdk.exceptions import AgentNodeToolError
+    from agentnode_sdk.runtimes import agent_runner
     from agentnode_sdk.runtimes.agent_runner import AgentContext, AgentLimitExceeded
 
     def fail(text=""):
@@ -262,6 +269,9 @@ SDK_TOOLS = textwrap.dedent(
             "wrapper_loaded": "sandbox_wrapper" in sys.modules,
             "standin": AgentContext.__module__ + "." + AgentContext.__name__,
             "limit_is_runtime_error": issubclass(AgentLimitExceeded, RuntimeError),
+            "tool_context_file": getattr(
+                sys.modules[getattr(agent_runner, "ToolContext", where).__module__], "__file__", None
+            ),
         }
     """
 )
@@ -336,6 +346,7 @@ def test_a_tool_raising_agentnode_tool_error_fails_its_call_in_the_host_worker(
         "wrapper_loaded": False,  # the worker never loads the wrapper (nor gRPC): the stand-ins serve
         "standin": "agentnode_sdk.runtimes.agent_runner.AgentContext",
         "limit_is_runtime_error": True,
+        "tool_context_file": str(REPO / "sandbox_wrapper" / "_types.py"),  # by its path, not as the package
     }
 
 

@@ -2,16 +2,17 @@
 
 In an agent's sandbox these are the sandbox wrapper's own classes, so `isinstance(context, AgentContext)`
 holds and `except AgentLimitExceeded` catches what the context raises. Where the wrapper is not loaded (the
-host's tool worker) they are minimal stand-ins with the SDK's names and fields, so importing never fails.
-The SDK's `run_agent` is the host's job: it is not provided.
+host's tool worker) they are minimal stand-ins with the SDK's names and fields, so importing never fails;
+`ToolContext` and `RetryConfig` are the wrapper's own there too, from its standard-library file
+(sandbox_wrapper/_types.py). The SDK's `run_agent` is the host's job: it is not provided.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .._runtime import from_wrapper
+from .._runtime import from_wrapper, from_wrapper_types
 from ..models import RunToolResult
 
 
@@ -41,29 +42,7 @@ class _LLMResult:
     finish_reason: str | None = None
 
 
-@dataclass
-class _ToolContext:
-    """The tools an LLM may be offered (`AgentContext.allowed_tool_context`)."""
-
-    allowed_packages: list[str] = field(default_factory=list)
-    tool_specs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def has_tools(self) -> bool:
-        return len(self.tool_specs) > 0
-
-
-@dataclass
-class _RetryConfig:
-    """Retry settings for tool calls, with the SDK's defaults."""
-
-    max_retries: int = 2
-    backoff_base: float = 1.0
-    backoff_max: float = 10.0
-    enabled: bool = True
-
-
-_STANDINS = (_AgentLimitExceeded, _AgentTerminated, _AgentContext, _LLMResult, _ToolContext, _RetryConfig)
+_STANDINS = (_AgentLimitExceeded, _AgentTerminated, _AgentContext, _LLMResult)
 for _standin in _STANDINS:
     _standin.__name__ = _standin.__qualname__ = _standin.__name__.lstrip("_")
 
@@ -71,8 +50,8 @@ AgentLimitExceeded = from_wrapper("AgentLimitExceeded", _AgentLimitExceeded)
 AgentTerminated = from_wrapper("AgentTerminated", _AgentTerminated)
 AgentContext = from_wrapper("AgentContext", _AgentContext)
 LLMResult = from_wrapper("LLMResult", _LLMResult)
-ToolContext = from_wrapper("ToolContext", _ToolContext)
-RetryConfig = from_wrapper("RetryConfig", _RetryConfig)
+ToolContext = from_wrapper_types("ToolContext")
+RetryConfig = from_wrapper_types("RetryConfig")
 
 __all__ = [
     "AgentContext",
