@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from host.core.errors import ConfigError
 from host.core.paths import ADMIN_SOCKET_NAME, config_file_location
 from host.core.vocab import Runtime
+from host.spec.egress import EgressConfig, egress_config
 
 _T = TypeVar("_T")
 
@@ -150,6 +151,8 @@ class AgentSandboxConfig:
     idle_timeout_seconds: int = 60
     pool: PoolConfig = field(default_factory=PoolConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    egress: EgressConfig = field(default_factory=EgressConfig)
+    """What packs may reach through the host's egress path (host/spec/egress.py); default: nothing."""
 
 
 @dataclass(frozen=True)
@@ -453,7 +456,7 @@ class _Validator:
     def sandbox(self, value: Any) -> AgentSandboxConfig:
         key = "agent_sandbox"
         allowed = ("enabled", "host_trust_policy", "image", "runtime", "tools", "limits", "llm",
-                   "idle_timeout_seconds", "pool", "kubernetes")
+                   "idle_timeout_seconds", "pool", "kubernetes", "egress")
         data = self.section(value, key, allowed)
         d = AgentSandboxConfig()
         enabled = self.optional(data, f"{key}.enabled", self.boolean)
@@ -472,6 +475,7 @@ class _Validator:
             idle_timeout_seconds=idle or d.idle_timeout_seconds,
             pool=self.pool(_unset_is_empty(data.get("pool")), f"{key}.pool"),
             kubernetes=self.kubernetes(_unset_is_empty(data.get("kubernetes")), f"{key}.kubernetes"),
+            egress=egress_config(_unset_is_empty(data.get("egress")), f"{key}.egress", self.fail),
         )
 
     def kubernetes(self, value: Any, key: str) -> KubernetesConfig:

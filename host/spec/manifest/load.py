@@ -112,6 +112,8 @@ def manifest_data(manifest: AgentManifest | ToolpackManifest) -> dict[str, Any]:
     data["permissions"] = {
         name: {key: manifest.permissions[name]} for name, (key, _) in PERMISSION_LEVELS.items()
     }
+    if manifest.network_domains:
+        data["permissions"]["network"]["allowed_domains"] = list(manifest.network_domains)
     data["dependencies"] = [
         {"package_slug": d.slug, "role": d.role, "required": d.required, "min_version": d.min_version}
         for d in manifest.pack_dependencies

@@ -184,6 +184,9 @@ class AgentManifest:
     publisher: str = ""
     summary: str = ""
     permissions: Mapping[str, str] = field(default_factory=_default_permissions)
+    network_domains: tuple[str, ...] = ()
+    """permissions.network.allowed_domains as the egress policy reads them (host/spec/egress.py rules,
+    normalized); an entry it cannot read is dropped with a warning at install."""
 
     @property
     def entrypoint_module(self) -> str:
@@ -217,6 +220,9 @@ class ToolpackManifest:
     publisher: str = ""
     summary: str = ""
     permissions: Mapping[str, str] = field(default_factory=_default_permissions)
+    network_domains: tuple[str, ...] = ()
+    """permissions.network.allowed_domains as the egress policy reads them (host/spec/egress.py rules,
+    normalized); an entry it cannot read is dropped with a warning at install."""
 
 
 class ManifestWarnings:

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from host.spec.egress import MAX_RULES, BadName, Rule, merge, parse_rule
 from host.spec.manifest.agent import _AgentParser
 from host.spec.manifest.metadata import _MetadataParser
 from host.spec.manifest.model import (
@@ -107,6 +108,7 @@ class _Parser(_AgentParser, _ToolpackParser, _MetadataParser):
             "publisher": publisher,
             "summary": summary,
             "permissions": permissions,
+            "network_domains": self.network_domains(data),
         }
         if kind == "agent":
             if self.published and capabilities.get("tools"):
@@ -180,6 +182,28 @@ class _Parser(_AgentParser, _ToolpackParser, _MetadataParser):
             self.keys(block, frozenset(known), key)
             out[name] = self.choice(block.get(level_key), f"{key}.{level_key}", allowed)
         return out
+
+    def network_domains(self, data: Mapping[str, Any]) -> tuple[str, ...]:
+        """permissions.network.allowed_domains as egress rules (normalized text); what is not a NAME[:PORT],
+        *.SUFFIX or IP literal is ignored with a warning, as is anything past MAX_RULES entries."""
+        raw = data.get("permissions")
+        block = raw.get("network") if isinstance(raw, dict) else None
+        value = block.get("allowed_domains") if isinstance(block, dict) else None
+        key = "permissions.network.allowed_domains"
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.warn(key, f"expected a list of domain names, got {_describe(value)}; ignored")
+            return ()
+        if len(value) > MAX_RULES:
+            self.warn(key, f"more than {MAX_RULES} entries; the rest are ignored")
+        found: list[Rule] = []
+        for index, item in enumerate(value[:MAX_RULES]):
+            try:
+                found.append(parse_rule(item))
+            except BadName as exc:
+                self.warn(f"{key}[{index}]", f"not a domain name ({exc}); ignored")
+        return tuple(text for rule in merge(found) for text in rule.texts())
 
     def dependencies(self, value: Any) -> tuple[PackDependency, ...]:
         """Pack references (strings or objects, both spellings); anything else is ignored with a warning."""

@@ -531,6 +531,9 @@ def test_manifest_data_round_trips_and_drops_everything_unvalidated(tmp_path: Pa
 # --- the lockfile's form: every field survives, older entries still read ------------------------------------
 
 
+NETWORK = {"level": "restricted", "allowed_domains": ["API.example.com", "*.x.example:8443"]}
+
+
 def test_manifest_data_round_trips_every_form(tmp_path: Path) -> None:
     (tmp_path / "agentnode.yaml").write_text(PUBLISHED_AGENT_YAML)
     published = load_manifest(tmp_path)
@@ -551,6 +554,7 @@ def test_manifest_data_round_trips_every_form(tmp_path: Path) -> None:
             _agent(llm={"required": True}, tier="llm_only", termination={"stop_on_consecutive_errors": 1})
         ),
         _parsed({**_toolpack(entrypoint="m"), "dependencies": [{"package_id": "x-y", "is_required": False}]}),
+        _parsed(_pub_toolpack(permissions={"network": NETWORK})),
     ]
     for manifest in manifests:
         data = json.loads(json.dumps(manifest_data(manifest)))
@@ -558,6 +562,7 @@ def test_manifest_data_round_trips_every_form(tmp_path: Path) -> None:
         assert parse_manifest(data, source="x", warnings=sink) == manifest
         assert sink.lines() == []
     assert manifest_data(published)["agent"]["llm"] == {"required": True}
+    assert manifests[-1].network_domains == ("api.example.com", "*.x.example:8443")
 
 
 def test_a_lockfile_entry_of_the_previous_version_still_reads() -> None:

@@ -1,0 +1,72 @@
+"""A pack's egress grant: what it declares it needs (`permissions.network`) intersected with what the operator
+grants (`agent_sandbox.egress`), so neither a pack nor a config alone opens the network.
+
+`none` (the default) and a grant with no rule mean no egress path at all. `restricted` asks for its
+`allowed_domains` and gets each one the operator's rules cover (narrowed to both sides' ports, a wildcard
+narrowed to the other side's name); `unrestricted` asks for anything and gets exactly what the operator
+grants that pack. Operator rules come from `allow` (any pack that asks), `packs.<slug>` and
+`trust.<level>`; a host (trusted) toolpack runs outside any sandbox and is out of this policy's reach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from host.spec.egress import EgressConfig, Host, Rule, merge, parse_rule
+
+NETWORK_LEVELS = ("none", "restricted", "unrestricted")
+
+
+@dataclass(frozen=True)
+class EgressGrant:
+    """The names and ports one pack's code may reach through the host's egress path; empty: none."""
+
+    rules: tuple[Rule, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.rules
+
+    def allows(self, host: Host, port: int) -> bool:
+        """Whether a connection to `host`:`port` is granted (a name is checked before it is resolved)."""
+        return any(rule.allows(host, port) for rule in self.rules)
+
+    def texts(self) -> tuple[str, ...]:
+        """The grant as `NAME[:PORT]` texts (for `policy explain`, the audit record's shape)."""
+        return tuple(text for rule in self.rules for text in rule.texts())
+
+
+NO_EGRESS = EgressGrant()
+
+
+def intersect(asked: Iterable[Rule], granted: Iterable[Rule]) -> tuple[Rule, ...]:
+    """Every part of `asked` that some rule of `granted` covers too."""
+    granted = tuple(granted)
+    return merge(both for rule in asked for other in granted if (both := rule.narrowed(other)) is not None)
+
+
+def pack_grant(
+    level: str, declared: Iterable[str], config: EgressConfig, *, slug: str, trust: str
+) -> EgressGrant:
+    """The grant of a pack that declares network `level` with `declared` domains (the manifest's
+    normalized texts), under the operator's `config`, for its slug and trust level."""
+    if level not in NETWORK_LEVELS or level == "none":
+        return NO_EGRESS
+    granted = config.granted(slug, trust)
+    if not granted:
+        return NO_EGRESS
+    if level == "unrestricted":
+        return EgressGrant(granted)
+    return EgressGrant(intersect((parse_rule(text) for text in declared), granted))
+
+
+def manifest_grant(
+    permissions: Mapping[str, str], network_domains: Iterable[str], config: EgressConfig, *, slug: str,
+    trust: str,
+) -> EgressGrant:
+    """pack_grant from a manifest's fields (`permissions`, `network_domains`)."""
+    return pack_grant(permissions.get("network", "none"), network_domains, config, slug=slug, trust=trust)
+
+
+__all__ = ["NETWORK_LEVELS", "NO_EGRESS", "EgressGrant", "intersect", "manifest_grant", "pack_grant"]
