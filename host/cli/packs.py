@@ -51,6 +51,7 @@ def cmd_install(args: argparse.Namespace) -> int:
             warnings=warnings,
             source=source,
             progress=progress(args),
+            egress=cfg.agent_sandbox.egress,
         )
     except PackError as exc:
         # Without an engine, say why there is none (unavailable vs permission denied), not just "needed".

@@ -48,7 +48,9 @@ from host.packs.requirements import (
     resolve,
 )
 from host.packs.site import SITE_DIR, build_site, build_venv, site_archive
+from host.policy.egress import ungranted
 from host.spec.config import ConfigPaths
+from host.spec.egress import EgressConfig
 from host.spec.lockfile import (
     MAX_LOCK_ENTRY_BYTES,
     LockEntry,
@@ -272,13 +274,15 @@ def install_pack(
     warnings: list[str] | None = None,
     source: Source | None = None,
     progress: Progress | None = None,
+    egress: EgressConfig | None = None,
 ) -> LockEntry:
     """Install a pack: validate, hash, copy (volume for agents, host copy for host-trusted code), record.
 
     The pack's Python requirements (pyproject.toml) are resolved to wheels from `source` and installed
     with each copy (host/packs/requirements.py); `progress` gets a line per stage of that.
     What installs but is probably wrong (unknown or misspelled manifest keys, dependencies that are not
-    installed) is appended to `warnings` when given: terminal-safe lines, at most MAX_WARNINGS and a count.
+    installed, network the operator's `egress` config does not grant a sandboxed pack) is appended to
+    `warnings` when given: terminal-safe lines, at most MAX_WARNINGS and a count.
     """
     pack_dir = pack_dir.resolve()
     if not os.path.lexists(pack_dir / MANIFEST_NAME):
@@ -302,6 +306,10 @@ def install_pack(
                     f"dependency {dep.slug} ({'required' if dep.required else 'optional'}) is not installed; "
                     "install it too (dependencies are never installed automatically)"
                 )
+    if egress is not None and level not in HOST_TRUST:  # a host (trusted) pack is outside the egress path
+        network = manifest.permissions.get("network", "none")
+        for line in ungranted(network, manifest.network_domains, egress, slug=manifest.slug, trust=level):
+            found.add(line)
     stored = manifest_data(manifest)
     if parse_manifest(stored, source="") != manifest:  # what runs read back must be what was validated
         raise PackError(f"{manifest.slug}: the manifest does not survive storage", hint="report this bug")

@@ -69,4 +69,38 @@ def manifest_grant(
     return pack_grant(permissions.get("network", "none"), network_domains, config, slug=slug, trust=trust)
 
 
-__all__ = ["NETWORK_LEVELS", "NO_EGRESS", "EgressGrant", "intersect", "manifest_grant", "pack_grant"]
+_GRANT_HINT = "grant it under agent_sandbox.egress (allow, packs.{slug} or trust.{trust}) if it may reach it"
+
+
+def ungranted(
+    level: str, declared: Iterable[str], config: EgressConfig, *, slug: str, trust: str
+) -> list[str]:
+    """What a pack asks to reach that the operator's config does not grant, as install warnings (the
+    texts are normalized names: letters, digits, dots, hyphens, brackets and ports only)."""
+    if level not in ("restricted", "unrestricted"):
+        return []
+    hint = _GRANT_HINT.format(slug=slug, trust=trust.lower())
+    granted = config.granted(slug, trust)
+    if level == "unrestricted":
+        if granted:
+            return []
+        return [f"permissions.network is unrestricted, and nothing is granted to this pack; {hint}"]
+    rules = [parse_rule(text) for text in declared]
+    if not rules:
+        return ["permissions.network is restricted but names no allowed_domains: it gets no network"]
+    missing = [text for rule in rules if not intersect([rule], granted) for text in rule.texts()]
+    if not missing:
+        return []
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    return [f"permissions.network asks for {shown}, which agent_sandbox.egress does not grant; {hint}"]
+
+
+__all__ = [
+    "NETWORK_LEVELS",
+    "NO_EGRESS",
+    "EgressGrant",
+    "intersect",
+    "manifest_grant",
+    "pack_grant",
+    "ungranted",
+]

@@ -22,7 +22,9 @@ from host.engine.labels import LABEL_ARTIFACT, LABEL_OWNER, LABEL_SLUG
 from host.engine.tararchive import upload_tar
 from host.engine.volumes import volume_name
 from host.packs.files import artifact_hash
-from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION
+from host.packs.install import LABEL_PACK, LABEL_PACK_VERSION, install_pack
+from host.spec.config import load_config
+from host.spec.egress import egress_config
 from host.spec.lockfile import Lockfile
 from tests.support.host_state import HostState
 
@@ -288,3 +290,30 @@ def test_a_run_mounts_exactly_the_lockfile_volume(
     assert socket_mount["Type"] == "bind" and socket_mount["Source"].endswith(f"run-{result.run_id}")
     labels = client.volumes.get(entry.sandbox_volume).attrs["Labels"]
     assert labels[LABEL_ARTIFACT] == entry.artifact_hash
+
+
+def test_install_warns_of_network_the_config_does_not_grant(
+    host_state: HostState, tmp_path: Path, volumes: list[str]
+) -> None:
+    """A sandboxed pack's declared network is checked against agent_sandbox.egress at install: what is not
+    granted is named (normalized, so a pack cannot put control text in it); what is granted is not."""
+    pack = write_pack(
+        tmp_path,
+        "pk-net",
+        {"agent.py": "def run(context, **kwargs):\n    return 1\n"},
+        extra="permissions:\n  network:\n    level: restricted\n"
+        "    allowed_domains: [API.granted.example, other.example, \"bad\\u001b[31m.example\"]\n",
+    )
+    cfg = load_config(host_state.env)
+    egress = egress_config({"allow": ["api.granted.example"]}, "e", lambda *a: ValueError(a))
+    warnings: list[str] = []
+    entry = install_pack(pack, trust="unverified", paths=cfg.paths, client=host_state.client,
+                         image=cfg.agent_sandbox.image, warnings=warnings, egress=egress)  # fmt: skip
+    assert entry.sandbox_volume is not None
+    volumes.append(entry.sandbox_volume)
+    assert entry.manifest["permissions"]["network"] == {
+        "level": "restricted", "allowed_domains": ["api.granted.example", "other.example"]}  # fmt: skip
+    network = [line for line in warnings if "agent_sandbox.egress" in line]
+    assert len(network) == 1 and "other.example" in network[0] and "api.granted.example" not in network[0]
+    assert any("allowed_domains[2]" in line for line in warnings)  # the unreadable entry, not echoed
+    assert all("\x1b" not in line for line in warnings)

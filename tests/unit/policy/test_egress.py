@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from host.policy.egress import NO_EGRESS, manifest_grant, pack_grant
+from host.policy.egress import NO_EGRESS, manifest_grant, pack_grant, ungranted
 from host.spec.egress import EgressConfig, Host, egress_config, parse_host
 from host.spec.manifest.load import parse_manifest
 from host.spec.manifest.model import ManifestWarnings, ToolpackManifest
@@ -93,3 +93,21 @@ def test_the_manifest_grant_reads_the_manifests_fields() -> None:
     grant = manifest_grant(manifest.permissions, manifest.network_domains, OPERATOR, slug="net-tools",
                            trust="verified")  # fmt: skip
     assert grant.texts() == ("api.example.com",)
+
+
+def test_install_names_what_the_config_does_not_grant() -> None:
+    def warned(level: str, *declared: str, config: EgressConfig = OPERATOR) -> list[str]:
+        return ungranted(level, declared, config, slug="net-tools", trust="Verified")
+
+    assert warned("none", "anything.example") == []
+    assert warned("restricted", "api.example.com", "*.wikipedia.org") == []
+    (line,) = warned("restricted", "api.example.com", "other.example", "search.example.net")
+    assert "asks for other.example, search.example.net," in line and "api.example.com" not in line
+    assert "packs.net-tools or trust.verified" in line
+    assert warned("restricted") == ["permissions.network is restricted but names no allowed_domains: "
+                                    "it gets no network"]  # fmt: skip
+    assert warned("unrestricted") == []
+    (nothing,) = warned("unrestricted", config=EgressConfig())
+    assert "unrestricted, and nothing is granted to this pack" in nothing
+    many = warned("restricted", *(f"n{i}.example" for i in range(20)))
+    assert many[0].count(".example") == 8 and "and 12 more" in many[0]
