@@ -13,6 +13,7 @@ from host.cli.output import EXIT_OK, emit, say
 from host.core.terminal import safe_line, safe_token
 from host.core.vocab import Route
 from host.policy.admission import decide_route, effective_policy, installed_agent, refusal_error
+from host.policy.egress import manifest_grant
 from host.policy.rules import RouteDecision, RunPolicy, declares_llm
 from host.spec.config import HostConfig, load_config
 from host.spec.lockfile import LockEntry, Lockfile
@@ -41,6 +42,10 @@ class Explanation:
         models = m.llm_access.get("allowed_models")
         model = self.llm_provider.get("model")
         price = cfg.llm.prices.get(model) if isinstance(model, str) else None
+        egress = None  # the host route is outside the egress policy
+        if sandboxed and not refused:
+            egress = manifest_grant(m.permissions, m.network_domains, cfg.egress, slug=m.slug,
+                                    trust=self.entry.trust_level)  # fmt: skip
         return {
             "slug": self.entry.slug,
             "version": self.entry.version,
@@ -79,6 +84,11 @@ class Explanation:
                 "key_variable": self.llm_provider.get("key_variable"),
                 "key_source": self.llm_provider.get("key_source"),
                 "unavailable": self.llm_provider.get("unavailable"),
+            },
+            "egress": {
+                "network": m.permissions.get("network", "none"),
+                "declared": list(m.network_domains),
+                "granted": None if egress is None else list(egress.texts()),
             },
             "clamped": list(p.clamped),
             "requested": {
@@ -172,6 +182,14 @@ def _human_explain(p: Mapping[str, Any]) -> None:
         line("llm models", "any host model" if models is None else names(models) or "none")
     provider = safe_line(f"{llm['provider'] or '(none)'} {llm['model'] or ''}".strip())
     line("llm provider", f"{provider} ({'configured' if llm['configured'] else 'not configured'})")
+    egress = p["egress"]
+    if egress["granted"] is None:
+        line("egress", "host path: the egress policy does not confine it")
+    elif egress["granted"]:
+        line("egress", ", ".join(safe_line(rule) for rule in egress["granted"]))  # `*.` needs no quotes
+    else:
+        network = safe_token(egress["network"])
+        line("egress", f"none (permissions.network {network}; agent_sandbox.egress grants it nothing)")
     line("clamped by the host", names(p["clamped"]) or "nothing")
 
 

@@ -84,6 +84,8 @@ def test_doctor_and_policy_explain_rows_are_escaped(
                 "max_output_chars": 10,
                 "allowed_models": ["m" + HOSTILE], "clamped": ["max_calls"], "provider": "openai",
                 "model": "gpt" + HOSTILE, "configured": True},
+        "egress": {"network": "restricted" + HOSTILE, "declared": ["d" + HOSTILE],
+                   "granted": ["g" + HOSTILE]},
         "requested": {"allowed_packages": ["tools" + HOSTILE], "max_tool_calls": 40,
                       "max_runtime_seconds": 20, "max_iterations": 10, "llm": requested_llm},
     }  # fmt: skip
@@ -98,3 +100,25 @@ def test_doctor_and_policy_explain_rows_are_escaped(
     assert_terminal_safe(out)
     assert out.splitlines()[0] == 'x "1.0.0 (agent, trust curated)\\r\\x1b[2K" (trust unverified)'
     assert all(line.startswith("  ") for line in out.splitlines()[1:])  # no line of the agent's own
+
+
+def test_policy_explain_shows_the_agents_egress_grant(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, AGENTNODE_AGENT_SANDBOX="1")
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"agent_sandbox": {
+        "host_trust_policy": "none", "image": "sha256:" + "a" * 64,
+        "egress": {"allow": ["api.example.com"], "trust": {"trusted": ["*.docs.example"]}},
+    }}))  # fmt: skip
+    pack = write_agent(tmp_path / "src", "netty", "")
+    with (pack / "agentnode.yaml").open("a") as fh:
+        fh.write("permissions:\n  network:\n    level: restricted\n"
+                 "    allowed_domains: [API.example.com, other.example, '*.docs.example']\n")  # fmt: skip
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    p = json_out(cli(env, "policy", "explain", "netty", "--json"))
+    check_schema("policy-explain", p)
+    assert p["egress"] == {"network": "restricted",
+                           "declared": ["api.example.com", "other.example", "*.docs.example"],
+                           "granted": ["api.example.com", "*.docs.example"]}  # fmt: skip
+    human = cli(env, "policy", "explain", "netty").stdout
+    assert "egress:" in human and "api.example.com, *.docs.example" in human
