@@ -294,11 +294,13 @@ def egress_config(value: Any, key: str, fail: Fail) -> EgressConfig:
 
 __all__ = [
     "DEFAULT_PORTS",
+    "METADATA_ADDRESSES",
     "BadName",
     "EgressConfig",
     "Fail",
     "Host",
     "Rule",
+    "address_refusal",
     "egress_config",
     "merge",
     "parse_cidr",
@@ -306,3 +308,35 @@ __all__ = [
     "parse_rule",
     "split_port",
 ]
+
+
+# --- where a granted name may lead ------------------------------------------------------------------------
+
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
+)
+"""Cloud instance-metadata endpoints (AWS, ECS, AWS IPv6, Alibaba): refused even inside a granted range."""
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def address_refusal(address: IpAddress, private_cidrs: Iterable[IpNetwork] = ()) -> str | None:
+    """Why the host must not connect to `address` (a fixed reason), or None: loopback, private, link-local,
+    multicast, reserved, unspecified and shared (CGNAT) addresses are refused unless a range of
+    `private_cidrs` contains them; a metadata endpoint always. An IPv6 address that carries an IPv4 one
+    (IPv4-mapped, 6to4, the NAT64 prefix) is judged as that IPv4 address."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is None and address in _NAT64:  # the well-known NAT64 prefix carries an IPv4 address
+            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if embedded is not None:
+            address = embedded
+    if address in METADATA_ADDRESSES:
+        return "metadata_address"
+    public = address.is_global and not address.is_multicast
+    if public:
+        return None
+    if any(address.version == net.version and address in net for net in private_cidrs):
+        return None
+    return "private_address"

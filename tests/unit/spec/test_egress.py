@@ -21,6 +21,7 @@ from host.spec.egress import (
     EgressConfig,
     Host,
     Rule,
+    address_refusal,
     egress_config,
     merge,
     parse_cidr,
@@ -208,3 +209,33 @@ def test_the_host_config_carries_it_and_defaults_to_nothing(tmp_path: Path) -> N
         load_config(env)
     assert str(info.value).startswith("agent_sandbox.egress.allow[0]: expected NAME[:PORT]")
     assert "config.json" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("93.184.216.34", None), ("2001:4860::8888", None),
+        ("127.0.0.1", "private_address"), ("10.1.2.3", "private_address"), ("192.168.1.1", "private_address"),
+        ("172.16.0.1", "private_address"), ("100.64.0.1", "private_address"), ("0.0.0.0", "private_address"),
+        ("224.0.0.1", "private_address"), ("255.255.255.255", "private_address"),
+        ("192.0.2.1", "private_address"),
+        ("::1", "private_address"), ("fe80::1", "private_address"), ("fc00::1", "private_address"),
+        ("ff02::1", "private_address"), ("::", "private_address"),
+        ("::ffff:127.0.0.1", "private_address"), ("64:ff9b::a00:1", "private_address"),
+        ("2002:7f00:1::", "private_address"), ("64:ff9b::5db8:d822", None),
+        ("169.254.169.254", "metadata_address"), ("fd00:ec2::254", "metadata_address"),
+        ("::ffff:169.254.169.254", "metadata_address"), ("100.100.100.200", "metadata_address"),
+    ],
+)  # fmt: skip
+def test_addresses_a_granted_name_may_not_lead_to(address: str, reason: str | None) -> None:
+    assert address_refusal(ipaddress.ip_address(address)) == reason
+
+
+def test_the_operator_can_except_a_private_range_but_never_metadata() -> None:
+    loopback = [ipaddress.ip_network("127.0.0.1/32")]
+    assert address_refusal(ipaddress.ip_address("127.0.0.1"), loopback) is None
+    assert address_refusal(ipaddress.ip_address("::ffff:127.0.0.1"), loopback) is None  # the same address
+    assert address_refusal(ipaddress.ip_address("127.0.0.2"), loopback) == "private_address"
+    assert address_refusal(ipaddress.ip_address("::1"), loopback) == "private_address"
+    everything = [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+    assert address_refusal(ipaddress.ip_address("169.254.169.254"), everything) == "metadata_address"
