@@ -1,0 +1,1 @@
+"""Unit tests for host/egress/ (no engine, no network)."""
