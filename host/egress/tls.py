@@ -45,25 +45,22 @@ def _handshake_bytes(data: bytes) -> bytes | Hello:
     """The first handshake message, joined from the leading records, or what to say when it is not (yet)
     there: more bytes needed, or a refusal."""
     out = bytearray()
-    at = 0
+    at, partial = 0, False
     while True:
-        if len(out) >= 4:
+        if len(out) >= 4:  # the message's length is known: bound it before waiting for the rest
             need = 4 + int.from_bytes(out[1:4], "big")
             if need > MAX_HELLO_BYTES:
                 return _refused("hello_too_large")
             if len(out) >= need:
                 return bytes(out[:need])
-        if len(data) - at < 5:
+        if partial or len(data) - at < 5:
             return _MORE
         kind, major, length = data[at], data[at + 1], int.from_bytes(data[at + 3 : at + 5], "big")
         if kind != _HANDSHAKE or major != 3 or not 0 < length <= _RECORD_MAX:
             return _refused("not_tls")
         body = data[at + 5 : at + 5 + length]
         out += body
-        if len(body) < length:  # the record has not all arrived: the size bound can be checked already
-            if len(out) >= 4 and 4 + int.from_bytes(out[1:4], "big") > MAX_HELLO_BYTES:
-                return _refused("hello_too_large")
-            return _MORE
+        partial = len(body) < length  # the record has not all arrived
         at += 5 + length
 
 
