@@ -21,6 +21,7 @@ import grpc
 from sandbox_wrapper import PROTOCOL_VERSION
 from sandbox_wrapper._client import MAX_MESSAGE_BYTES, open_channel
 from sandbox_wrapper._context import AgentContext
+from sandbox_wrapper._egress import open_egress
 from sandbox_wrapper._errors import AgentLimitExceeded, AgentTerminated
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import session_pb2, session_pb2_grpc
 from sandbox_wrapper._strictjson import loads_finite
@@ -83,6 +84,7 @@ def main(before_pack: Callable[[], None] = lambda: None) -> int:
             task = session.FetchTask(request, timeout=wait, wait_for_ready=True)
         except grpc.RpcError as err:
             return _die(EXIT_NO_TASK, f"FetchTask failed: {err.code().name}: {err.details()}")
+        open_egress(socket_path)  # only now: a warm member's egress socket comes with its run
         outcome = execute(AgentContext(channel, task), task, preloaded)
         mark_output(task.output_mark)
         try:

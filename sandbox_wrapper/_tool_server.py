@@ -93,6 +93,7 @@ def main() -> int:
     """Serve the host's calls until it closes the connection (or the container is destroyed)."""
     # Here, not at the top: the host imports this module for its framing, and the agent runner's imports
     # (gRPC stubs, the AgentContext) are no business of a host process.
+    from sandbox_wrapper._egress import open_egress  # noqa: PLC0415
     from sandbox_wrapper._runner import add_import_root  # noqa: PLC0415
 
     socket_path = os.environ.get("AGENTNODE_SOCKET", DEFAULT_SOCKET)
@@ -103,6 +104,7 @@ def main() -> int:
         sock.close()
         return _die(EXIT_NO_HOST, f"cannot connect to {socket_path} ({type(exc).__name__})")
     with sock:
+        open_egress(socket_path)  # the host made the tool pack's egress socket (if any) before this started
         sock.sendall(frame(toolsandbox_pb2.ToolServerHello(protocol_version=PROTOCOL_VERSION)))
         add_import_root(os.environ.get("AGENTNODE_IMPORT_ROOT", DEFAULT_IMPORT_ROOT))  # as the agent wrapper
         while True:

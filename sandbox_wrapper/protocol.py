@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from sandbox_wrapper._defer import defer
+    from sandbox_wrapper._egress import EGRESS_SOCKET_NAME
     from sandbox_wrapper._proto.agentnode.sandbox.v1 import (
         errors_pb2,
         llm_pb2,
@@ -42,6 +43,7 @@ _FROM = {
     "FRAME_HEADER": ("sandbox_wrapper._tool_server", "FRAME_HEADER"),
     "frame": ("sandbox_wrapper._tool_server", "frame"),
     "defer": ("sandbox_wrapper._defer", "defer"),
+    "EGRESS_SOCKET_NAME": ("sandbox_wrapper._egress", "EGRESS_SOCKET_NAME"),
 }
 
 
@@ -67,6 +69,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EGRESS_SOCKET_NAME",
     "FRAME_HEADER",
     "MAX_RESULT_BYTES",
     "PROTOCOL_VERSION",

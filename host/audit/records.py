@@ -4,6 +4,7 @@ completion, key or agent-authored text can reach the log."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,7 @@ def run_record(
     llm_tool_calls: int = 0,
     llm_tool_calls_refused: int = 0,
     caller: Mapping[str, Any] | None = None,
+    egress: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the one `agent_run` record of a run; sanitized by construction.
 
@@ -79,7 +81,9 @@ def run_record(
     worker processes (trusted and curated packs) and `tool_calls_tool_sandbox` in the run's tool sandboxes
     (community packs), of which it started `tool_sandboxes_started`. `llm_tool_calls` counts the tool calls
     completions returned to the agent (the model's requests, whether or not the agent then ran them), of which
-    `llm_tool_calls_refused` named no tool the request offered (host/llm/toolcalls.py).
+    `llm_tool_calls_refused` named no tool the request offered (host/llm/toolcalls.py). `egress` (None when
+    no sandbox of the run was granted any) counts its connections per granting rule and its refusals and
+    cuts per fixed reason (host/egress/ledger.py `summary`): never a name a sandbox asked for.
 
     Only these typed fields reach the log. `llm` (effective caps + usage counters, None when no LLM policy
     applied) is filtered to the known keys with the expected types (ints, the `enabled` bool, the host-side
@@ -110,7 +114,39 @@ def run_record(
         "llm_tool_calls": int(llm_tool_calls),
         "llm_tool_calls_refused": int(llm_tool_calls_refused),
         "caller": None if caller is None else _sanitize_caller(caller),
+        "egress": None if egress is None else _sanitize_egress(egress),
     }
+
+
+_RULE_KEY = re.compile(r"(\*\.)?([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\]):[0-9]{1,5}")
+_REASON_KEY = re.compile(r"[a-z_]{1,40}")
+_EGRESS_COUNTS = ("attempts", "bytes_out", "bytes_in")
+_EGRESS_LIMITS = ("max_connections", "max_concurrent", "max_bytes_out", "max_bytes_in")
+
+
+def _counts(value: Any, keys: tuple[str, ...]) -> dict[str, int]:
+    found = value if isinstance(value, Mapping) else {}
+    return {key: int(found[key]) for key in keys if isinstance(found.get(key), int)}
+
+
+def _sanitize_egress(egress: Mapping[str, Any]) -> dict[str, Any]:
+    """The egress section: integer counts, rule texts of the grant's shape, reason words; nothing else."""
+    rules = egress.get("rules")
+    out: dict[str, Any] = _counts(egress, _EGRESS_COUNTS)
+    out["rules"] = {
+        str(rule): _counts(counts, ("connections", "bytes_out", "bytes_in"))
+        for rule, counts in (rules.items() if isinstance(rules, Mapping) else ())
+        if isinstance(rule, str) and _RULE_KEY.fullmatch(rule)
+    }
+    for part in ("refused", "cut"):
+        found = egress.get(part)
+        out[part] = {
+            str(reason): int(count)
+            for reason, count in (found.items() if isinstance(found, Mapping) else ())
+            if isinstance(reason, str) and _REASON_KEY.fullmatch(reason) and isinstance(count, int)
+        }
+    out["limits"] = _counts(egress.get("limits"), _EGRESS_LIMITS)
+    return out
 
 
 def _sanitize_caller(caller: Mapping[str, Any]) -> dict[str, Any]:

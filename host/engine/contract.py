@@ -13,6 +13,9 @@ SOCKET_DIR_IN_CONTAINER = "/run/agentnode"
 """Where the run's socket directory is mounted inside (read-only)."""
 SOCKET_NAME = "sandbox.sock"
 """The run's gRPC socket in that directory: its identity."""
+EGRESS_SOCKET_NAME = "egress.sock"
+"""The sandbox's egress socket in that directory, there only when the run grants it egress (host/egress/);
+sandbox_wrapper/protocol.py names it for the wrapper (a unit test holds the two equal)."""
 PACK_DIR_IN_CONTAINER = "/pack"
 """Where the pack's read-only volume is mounted inside."""
 HOME_IN_CONTAINER = "/home/sandbox"
@@ -38,6 +41,7 @@ class ContainerLimits:
 
 
 __all__ = [
+    "EGRESS_SOCKET_NAME",
     "HOME_IN_CONTAINER",
     "NPROC_LIMIT",
     "PACK_DIR_IN_CONTAINER",

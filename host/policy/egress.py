@@ -46,14 +46,34 @@ def intersect(asked: Iterable[Rule], granted: Iterable[Rule]) -> tuple[Rule, ...
     return merge(both for rule in asked for other in granted if (both := rule.narrowed(other)) is not None)
 
 
+def ceiling(config: EgressConfig, *, slug: str, trust: str) -> tuple[Rule, ...]:
+    """The most one run of this pack may be granted by its caller: the standing grants and `grantable`."""
+    return merge((*config.granted(slug, trust), *config.grantable))
+
+
+def beyond_ceiling(
+    asked: Iterable[Rule], config: EgressConfig, *, slug: str, trust: str
+) -> list[str]:
+    """The parts of a caller's per-run grant that the operator's config does not let a caller give (as
+    normalized texts, for the refusal's message)."""
+    top = ceiling(config, slug=slug, trust=trust)
+    return [text for rule in asked for text in rule.texts()
+            if intersect([parse_rule(text)], top) != (parse_rule(text),)]  # fmt: skip
+
+
 def pack_grant(
-    level: str, declared: Iterable[str], config: EgressConfig, *, slug: str, trust: str
-) -> EgressGrant:
+    level: str, declared: Iterable[str], config: EgressConfig, *, slug: str, trust: str,
+    per_run: tuple[Rule, ...] | None = None,
+) -> EgressGrant:  # fmt: skip
     """The grant of a pack that declares network `level` with `declared` domains (the manifest's
-    normalized texts), under the operator's `config`, for its slug and trust level."""
+    normalized texts), under the operator's `config`, for its slug and trust level. `per_run` (a caller's
+    grant for one run, checked against `beyond_ceiling` first) replaces the standing grants, within the
+    ceiling: it narrows them, or widens them to what `grantable` holds."""
     if level not in NETWORK_LEVELS or level == "none":
         return NO_EGRESS
     granted = config.granted(slug, trust)
+    if per_run is not None:
+        granted = intersect(per_run, ceiling(config, slug=slug, trust=trust))
     if not granted:
         return NO_EGRESS
     if level == "unrestricted":
@@ -63,10 +83,11 @@ def pack_grant(
 
 def manifest_grant(
     permissions: Mapping[str, str], network_domains: Iterable[str], config: EgressConfig, *, slug: str,
-    trust: str,
+    trust: str, per_run: tuple[Rule, ...] | None = None,
 ) -> EgressGrant:
     """pack_grant from a manifest's fields (`permissions`, `network_domains`)."""
-    return pack_grant(permissions.get("network", "none"), network_domains, config, slug=slug, trust=trust)
+    return pack_grant(permissions.get("network", "none"), network_domains, config, slug=slug, trust=trust,
+                      per_run=per_run)  # fmt: skip
 
 
 _GRANT_HINT = "grant it under agent_sandbox.egress (allow, packs.{slug} or trust.{trust}) if it may reach it"
@@ -99,6 +120,8 @@ __all__ = [
     "NETWORK_LEVELS",
     "NO_EGRESS",
     "EgressGrant",
+    "beyond_ceiling",
+    "ceiling",
     "intersect",
     "manifest_grant",
     "pack_grant",

@@ -16,6 +16,7 @@ from host.core.vocab import Source
 from host.llm.session import LlmSession
 from host.policy.admission import Admission
 from host.policy.caller import NO_CALLER, CallerInfo
+from host.runtime.egress import RunEgress
 from host.tools.calls import MODE_HOST_WORKER, MODE_TOOL_SANDBOX
 from host.tools.gate import ToolGate
 
@@ -32,6 +33,8 @@ class RunFacts:
     """A backend took the run (past admission and the host's capacity check)."""
     llm: LlmSession | None = None
     gate: ToolGate | None = None
+    egress: RunEgress | None = None
+    """The run's egress account (a sandboxed run's), whatever its grant."""
     stages: dict[str, float] = field(default_factory=dict)
     on_stage: Callable[[str], None] | None = None
     on_log: Callable[[str], None] | None = None
@@ -179,6 +182,7 @@ class RunAudit:
             llm_tool_calls=int(usage.get("tool_calls", 0)),
             llm_tool_calls_refused=int(usage.get("tool_calls_refused", 0)),
             caller=None if run.caller.empty else run.caller.record(),
+            egress=run.egress.ledger.summary() if run.egress is not None and run.egress.routed else None,
         )
         # durable before the result is returned; the head's own fsync follows it (`settle`)
         return self.log.append(record, head_later=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from host.core.owner import owner_alive
-from host.engine.contract import SOCKET_NAME
+from host.engine.contract import EGRESS_SOCKET_NAME, SOCKET_NAME
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
@@ -52,20 +52,26 @@ class RunDir:
     def socket_path(self) -> Path:
         return self.path / SOCKET_NAME
 
+    @property
+    def egress_path(self) -> Path:
+        """The sandbox's egress socket (host/egress/proxy.py), made only when the run grants it egress."""
+        return self.path / EGRESS_SOCKET_NAME
+
     def grant(self, uid: int, gid: int) -> None:
-        """Let the container's uid (and only it, besides root) reach the socket."""
+        """Let the container's uid (and only it, besides root) reach the sockets there are."""
+        sockets = [p for p in (self.socket_path, self.egress_path) if p.exists()]
         if os.geteuid() == 0:
             os.chown(self.path, uid, gid)
             os.chmod(self.path, 0o700)
-            if self.socket_path.exists():
-                os.chown(self.socket_path, uid, gid)
-                os.chmod(self.socket_path, 0o600)
+            for path in sockets:
+                os.chown(path, uid, gid)
+                os.chmod(path, 0o600)
         else:
             # Without root we cannot hand the directory over; the unguessable name and a non-listable
             # directory are what keep other users out.
             os.chmod(self.path, 0o711)  # noqa: S103 (traverse only; not listable)
-            if self.socket_path.exists():
-                os.chmod(self.socket_path, 0o666)  # noqa: S103 (see above)
+            for path in sockets:
+                os.chmod(path, 0o666)  # noqa: S103 (see above)
 
     @property
     def owner_file(self) -> Path:

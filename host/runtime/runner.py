@@ -16,7 +16,7 @@ from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.core.owner import owner_token
-from host.engine.contract import ContainerLimits
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
 from host.engine.engine import open_engine, sweep_containers
 from host.engine.http import EngineClient
 from host.llm.broker import LlmBroker
@@ -25,6 +25,7 @@ from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
 from host.runtime.backends.container import DockerBackend
 from host.runtime.backends.hostproc import HostBackend
 from host.runtime.backends.sequential import SequentialBackend
+from host.runtime.egress import RunEgress
 from host.runtime.fdbudget import FdBudget
 from host.runtime.outcome import Ending, conclude, watch
 from host.runtime.pool import PoolSettings, WarmPools
@@ -38,6 +39,7 @@ from host.runtime.toolsandbox import ToolSandboxLauncher
 from host.runtime.wiring import run_services, run_task
 from host.runtime.workload import Backend, Teardowns, Workload
 from host.spec.config import HostConfig, load_config
+from host.spec.egress import Rule
 from host.spec.lockfile import Lockfile
 from host.tools.workers import ToolRunner
 
@@ -105,14 +107,7 @@ class SandboxHost:
         self.teardowns = Teardowns(background=async_teardown)
         self.tool_sandboxes = ToolSandboxLauncher(self.docker, self.teardowns, self.config, self.env)
         self._active: dict[str, RunSession] = {}
-        # Counted at each run's end, from its audit facts (host/runtime/telemetry/metrics.py). A one-shot
-        # `run` process has no one to report to (metrics=False): prometheus-client is then never imported.
-        self.metrics: HostMetrics | None = None
-        if metrics:
-            from host.runtime.telemetry.metrics import HostMetrics  # noqa: PLC0415
-
-            self.metrics = HostMetrics()
-            self.metrics.watch(lambda: len(self._active), lambda: self.pools)
+        self.metrics = _host_metrics(lambda: len(self._active), lambda: self.pools) if metrics else None
         self.tracer = tracer or RunTracer.from_env(self.env)  # spans when an OTLP endpoint is set
 
     @property
@@ -274,8 +269,10 @@ class SandboxHost:
         on_start: Callable[[str], None] | None,
         *,
         prelaunched: Prelaunched | None = None,
+        egress: tuple[Rule, ...] | None = None,
     ) -> RunResult:
-        """One admitted run on its backend: workload, session, watch, outcome; always torn down."""
+        """One admitted run on its backend: workload, session, watch, outcome; always torn down. `egress`
+        is the caller's grant for this run (None: the standing grants)."""
         assert a.entry is not None and a.manifest is not None and a.policy is not None
         backend: Backend[Any] = self.sequential if a.sequential else (
             self.sandbox if a.sandboxed else self.host_process
@@ -293,10 +290,12 @@ class SandboxHost:
             if a.sandboxed:
                 run.mark("claimed" if box is not None else "verified")
             deadline = run.started + a.policy.max_runtime_seconds
+            run.egress = RunEgress(self.config.agent_sandbox.egress, per_run=egress)
+            agent_route = run.egress.route_for_entry(a.entry) if backend is self.docker else None
             run.gate, run.llm = run_services(
                 a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker, slug=a.slug,
                 tool_runner=self.tool_runner,
-                sandboxes=self.tool_sandboxes.for_run(run.run_id, a.runtime, run.stages),
+                sandboxes=self.tool_sandboxes.for_run(run.run_id, a.runtime, run.stages, run.egress),
             )  # fmt: skip
             task = run_task(run.run_id, a.manifest, a.policy, goal=goal, kwargs=kwargs)
             self.records.start(run)
@@ -308,11 +307,13 @@ class SandboxHost:
                 box.session.hold_report = hold
                 run.release = box.session.release
                 box.session.listen_logs(run.on_log)
+                box.open_egress(agent_route, SANDBOX_UID, SANDBOX_GID)  # before its task: then it looks
                 box.session.assign(task, run.gate, run.llm)
                 box.record_run(run.crash_record())
             else:
                 # The task goes in before the workload starts: its first FetchTask never waits on us.
-                session = RunSession(task=task, tools=run.gate, llm=run.llm, hold_report=hold)
+                session = RunSession(task=task, tools=run.gate, llm=run.llm, egress=agent_route,
+                                     hold_report=hold)  # fmt: skip
                 run.release = session.release
                 session.listen_logs(run.on_log)
                 self._active[run.run_id] = session
@@ -341,6 +342,8 @@ class SandboxHost:
             return from_outcome(outcome, work.sink.text())
         finally:
             self._active.pop(run.run_id, None)
+            if run.egress is not None:
+                run.egress.end()  # no connection more, from any of its sandboxes
             if run.gate is not None:
                 run.gate.close()  # the run's tool sandboxes go with it, whatever ended it
             if work is not None:
@@ -352,6 +355,19 @@ class SandboxHost:
                     run.after_result = teardown  # it would compete with the audit for the host's cores
                 else:
                     teardown()
+
+
+def _host_metrics(
+    active: Callable[[], int], pools: Callable[[], WarmPools[Any, Any] | None]
+) -> HostMetrics:
+    """The host's Prometheus metrics, counted at each run's end from its audit facts
+    (host/runtime/telemetry/metrics.py). A one-shot `run` process has no one to report to and builds none:
+    prometheus-client is then never imported."""
+    from host.runtime.telemetry.metrics import HostMetrics  # noqa: PLC0415
+
+    found = HostMetrics()
+    found.watch(active, pools)
+    return found
 
 
 def _wind_down(

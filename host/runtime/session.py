@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from host.core.errors import CallRefusal
 from host.core.vocab import WireReason
+from host.egress.proxy import EgressRoute
 from host.llm.session import LlmSession
 from host.policy.rules import RunPolicy
 from host.tools.gate import ToolGate
@@ -117,6 +118,8 @@ class RunSession:
     task: RunTask | None = None
     tools: ToolGate | None = None
     llm: LlmSession | None = None
+    egress: EgressRoute | None = None
+    """The agent sandbox's egress (its grant and the run's ledger); None: no egress path at all."""
     clock: Callable[[], float] = time.monotonic
     fetched_at: float | None = None
     """When FetchTask handed the task over (`clock`): splits a warm run's wait from the agent's own time."""

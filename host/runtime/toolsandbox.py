@@ -28,6 +28,7 @@ from typing import Any
 from host.core.errors import ConfigError
 from host.core.strictjson import JsonRejected, dumps_strict
 from host.runtime.backends.container import DockerBackend, ToolSandbox
+from host.runtime.egress import RunEgress
 from host.runtime.workload import Teardowns
 from host.spec.config import HostConfig, sandbox_enabled
 from host.spec.lockfile import Lockfile
@@ -89,8 +90,10 @@ class ToolSandboxes:
         runtime: str,
         dispose: Callable[[ToolSandbox], None],
         stages: dict[str, float] | None = None,
+        egress: RunEgress | None = None,
     ) -> None:
         self._backend = backend
+        self._egress = egress
         self._lockfile = lockfile
         self._run_id = run_id
         self._runtime = runtime
@@ -204,7 +207,8 @@ class ToolSandboxes:
             raise _NotReady("the tool pack was replaced or removed during this run")
         t0 = time.monotonic()
         try:
-            box = self._backend.launch_tool_sandbox(entry, self._runtime, tool_for=self._run_id)
+            route = self._egress.route_for_entry(entry) if self._egress is not None else None
+            box = self._backend.launch_tool_sandbox(entry, self._runtime, tool_for=self._run_id, egress=route)
         except Exception as exc:  # noqa: BLE001 (a start that fails is this call's failure, named in the log)
             why = getattr(exc, "reason", type(exc).__name__)
             logger.warning("tool sandbox of %s failed to start: %s", pack.slug, why)
@@ -263,9 +267,12 @@ class ToolSandboxLauncher:
         self._teardowns = teardowns
         self._runtime = config.agent_sandbox.runtime
 
-    def for_run(self, run_id: str, runtime: str | None, stages: dict[str, float]) -> ToolSandboxes | None:
+    def for_run(
+        self, run_id: str, runtime: str | None, stages: dict[str, float], egress: RunEgress | None = None
+    ) -> ToolSandboxes | None:
         """A run's tool sandboxes: the run's runtime (the host's for a run that has none, as on the host
-        path), its stage dict, teardown like any workload's (in the background under serve)."""
+        path), its stage dict, its egress (each pack's own grant, on the run's ledger), teardown like any
+        workload's (in the background under serve)."""
         if not self.enabled:
             return None
         return ToolSandboxes(
@@ -275,6 +282,7 @@ class ToolSandboxLauncher:
             runtime=runtime or self._runtime,
             dispose=lambda box: self._teardowns.submit(self.backend, box, lambda: None, inline=False),
             stages=stages,
+            egress=egress,
         )
 
 

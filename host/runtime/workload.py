@@ -24,6 +24,7 @@ from host.runtime.runserver import build_run_server
 from host.runtime.session import RunSession
 
 if TYPE_CHECKING:
+    from host.egress.proxy import EgressRoute
     from host.policy.admission import Admission
 
 logger = logging.getLogger("agentnode.sandbox.workload")
@@ -236,6 +237,8 @@ class Workload:
     rundir: RunDir
     server: SocketServer | None
     """The run's socket server; None for a workload that serves no socket (runtime/backends/sequential.py)."""
+    egress: SocketServer | None = None
+    """The sandbox's egress listener (host/egress/proxy.py), when its run grants it egress."""
     launched_at: float = field(default_factory=time.monotonic)
     sink: CappedSink = field(default_factory=CappedSink)
     exit_info: dict[str, Any] = field(default_factory=dict)
@@ -282,6 +285,16 @@ class Workload:
 
     def mark(self, stage: str) -> None:
         self.stages[stage] = round((time.monotonic() - self.launched_at) * 1000, 2)
+
+    def open_egress(self, route: EgressRoute | None, uid: int, gid: int) -> None:
+        """Serve the egress socket of a run granted egress (`route`), handed to the sandbox's uid; before
+        the wrapper gets its task, which is when it looks for it. No route: no socket, no way out."""
+        if route is None or route.grant.empty or self.egress is not None:
+            return
+        proxy = route.serve(str(self.rundir.egress_path))
+        proxy.start()
+        self.egress = proxy
+        self.rundir.grant(uid, gid)
 
     def record_run(self, info: Mapping[str, object]) -> None:
         """What a restarted host needs to audit this run if this host dies first."""
@@ -369,6 +382,9 @@ class Workload:
             self._destroyed = True
         self.session.cancel()
         try:
+            if self.egress is not None:
+                with contextlib.suppress(Exception):
+                    self.egress.stop(grace=None)
             if self.server is not None:
                 with contextlib.suppress(Exception):
                     self.server.stop(grace=None)

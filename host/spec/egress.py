@@ -174,12 +174,32 @@ def merge(rules: Iterable[Rule]) -> tuple[Rule, ...]:
 
 
 @dataclass(frozen=True)
+class EgressLimits:
+    """Per-run caps of the egress path (`agent_sandbox.egress.limits`); the defaults are documented."""
+
+    max_connections: int = 256
+    """Connections one run may open in all (refused ones count too: each costs the host a thread's start)."""
+    max_concurrent: int = 16
+    max_bytes_out: int = 64 * 1024 * 1024
+    """Bytes the run may send to origins, request heads and bodies and tunnelled bytes alike."""
+    max_bytes_in: int = 1024 * 1024 * 1024
+    connection_seconds: float = 300.0
+    """The longest one connection lives."""
+    idle_seconds: float = 30.0
+    """How long a connection may pass no byte either way (a slow reader or writer is cut after it)."""
+    head_seconds: float = 10.0
+    """How long a request head (and a tunnel's ClientHello) may take to arrive."""
+    connect_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
 class EgressConfig:
     """`agent_sandbox.egress`: what the operator grants (default: nothing at all).
 
     `allow` is granted to any pack that asks for it, `packs` to one pack (by slug), `trust` to every pack of
     a trust level; `hosts` are addresses the host uses instead of DNS for those names; `private_cidrs` are
-    the address ranges excepted from the refusal of private, loopback, link-local and metadata addresses.
+    the address ranges excepted from the refusal of private, loopback and link-local addresses; `limits`
+    are the per-run caps of the egress path.
     """
 
     allow: tuple[Rule, ...] = ()
@@ -187,6 +207,10 @@ class EgressConfig:
     trust: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)
     hosts: Mapping[str, IpAddress] = field(default_factory=dict)
     private_cidrs: tuple[IpNetwork, ...] = ()
+    grantable: tuple[Rule, ...] = ()
+    """What a caller may grant one run on top of the standing grants (`run --allow-egress`, the Runner RPC);
+    a per-run grant never reaches beyond these and the standing ones."""
+    limits: EgressLimits = field(default_factory=EgressLimits)
 
     def granted(self, slug: str, trust: str) -> tuple[Rule, ...]:
         """Everything the operator grants a pack of this slug and trust level, before its declaration."""
@@ -211,7 +235,13 @@ def parse_cidr(text: str) -> IpNetwork:
 Fail = Callable[[str, str, Any], Exception]
 """How the config reader reports a bad key: (key path, what was expected, the value) -> the error to raise."""
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_SECTION_KEYS = ("allow", "packs", "trust", "hosts", "private_cidrs")
+_SECTION_KEYS = ("allow", "packs", "trust", "hosts", "private_cidrs", "grantable", "limits")
+_LIMIT_KEYS = {
+    "max_connections": (1, 100_000), "max_concurrent": (1, 1024), "max_bytes_out": (0, 2**40),
+    "max_bytes_in": (0, 2**40), "connection_seconds": (1, 86_400), "idle_seconds": (1, 3600),
+    "head_seconds": (1, 300), "connect_seconds": (1, 300),
+}  # fmt: skip
+"""`limits` keys and the range each may take."""
 
 
 def _rules(value: Any, key: str, fail: Fail) -> tuple[Rule, ...]:
@@ -282,14 +312,33 @@ def egress_config(value: Any, key: str, fail: Fail) -> EgressConfig:
         if level not in tuple(Trust):
             raise fail(f"{key}.trust", f"expected trust levels as keys ({', '.join(Trust)})", level)
         trust[level] = _rules(rules, f"{key}.trust.{level}", fail)
-    allow = value.get("allow")
+    allow, grantable = value.get("allow"), value.get("grantable")
     return EgressConfig(
         allow=() if allow is None else _rules(allow, f"{key}.allow", fail),
         packs=packs,
         trust=trust,
         hosts=_hosts(value.get("hosts"), f"{key}.hosts", fail),
         private_cidrs=_cidrs(value.get("private_cidrs"), f"{key}.private_cidrs", fail),
+        grantable=() if grantable is None else _rules(grantable, f"{key}.grantable", fail),
+        limits=_limits(value.get("limits"), f"{key}.limits", fail),
     )
+
+
+def _limits(value: Any, key: str, fail: Fail) -> EgressLimits:
+    found: dict[str, Any] = {}
+    for name, number in _keyed(value, key, len(_LIMIT_KEYS), fail).items():
+        if name not in _LIMIT_KEYS:
+            raise fail(key, f"expected only the keys {', '.join(_LIMIT_KEYS)}", name)
+        low, high = _LIMIT_KEYS[name]
+        if isinstance(number, bool) or not isinstance(number, int | float) or not low <= number <= high:
+            raise fail(f"{key}.{name}", f"expected a number from {low} to {high}", number)
+        if name.endswith("seconds"):
+            found[name] = float(number)
+        elif isinstance(number, float) and not number.is_integer():
+            raise fail(f"{key}.{name}", "expected a whole number", number)
+        else:
+            found[name] = int(number)
+    return EgressLimits(**found)
 
 
 __all__ = [
@@ -297,8 +346,10 @@ __all__ = [
     "METADATA_ADDRESSES",
     "BadName",
     "EgressConfig",
+    "EgressLimits",
     "Fail",
     "Host",
+    "IpAddress",
     "Rule",
     "address_refusal",
     "egress_config",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host.egress.proxy import EgressRoute
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
 from host.engine.engine import follow_logs, read_logs, remove_and_verify
 from host.engine.errors import engine_errors
@@ -78,6 +79,7 @@ class Sandbox(Workload):
         run_info: Mapping[str, object] | None = None,
         serve: Callable[[str], SocketServer] | None = None,
         tool_for: str = "",
+        egress: EgressRoute | None = None,
     ) -> Self:
         """Create the run dir and socket server, then create and start the container.
 
@@ -86,7 +88,9 @@ class Sandbox(Workload):
         waits in FetchTask until `session.assign`. Either way the wrapper's wait has no deadline of its own
         (the host's deadline and idle limit bound it). Anything that fails is torn down before
         the error (START_FAILED or a classified engine error) rises. A tool sandbox (`tool_for`: the run
-        it serves) has `serve` build its socket's server and runs the wrapper's tool-server mode.
+        it serves) has `serve` build its socket's server and runs the wrapper's tool-server mode; its
+        `egress` is its own pack's (an agent's is its session's). The egress socket is served before the
+        container starts, so the wrapper finds it when it looks.
         """
         t0 = time.monotonic()
         warm = session is None and not tool_for
@@ -103,6 +107,7 @@ class Sandbox(Workload):
             launched_at=t0,
         )
         try:
+            box.open_egress(egress or session.egress, SANDBOX_UID, SANDBOX_GID)
             server.start()
             rundir.grant(SANDBOX_UID, SANDBOX_GID)
             box.mark("socket_ready")
@@ -149,6 +154,7 @@ class Sandbox(Workload):
             stages=dict(early.stages),
         )
         try:
+            box.open_egress(session.egress, SANDBOX_UID, SANDBOX_GID)  # before the wrapper can get its task
             box.server = build_run_server(session, str(rundir.socket_path))
             box.server.start()
             rundir.grant(SANDBOX_UID, SANDBOX_GID)
@@ -366,9 +372,12 @@ class DockerBackend:
                 self._image = None
             raise
 
-    def launch_tool_sandbox(self, entry: LockEntry, runtime: str, *, tool_for: str) -> ToolSandbox:
+    def launch_tool_sandbox(
+        self, entry: LockEntry, runtime: str, *, tool_for: str, egress: EgressRoute | None = None
+    ) -> ToolSandbox:
         """Start a tool sandbox for run `tool_for`: the tool pack's own volume, verified as an agent's is,
-        the run's runtime and image pin, its own socket served by a ToolLink (connect it next)."""
+        the run's runtime and image pin, its own socket served by a ToolLink (connect it next), and its own
+        pack's egress, if the run grants that pack any."""
         with self._image_gone_forgotten():
             return ToolSandbox.launch(
                 self.client(),
@@ -378,6 +387,7 @@ class DockerBackend:
                 env=self.env,
                 serve=ToolLink,
                 tool_for=tool_for,
+                egress=egress,
             )
 
     def teardown(self, workload: Workload) -> None:

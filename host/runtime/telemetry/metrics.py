@@ -66,6 +66,14 @@ class HostMetrics:
         self.budget_refusals = Counter("agentnode_llm_budget_refusals",
                                        "LLM calls refused: a token or cost budget was spent, by the cap.",
                                        ["cap"], registry=r)  # fmt: skip
+        self.egress_connections = Counter("agentnode_egress_connections", "Egress connections that reached "
+                                          "their origin.", registry=r)  # fmt: skip
+        self.egress_refusals = Counter("agentnode_egress_refusals", "Egress connections refused, by fixed "
+                                       "reason.", ["reason"], registry=r)  # fmt: skip
+        self.egress_cuts = Counter("agentnode_egress_cuts", "Egress connections the host closed, by fixed "
+                                   "reason.", ["reason"], registry=r)  # fmt: skip
+        self.egress_bytes = Counter("agentnode_egress_bytes", "Bytes through the egress path, by direction "
+                                    "(out: to origins, in: back).", ["direction"], registry=r)  # fmt: skip
 
     def watch(self, active: Callable[[], int], pools: Callable[[], WarmPools[Any, Any] | None]) -> None:
         """Read the live figures (active runs, warm pool members, hits and misses) at each scrape."""
@@ -89,6 +97,20 @@ class HostMetrics:
             self.tool_refusals.inc(gate.refusals)
         if run.llm is not None:
             self._llm(run.llm.usage(), run.llm.budget_usage())
+        if run.egress is not None and run.egress.routed:
+            self._egress(run.egress.ledger.summary())
+
+    def _egress(self, summary: Mapping[str, Any]) -> None:
+        from host.egress.ledger import CUTS, REFUSALS  # noqa: PLC0415
+
+        rules = summary.get("rules") or {}
+        self.egress_connections.inc(sum(_count(counts, "connections") for counts in rules.values()))
+        for reason in REFUSALS:
+            self.egress_refusals.labels(reason).inc(_count(summary.get("refused") or {}, reason))
+        for reason in CUTS:
+            self.egress_cuts.labels(reason).inc(_count(summary.get("cut") or {}, reason))
+        self.egress_bytes.labels("out").inc(_count(summary, "bytes_out"))
+        self.egress_bytes.labels("in").inc(_count(summary, "bytes_in"))
 
     def _llm(self, usage: Mapping[str, Any], budget: Mapping[str, Any]) -> None:
         self.llm_calls.inc(_count(usage, "calls"))

@@ -129,7 +129,8 @@ class RunTracer:
             t0, t1 = at(begin), at(finish)
             if t0 is not None and t1 is not None and t1 >= t0:
                 self._tracer.start_span(name, context=context, start_time=t0).end(end_time=t1)
-        for kind, owner in (("tool", run.gate), ("llm", run.llm)):
+        egress = run.egress.ledger if run.egress is not None else None
+        for kind, owner in (("tool", run.gate), ("llm", run.llm), ("egress", egress)):
             calls = getattr(owner, "trace", None)
             if calls is None:
                 continue

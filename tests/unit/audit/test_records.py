@@ -21,7 +21,7 @@ def test_run_record_has_exactly_the_documented_fields() -> None:
         "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
         "tool_calls_host_worker", "tool_calls_tool_sandbox", "tool_sandboxes_started", "llm_tool_calls",
         "llm_tool_calls_refused",
-        "caller",
+        "caller", "egress",
     ]
     assert rec["event"] == "agent_run"
     assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str
@@ -100,3 +100,22 @@ def test_start_record_carries_only_typed_fields() -> None:
             slug="x", trust=None, run_id="r", source="elsewhere", sandbox=True, runtime=None,
             max_runtime_seconds=1,
         )  # fmt: skip
+
+
+def test_the_egress_section_keeps_counts_rule_texts_and_reason_words_only() -> None:
+    hostile = {
+        "attempts": 3, "bytes_out": 10, "bytes_in": 20, "prompt": "secret",
+        "rules": {"api.example.com:443": {"connections": 2, "bytes_out": 10, "bytes_in": 20, "x": "y"},
+                  "sk-live-key in a name\x1b[31m": {"connections": 1},
+                  "*.example.com:8443": {"connections": 1}},
+        "refused": {"name_not_granted": 1, "Evil Name.example:443": 1, "private_address": "2"},
+        "cut": {"idle": 1}, "limits": {"max_connections": 256, "other": 1},
+    }  # fmt: skip
+    section = record(egress=hostile)["egress"]
+    assert section == {
+        "attempts": 3, "bytes_out": 10, "bytes_in": 20,
+        "rules": {"api.example.com:443": {"connections": 2, "bytes_out": 10, "bytes_in": 20},
+                  "*.example.com:8443": {"connections": 1}},
+        "refused": {"name_not_granted": 1}, "cut": {"idle": 1}, "limits": {"max_connections": 256},
+    }  # fmt: skip
+    assert record()["egress"] is None

@@ -402,7 +402,9 @@ class FakeBackend:
         self.launch_delay = 0.0
         self.lock = threading.Lock()
 
-    def launch_tool_sandbox(self, entry: Entry, runtime: str, *, tool_for: str) -> FakeBox:
+    def launch_tool_sandbox(
+        self, entry: Entry, runtime: str, *, tool_for: str, egress: object = None
+    ) -> FakeBox:
         time.sleep(self.launch_delay)
         box = _launch(self.tmp_path, self.root)
         with self.lock:

@@ -1,0 +1,51 @@
+"""One run's egress: its ledger (caps and counts shared by all its sandboxes) and the route each sandbox of
+the run gets, from that sandbox's own pack: the agent's declaration for the agent's sandbox, a tool pack's
+for that pack's tool sandbox (whoever calls it), each intersected with the operator's config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from host.egress.ledger import EgressLedger
+from host.egress.proxy import EgressRoute, Resolver, system_resolve
+from host.policy.egress import manifest_grant
+from host.spec.egress import EgressConfig, Rule
+from host.spec.lockfile import LockEntry
+from host.spec.manifest.model import AgentManifest, ToolpackManifest
+
+
+@dataclass
+class RunEgress:
+    """The run's egress account and how its sandboxes' routes are made; `per_run` is the caller's grant
+    for this run (None: the standing grants), already held to the operator's ceiling."""
+
+    config: EgressConfig
+    per_run: tuple[Rule, ...] | None = None
+    resolve: Resolver = system_resolve
+    ledger: EgressLedger = field(init=False)
+    routed: bool = False
+    """Some sandbox of the run was granted egress (then its audit record has an egress section)."""
+
+    def __post_init__(self) -> None:
+        self.ledger = EgressLedger(self.config.limits)
+
+    def route(
+        self, manifest: AgentManifest | ToolpackManifest, *, slug: str, trust: str
+    ) -> EgressRoute | None:
+        """The route of a sandbox running this pack's code; None when the pack gets no egress."""
+        grant = manifest_grant(manifest.permissions, manifest.network_domains, self.config, slug=slug,
+                               trust=trust, per_run=self.per_run)  # fmt: skip
+        if grant.empty:
+            return None
+        self.routed = True
+        return EgressRoute(grant, self.config, self.ledger, self.resolve)
+
+    def route_for_entry(self, entry: LockEntry) -> EgressRoute | None:
+        return self.route(entry.parsed_manifest(), slug=entry.slug, trust=entry.trust_level)
+
+    def end(self) -> None:
+        """The run is over: every later connection of its sandboxes is refused."""
+        self.ledger.end()
+
+
+__all__ = ["RunEgress"]
