@@ -144,10 +144,13 @@ def run_request(kind: type[RequestT], slug: str, args: RunArgs) -> RequestT:
             tenant=caller.tenant, request_id=caller.request_id, labels=dict(caller.labels)
         )
     if (limits := args.get("limits")) is not None and not limits.empty:
-        fields["limits"] = runner_pb2.RunLimitOverrides(**{
+        given: dict[str, Any] = {
             name: value for name in RunOverrides.__dataclass_fields__
             if (value := getattr(limits, name)) is not None
-        })  # fmt: skip
+        }  # fmt: skip
+        if "egress" in given:
+            given["egress"] = runner_pb2.EgressOverride(allow=list(given["egress"]))
+        fields["limits"] = runner_pb2.RunLimitOverrides(**given)
     return kind(**fields)
 
 

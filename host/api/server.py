@@ -146,7 +146,10 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         given = request.limits
         try:
             names = [name for name in RunOverrides.__dataclass_fields__ if given.HasField(name)]
-            limits = RunOverrides.parse(**{name: getattr(given, name) for name in names})
+            found = {name: getattr(given, name) for name in names}
+            if "egress" in found:
+                found["egress"] = tuple(given.egress.allow)
+            limits = RunOverrides.parse(**found)
         except InvalidCaller as exc:
             _invalid(context, f"limits: {exc}")
         return _kwargs(request.kwargs_json, context), caller, limits

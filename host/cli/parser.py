@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):  # fmt: skip
         r.add_argument(flag, type=kind, metavar="N", help=f"at most this many {what} for this run "
                        "(only lowers what the manifest and host allow)")  # fmt: skip
+    reach = r.add_mutually_exclusive_group()
+    reach.add_argument("--allow-egress", dest="egress", action="append", metavar="NAME[:PORT]",
+                       help="this run's egress grant, repeatable (replaces the standing grants; only "
+                       "what agent_sandbox.egress lets a caller grant; each pack gets only what it declares)")
+    reach.add_argument("--no-egress", dest="egress", action="store_const", const=(),
+                       help="no egress for this run, whatever the config grants")  # fmt: skip
 
     sv = command("serve", "run a long-running host with warm pools on an owner-only admin socket")
     sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")

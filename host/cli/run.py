@@ -119,6 +119,7 @@ KUBERNETES_REFUSED = (
     *((name, "--" + name.replace("_", "-"), "an AgentRun carries no limit overrides") for name in (
         "max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens",
         "max_cost_usd")),
+    ("egress", "--allow-egress/--no-egress", "a cluster run's pod has no egress path"),
 )  # fmt: skip
 """`run` options that have no meaning on a cluster: refused with --backend kubernetes (never dropped)."""
 KUBERNETES_ONLY = (("namespace", "--namespace"), ("kubeconfig", "--kubeconfig"), ("context", "--context"),

@@ -105,6 +105,9 @@ class RunOverrides:
     max_llm_calls: int | None = None
     max_total_tokens: int | None = None
     max_cost_usd: float | None = None
+    egress: tuple[str, ...] | None = None
+    """The run's egress grant, as normalized `NAME[:PORT]` rules: replaces the standing grants for this run
+    within what the operator lets a caller grant (host/policy/egress.py `ceiling`); () is no egress."""
 
     @classmethod
     def parse(cls, **limits: Any) -> RunOverrides:
@@ -115,6 +118,9 @@ class RunOverrides:
             if name not in cls.__dataclass_fields__:
                 raise InvalidCaller(f"{name} is not a limit a caller can set")
             if value is None:
+                continue
+            if name == "egress":
+                checked[name] = _egress_rules(value)
                 continue
             if name == "max_cost_usd":
                 number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -157,6 +163,19 @@ class RunOverrides:
             max_iterations=lower(policy.max_iterations, self.max_iterations) or 1,
             llm=llm,
         )
+
+
+def _egress_rules(value: Any) -> tuple[str, ...]:
+    """A caller's egress grant as normalized rule texts; InvalidCaller says what is wrong, quoting nothing."""
+    from host.spec.egress import MAX_RULES, BadName, merge, parse_rule  # noqa: PLC0415
+
+    if isinstance(value, str) or not isinstance(value, list | tuple) or len(value) > MAX_RULES:
+        raise InvalidCaller(f"egress must be a list of at most {MAX_RULES} NAME[:PORT] rules")
+    try:
+        rules = merge(parse_rule(item) for item in value)
+    except BadName as exc:
+        raise InvalidCaller(f"egress: expected NAME[:PORT], *.SUFFIX[:PORT] or an address: {exc}") from None
+    return tuple(text for rule in rules for text in rule.texts())
 
 
 NO_OVERRIDES = RunOverrides()

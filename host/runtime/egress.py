@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from host.core.errors import InvalidRequest
+from host.core.terminal import safe_line
 from host.egress.ledger import EgressLedger
 from host.egress.proxy import EgressRoute, Resolver, system_resolve
-from host.policy.egress import manifest_grant
-from host.spec.egress import EgressConfig, Rule
+from host.policy.egress import beyond_ceiling, manifest_grant
+from host.spec.egress import EgressConfig, Rule, parse_rule
 from host.spec.lockfile import LockEntry
 from host.spec.manifest.model import AgentManifest, ToolpackManifest
 
@@ -48,4 +50,19 @@ class RunEgress:
         self.ledger.end()
 
 
-__all__ = ["RunEgress"]
+def caller_grant(texts: tuple[str, ...], config: EgressConfig, *, slug: str, trust: str) -> tuple[Rule, ...]:
+    """A caller's per-run egress grant (normalized texts, host/policy/caller.py) as rules, once it holds to
+    the operator's ceiling for this pack; InvalidRequest naming what reaches beyond it otherwise."""
+    rules = tuple(parse_rule(text) for text in texts)
+    beyond = beyond_ceiling(rules, config, slug=slug, trust=trust)
+    if beyond:
+        shown = safe_line(", ".join(beyond[:8]) + (f" and {len(beyond) - 8} more" if len(beyond) > 8 else ""))
+        raise InvalidRequest(
+            f"the run's egress grant names {shown}, which agent_sandbox.egress does not let a caller grant "
+            f"to {slug}",
+            hint="a caller grants only what allow, packs, trust or grantable in agent_sandbox.egress hold",
+        )
+    return rules
+
+
+__all__ = ["RunEgress", "caller_grant"]

@@ -25,7 +25,7 @@ from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
 from host.runtime.backends.container import DockerBackend
 from host.runtime.backends.hostproc import HostBackend
 from host.runtime.backends.sequential import SequentialBackend
-from host.runtime.egress import RunEgress
+from host.runtime.egress import RunEgress, caller_grant
 from host.runtime.fdbudget import FdBudget
 from host.runtime.outcome import Ending, conclude, watch
 from host.runtime.pool import PoolSettings, WarmPools
@@ -200,13 +200,11 @@ class SandboxHost:
             )
             if run.admission.refusal is not None:
                 raise run.admission.refusal
-            if limits is not None and run.admission.policy is not None:
-                policy = limits.tighten(run.admission.policy)
-                run.admission = dataclasses.replace(run.admission, policy=policy)
+            run.admission, per_run = _with_caller_limits(run.admission, limits, self.config)
             run.mark("routed")
             with self.fds.hold():  # before anything is built: a full host refuses cleanly
                 result = self._execute(run, run.admission, goal, dict(kwargs or {}), on_start,
-                                       prelaunched=prelaunched)  # fmt: skip
+                                       prelaunched=prelaunched, egress=per_run)  # fmt: skip
         except SandboxError as exc:
             result = from_error(exc)
         except Exception as exc:  # noqa: BLE001 (the host loop fails closed on anything)
@@ -355,6 +353,21 @@ class SandboxHost:
                     run.after_result = teardown  # it would compete with the audit for the host's cores
                 else:
                     teardown()
+
+
+def _with_caller_limits(
+    a: Admission, limits: RunOverrides | None, config: HostConfig
+) -> tuple[Admission, tuple[Rule, ...] | None]:
+    """The admission with the caller's tighter caps applied, and the caller's egress grant for the run
+    (None: the standing grants), refused with InvalidRequest where it reaches beyond the operator's."""
+    if limits is None:
+        return a, None
+    if a.policy is not None:
+        a = dataclasses.replace(a, policy=limits.tighten(a.policy))
+    if limits.egress is None or a.entry is None:
+        return a, None
+    return a, caller_grant(limits.egress, config.agent_sandbox.egress, slug=a.slug,
+                           trust=a.entry.trust_level)  # fmt: skip
 
 
 def _host_metrics(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from host.policy.caller import RunOverrides
 from host.runtime.pool import PoolSettings
 from host.runtime.rundir import run_root
 from tests.support.host_state import HostState
@@ -369,3 +370,38 @@ def test_an_agent_sandbox_gets_the_same_egress_cold_and_from_a_warm_pool(
     if warm:
         assert any(r.warm for r in results)
     assert plain.seen == []
+
+
+def test_a_callers_per_run_grant_narrows_widens_and_is_refused_beyond_the_ceiling(
+    state: HostState, make_agent: Callable[..., Path], site: Site
+) -> None:
+    secure, plain = site.secure, site.plain
+    https_rule, http_rule = f"{NAME}:{secure.port}", f"{NAME}:{plain.port}"
+    configure(state, [https_rule])
+    config = json.loads((state.dir / "config.json").read_text())
+    config["agent_sandbox"]["egress"]["grantable"] = [http_rule]  # a caller may add this one
+    (state.dir / "config.json").write_text(json.dumps(config))
+    declared = json.dumps([https_rule, http_rule])
+    pack = make_agent("egress-agent", AGENT_FETCH)
+    manifest = pack / "agentnode.yaml"
+    network = f"permissions:\n  network:\n    level: restricted\n    allowed_domains: {declared}\n"
+    manifest.write_text(manifest.read_text() + network)
+    state.install(pack)
+    kwargs = {"url": f"http://{NAME}:{plain.port}/hello", "refused_url": f"https://{NAME}:{secure.port}/hello",
+              "ca": site.ca.ca_pem.read_text()}  # fmt: skip
+    host = state.host()
+    try:
+        standing = host.run("egress-agent", kwargs=kwargs)
+        widened = host.run("egress-agent", kwargs=kwargs, limits=RunOverrides.parse(egress=[http_rule]))
+        none = host.run("egress-agent", kwargs=kwargs, limits=RunOverrides.parse(egress=[]))
+        beyond = host.run("egress-agent", kwargs=kwargs, limits=RunOverrides.parse(egress=["evil.test"]))
+    finally:
+        host.close()
+    # standing: https only; the caller's grant replaces it with http only; then nothing at all
+    assert standing.success and standing.result["granted"][0] == 403, standing.result
+    assert standing.result["refused"][0] == 200
+    assert widened.success and widened.result["granted"] == [200, "hello from the origin\n"]
+    assert widened.result["refused"][1] == "URLError"  # its CONNECT refused (urllib: "Tunnel ... 403")
+    assert none.success and none.result["proxy"] == [] and none.result["granted"][0] is None
+    assert not beyond.success and beyond.error_code == "config_invalid"
+    assert "does not let a caller grant" in (beyond.error or "") and "evil" not in json.dumps(state.audit())

@@ -39,20 +39,28 @@ class SubmitRunRequest(_message.Message):
     def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ...) -> None: ...
 
 class RunLimitOverrides(_message.Message):
-    __slots__ = ("max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens", "max_cost_usd")
+    __slots__ = ("max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens", "max_cost_usd", "egress")
     MAX_RUNTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_LLM_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     max_runtime_seconds: int
     max_tool_calls: int
     max_iterations: int
     max_llm_calls: int
     max_total_tokens: int
     max_cost_usd: float
-    def __init__(self, max_runtime_seconds: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_iterations: _Optional[int] = ..., max_llm_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ...) -> None: ...
+    egress: EgressOverride
+    def __init__(self, max_runtime_seconds: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_iterations: _Optional[int] = ..., max_llm_calls: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., egress: _Optional[_Union[EgressOverride, _Mapping]] = ...) -> None: ...
+
+class EgressOverride(_message.Message):
+    __slots__ = ("allow",)
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
+    allow: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, allow: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CallerMetadata(_message.Message):
     __slots__ = ("tenant", "request_id", "labels")
