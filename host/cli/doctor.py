@@ -33,9 +33,11 @@ from host.policy.admission import (
     installed_agent,
     refusal_error,
 )
-from host.policy.rules import route_run
+from host.policy.egress import grant_hint, manifest_grant
+from host.policy.rules import RunPolicy, route_run
 from host.spec.config import HostConfig, load_config, sandbox_enabled
 from host.spec.lockfile import LockEntry, Lockfile
+from host.spec.manifest.model import AgentManifest, ToolpackManifest
 from sandbox_wrapper.protocol import PROTOCOL_VERSION
 
 # verify_pinned_image refuses in this order; each refusal has its own row.
@@ -191,7 +193,7 @@ def _pack_checks(slug: str, cfg: HostConfig, env: Mapping[str, str]) -> _Pack:
         where = "host (a local process, not isolated)" if decision.route is Route.HOST else "sandbox"
         pack.rows.append(Check("route", True, f"{where}: {decision.message}"))
     try:
-        _, policy = effective_policy(entry, cfg, decision.route)
+        manifest, policy = effective_policy(entry, cfg, decision.route)
     except SandboxError as exc:
         pack.rows.append(_failed("manifest", exc))
     else:
@@ -204,7 +206,52 @@ def _pack_checks(slug: str, cfg: HostConfig, env: Mapping[str, str]) -> _Pack:
                 f"(details: agentnode-sandbox policy explain {slug})",
             )
         )
+        if decision.route is Route.SANDBOX:
+            pack.rows.append(egress_check(entry, manifest, policy, cfg))
     return pack
+
+
+MAX_EGRESS_TOOLPACKS = 8
+"""Tool packs the egress row names one by one (the rest are counted)."""
+
+
+def _grant_text(manifest: AgentManifest | ToolpackManifest, cfg: HostConfig, slug: str, trust: str) -> str:
+    """`NAME:PORT, ...` a pack's sandbox reaches, or why it reaches nothing (its level, or no grant)."""
+    network = manifest.permissions.get("network", "none")
+    grant = manifest_grant(manifest.permissions, manifest.network_domains, cfg.agent_sandbox.egress,
+                           slug=slug, trust=trust)  # fmt: skip
+    if not grant.empty:
+        return ", ".join(grant.texts())
+    if network == "none":
+        return "none (permissions.network none)"
+    return f"none (permissions.network {network}; agent_sandbox.egress grants it nothing)"
+
+
+def egress_check(entry: LockEntry, manifest: AgentManifest, policy: RunPolicy, cfg: HostConfig) -> Check:
+    """Informational: what the agent's sandbox may reach, and each community tool pack it may call (a tool
+    pack's grant is its own declaration within the operator's config, whoever calls it)."""
+    parts = [f"{entry.slug}: {_grant_text(manifest, cfg, entry.slug, entry.trust_level)}"]
+    try:
+        installed = Lockfile(cfg.paths.lockfile).entries()
+    except SandboxError as exc:
+        return _failed("egress", exc)
+    tools = [
+        installed[slug] for slug in sorted(installed)
+        if installed[slug].package_type == "toolpack" and installed[slug].trust_level not in HOST_TRUST
+        and (policy.allowed_packages is None or slug in policy.allowed_packages)
+    ]  # fmt: skip
+    for tool in tools[:MAX_EGRESS_TOOLPACKS]:
+        try:
+            text = _grant_text(tool.parsed_manifest(), cfg, tool.slug, tool.trust_level)
+        except SandboxError:
+            text = "unknown (its lockfile entry does not validate: reinstall it)"
+        parts.append(f"tool {tool.slug}: {text}")
+    if len(tools) > MAX_EGRESS_TOOLPACKS:
+        parts.append(f"and {len(tools) - MAX_EGRESS_TOOLPACKS} more tool pack(s)")
+    asks = manifest.permissions.get("network", "none") != "none"
+    ungranted = asks and not cfg.agent_sandbox.egress.granted(entry.slug, entry.trust_level)
+    fix = grant_hint(entry.slug, entry.trust_level) if ungranted else ""
+    return Check("egress", True, "; ".join(parts), fix)
 
 
 def _flag_check(cfg: HostConfig, env: Mapping[str, str], route: Route | None, slug: str | None) -> Check:

@@ -90,7 +90,10 @@ def manifest_grant(
                       per_run=per_run)  # fmt: skip
 
 
-_GRANT_HINT = "grant it under agent_sandbox.egress (allow, packs.{slug} or trust.{trust}) if it may reach it"
+def grant_hint(slug: str, trust: str) -> str:
+    """Where in the operator's config a pack that asks for network is granted it."""
+    where = f"allow, packs.{slug} or trust.{trust.lower()}"
+    return f"grant it under agent_sandbox.egress ({where}) if it may reach it"
 
 
 def ungranted(
@@ -100,7 +103,7 @@ def ungranted(
     texts are normalized names: letters, digits, dots, hyphens, brackets and ports only)."""
     if level not in ("restricted", "unrestricted"):
         return []
-    hint = _GRANT_HINT.format(slug=slug, trust=trust.lower())
+    hint = grant_hint(slug, trust)
     granted = config.granted(slug, trust)
     if level == "unrestricted":
         if granted:
@@ -122,6 +125,7 @@ __all__ = [
     "EgressGrant",
     "beyond_ceiling",
     "ceiling",
+    "grant_hint",
     "intersect",
     "manifest_grant",
     "pack_grant",

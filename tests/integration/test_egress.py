@@ -29,9 +29,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.podman]
 NAME = "api.egress.test"
 PRIVATE_NAME = "private.egress.test"
 REQUIREMENTS = ["requests==2.34.2", "httpx==0.29.0", "aiohttp==3.14.5"]
+CLIENTS = ("urllib", "requests", "httpx", "aiohttp", "curl")
 
 FETCH_TOOLS = r"""
-import asyncio, json, os, socket, ssl, time, urllib.request
+import asyncio, json, os, socket, ssl, subprocess, time, urllib.request
 
 CA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ca.pem")
 
@@ -58,6 +59,11 @@ def fetch(client="urllib", url="", **kwargs):
                     return {"status": response.status, "body": await response.text()}
 
         return asyncio.run(get())
+    if client == "curl":  # honours https_proxy / http_proxy (lower case for http) like any other client
+        done = subprocess.run(["curl", "-sS", "--max-time", "20", "--cacert", CA, "-w", "%{http_code}", url],
+                              capture_output=True, text=True, timeout=30)
+        body, code = done.stdout[:-3], done.stdout[-3:]
+        return {"status": int(code) if code.isdigit() else 0, "body": body or done.stderr}
     raise ValueError(client)
 
 
@@ -133,7 +139,32 @@ def hostile(name="", port=0, plain_port=0, host_addresses=(), **kwargs):
     smuggled = _ask(f"GET http://{name}:{plain_port}/one HTTP/1.1\r\nHost: {name}\r\n\r\n"
                     f"GET http://{name}:{plain_port}/two HTTP/1.1\r\nHost: {name}\r\n\r\n".encode())
     out["smuggled_answers"] = smuggled.count(b"HTTP/1.1 200")
-    # a flood of connections straight at the host's egress socket
+    # a slow writer: a request head trickled a byte at a time is cut at the head deadline
+    raw = socket.create_connection((host.removeprefix("http://"), int(proxy_port)), timeout=30)
+    started = time.monotonic()
+    try:
+        for byte in f"GET http://{name}:{plain_port}/slow HTTP/1.1\r\n".encode():
+            raw.sendall(bytes([byte]))
+            time.sleep(0.5)
+        out["slow_writer"] = "finished"
+    except OSError:
+        out["slow_writer"] = "cut"
+    out["slow_writer_seconds"] = round(time.monotonic() - started, 1)
+    raw.close()
+    # a slow reader: a 64 MiB download read 64 KiB and then left unread is cut when it idles
+    raw = socket.create_connection((host.removeprefix("http://"), int(proxy_port)), timeout=30)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    raw.sendall(f"GET http://{name}:{plain_port}/bytes/{64 << 20} HTTP/1.1\r\nHost: {name}\r\n\r\n".encode())
+    got = len(raw.recv(65536))
+    time.sleep(kwargs.get("idle", 3) + 3)
+    try:
+        while chunk := raw.recv(1 << 20):
+            got += len(chunk)
+    except OSError:
+        pass
+    raw.close()
+    out["slow_reader_bytes"] = got
+    # last (the run's connection cap ends every later attempt): a flood straight at the egress socket
     path = os.path.join(os.path.dirname(os.environ["AGENTNODE_SOCKET"]), "egress.sock")
     failures = 0
     for _ in range(10_000):
@@ -197,11 +228,16 @@ def _toolpack(parent: Path, ca: LocalCa, domains: list[str]) -> Path:
     return pack
 
 
+IDLE_SECONDS, HEAD_SECONDS = 3, 2
+"""Short enough that the slow reader and the slow writer are cut within the test."""
+
+
 def _egress_config(grants: list[str]) -> dict[str, Any]:
     return {
         "allow": grants,
         "hosts": {NAME: "127.0.0.1", PRIVATE_NAME: "10.255.0.1"},
         "private_cidrs": ["127.0.0.1/32"],
+        "limits": {"idle_seconds": IDLE_SECONDS, "head_seconds": HEAD_SECONDS},
     }
 
 
@@ -267,15 +303,15 @@ def test_a_community_toolpack_reaches_exactly_its_granted_origin_from_its_tool_s
         make_agent("egress-caller", CALLER, extra="tool_access:\n  allowed_packages: [web-fetch]\n")
     )
     https_url, http_url = f"https://{NAME}:{secure.port}/hello", f"http://{NAME}:{plain.port}/hello"
-    calls = [["fetch", {"client": c, "url": u}] for c in ("urllib", "requests", "httpx", "aiohttp")
-             for u in (https_url, http_url)]  # fmt: skip
+    calls = [["fetch", {"client": c, "url": u}] for c in CLIENTS for u in (https_url, http_url)]
     calls.append(["hostile", {"name": NAME, "port": secure.port, "plain_port": plain.port,
-                              "private_name": PRIVATE_NAME,
+                              "private_name": PRIVATE_NAME, "idle": IDLE_SECONDS,
                               "host_addresses": _host_addresses()}])  # fmt: skip
     calls.append(["proxy", {}])  # the tool sandbox still serves the run's later calls
     result = _run(state, "egress-caller", kwargs={"calls": calls})
     assert result.success, (result.error_code, result.error, result.logs)
-    fetched, hostile, after = result.result[:8], result.result[8], result.result[9]
+    fetches = 2 * len(CLIENTS)
+    fetched, hostile, after = result.result[:fetches], result.result[fetches], result.result[fetches + 1]
     for call in fetched:
         assert call["success"], call
         assert call["result"] == {"status": 200, "body": "hello from the origin\n"}
@@ -300,16 +336,22 @@ def test_a_community_toolpack_reaches_exactly_its_granted_origin_from_its_tool_s
     assert seen["relayed_connect"].startswith("HTTP/1.1 200") and "evil" not in seen["relayed_connect"]
     assert seen["smuggled_answers"] == 1
     assert [s["path"] for s in plain.seen].count("/two") == 0
+    assert seen["slow_writer"] == "cut" and seen["slow_writer_seconds"] < HEAD_SECONDS + 10
+    assert "/slow" not in [s["path"] for s in plain.seen]
+    assert 1 << 16 < seen["slow_reader_bytes"] < 64 << 20  # cut, and never buffered whole on the host
 
     records = state.audit()
     assert len(records) == 1
     egress = records[0]["egress"]
     https_rule, http_rule = egress["rules"][f"{NAME}:{secure.port}"], egress["rules"][f"{NAME}:{plain.port}"]
-    # four fetches each way, and the one smuggling plain connection (refused tunnels never connected)
-    assert (https_rule["connections"], http_rule["connections"]) == (4, 5) and https_rule["bytes_in"] > 0
+    # one fetch each way per client, plus the smuggling and the slow-reading plain connections (refused
+    # tunnels never connected)
+    assert (https_rule["connections"], http_rule["connections"]) == (len(CLIENTS), len(CLIENTS) + 2), egress
+    assert https_rule["bytes_in"] > 0 and egress["cut"].get("idle", 0) >= 1, egress
     refused = egress["refused"]
     for reason in ("name_not_granted", "port_not_granted", "address_not_granted", "private_address",
-                   "head_too_large", "sni_mismatch", "not_tls", "connection_cap"):  # fmt: skip
+                   "head_too_large", "sni_mismatch", "not_tls", "connection_cap",
+                   "slow_request"):  # fmt: skip
         assert refused.get(reason, 0) >= 1, (reason, refused)
     log = (state.dir / "audit.jsonl").read_text()
     assert "evil" not in log and "other.egress" not in log

@@ -4,6 +4,7 @@ each refusal names being the very one a run prints."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,68 @@ def test_leftover_check_counts_only_containers_of_dead_hosts() -> None:
 
     row = leftover_check(Client())  # type: ignore[arg-type]
     assert row.ok and row.detail.startswith("1 ") and row.fix == LEFTOVER_FIX
+
+
+def write_toolpack(parent: Path, slug: str) -> Path:
+    """A one-tool toolpack (its permissions appended by the caller)."""
+    module = slug.replace("-", "_")
+    pack = parent / slug
+    (pack / "src" / module).mkdir(parents=True)
+    (pack / "src" / module / "__init__.py").write_text("def ping():\n    return 1\n")
+    (pack / "pyproject.toml").write_text(f'[project]\nname = "{slug}"\nversion = "1.0.0"\n')
+    (pack / "agentnode.yaml").write_text(
+        f'package_id: {slug}\nversion: "1.0.0"\npackage_type: toolpack\nentrypoint: {module}\n'
+        f'capabilities:\n  tools:\n    - name: ping\n      entrypoint: "{module}:ping"\n'
+    )
+    return pack
+
+
+def test_doctor_shows_the_egress_of_the_agent_and_of_each_community_tool_pack_it_may_call(
+    tmp_path: Path,
+) -> None:
+    env = cli_env(tmp_path, AGENTNODE_AGENT_SANDBOX="1")
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"agent_sandbox": {
+        "host_trust_policy": "none", "image": "sha256:" + "a" * 64,
+        "egress": {"allow": ["api.example.com"], "packs": {"fetcher": ["*.search.example:8443"]}},
+    }}))  # fmt: skip
+    agent = write_agent(tmp_path / "src", "netty", "  tool_access:\n    allowed_packages: [fetcher, quiet]\n")
+    with (agent / "agentnode.yaml").open("a") as fh:
+        fh.write("permissions:\n  network:\n    level: restricted\n"
+                 "    allowed_domains: [api.example.com, other.example]\n")  # fmt: skip
+    assert cli(env, "install", agent, "--trust", "trusted").returncode == 0
+    for slug, network in (("fetcher", "unrestricted"), ("quiet", "none"), ("unlisted", "unrestricted")):
+        tool = write_toolpack(tmp_path / "tools", slug)
+        with (tool / "agentnode.yaml").open("a") as fh:
+            fh.write(f"permissions:\n  network:\n    level: {network}\n")
+        assert cli(env, "install", tool, "--trust", "trusted").returncode == 0, slug
+        set_trust(env, slug, "unverified")  # a community tool pack (its install needs an engine)
+    row = doctor_rows(cli(env, "doctor", "netty", "--json"))["egress"]
+    assert row["ok"] is True and row["fix"] == ""
+    assert row["detail"] == (
+        "netty: api.example.com; tool fetcher: api.example.com, *.search.example:8443; "
+        "tool quiet: none (permissions.network none)"
+    )
+    human = cli(env, "doctor", "netty").stdout
+    assert "egress" in human and "tool fetcher: api.example.com, *.search.example:8443" in human
+
+
+def test_doctor_says_how_to_grant_an_agent_that_asks_for_network_and_gets_none(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, AGENTNODE_AGENT_SANDBOX="1")
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"agent_sandbox": {
+        "host_trust_policy": "none", "image": "sha256:" + "a" * 64}}))  # fmt: skip
+    agent = write_agent(tmp_path / "src", "netty")
+    with (agent / "agentnode.yaml").open("a") as fh:
+        fh.write("permissions:\n  network:\n    level: restricted\n    allowed_domains: [api.example.com]\n")
+    assert cli(env, "install", agent, "--trust", "trusted").returncode == 0
+    row = doctor_rows(cli(env, "doctor", "netty", "--json"))["egress"]
+    assert row["ok"] is True
+    assert row["detail"] == (
+        "netty: none (permissions.network restricted; agent_sandbox.egress grants it nothing)"
+    )
+    assert row["fix"] == (
+        "grant it under agent_sandbox.egress (allow, packs.netty or trust.trusted) if it may reach it"
+    )
