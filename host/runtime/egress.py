@@ -50,6 +50,19 @@ class RunEgress:
         self.ledger.end()
 
 
+EGRESS_LISTENER_FDS = 5
+"""Descriptors a run's egress listeners hold: one egress.sock for its agent's sandbox and one for each tool
+sandbox it may have live at once (toolsandbox.MAX_LIVE_SANDBOXES, 4)."""
+
+
+def egress_fds(config: EgressConfig) -> int:
+    """The descriptors one run's egress may hold at most: both ends of each concurrent connection (the cap is
+    the run's, across its sandboxes) and its listeners; none when the config can grant nothing."""
+    if config.empty and not config.grantable:
+        return 0
+    return 2 * config.limits.max_concurrent + EGRESS_LISTENER_FDS
+
+
 def caller_grant(texts: tuple[str, ...], config: EgressConfig, *, slug: str, trust: str) -> tuple[Rule, ...]:
     """A caller's per-run egress grant (normalized texts, host/policy/caller.py) as rules, once it holds to
     the operator's ceiling for this pack; InvalidRequest naming what reaches beyond it otherwise."""
@@ -65,4 +78,4 @@ def caller_grant(texts: tuple[str, ...], config: EgressConfig, *, slug: str, tru
     return rules
 
 
-__all__ = ["RunEgress", "caller_grant"]
+__all__ = ["EGRESS_LISTENER_FDS", "RunEgress", "caller_grant", "egress_fds"]

@@ -25,7 +25,7 @@ from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
 from host.runtime.backends.container import DockerBackend
 from host.runtime.backends.hostproc import HostBackend
 from host.runtime.backends.sequential import SequentialBackend
-from host.runtime.egress import RunEgress, caller_grant
+from host.runtime.egress import RunEgress, caller_grant, egress_fds
 from host.runtime.fdbudget import FdBudget
 from host.runtime.outcome import Ending, conclude, watch
 from host.runtime.pool import PoolSettings, WarmPools
@@ -86,7 +86,8 @@ class SandboxHost:
             self.audit.open()
         self.records = RunAudit(self.audit)
         members = pool.max_members(self.limits.memory_bytes) if pool is not None and pool.size > 0 else 0
-        self.fds = FdBudget.for_host(connections_per_run=MAX_CONNECTIONS_PER_RUN, warm_members=members)
+        per_run = MAX_CONNECTIONS_PER_RUN + egress_fds(self.config.agent_sandbox.egress)
+        self.fds = FdBudget.for_host(connections_per_run=per_run, warm_members=members)
         self.lockfile = Lockfile(self.config.paths.lockfile)
         self.owner = owner_token()
         self.docker = DockerBackend(

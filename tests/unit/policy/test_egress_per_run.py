@@ -11,8 +11,8 @@ from host.api.events import run_request
 from host.core.errors import InvalidRequest
 from host.policy.caller import InvalidCaller, RunOverrides
 from host.policy.egress import pack_grant
-from host.runtime.egress import caller_grant
-from host.spec.egress import EgressConfig, parse_rule
+from host.runtime.egress import EGRESS_LISTENER_FDS, caller_grant, egress_fds
+from host.spec.egress import EgressConfig, EgressLimits, parse_rule
 
 CONFIG = EgressConfig(
     allow=(parse_rule("api.example.com"), parse_rule("*.cdn.example.com:443")),
@@ -70,3 +70,16 @@ def test_the_runner_rpc_carries_the_grant_and_reads_it_back() -> None:
     none = run_request(runner_pb2.SubmitRunRequest, "p", {"limits": RunOverrides.parse(egress=[])})
     assert none.limits.HasField("egress") and list(none.limits.egress.allow) == []
     assert not run_request(runner_pb2.SubmitRunRequest, "p", {}).limits.HasField("egress")
+
+
+def test_a_host_that_can_grant_egress_budgets_its_descriptors() -> None:
+    from host.runtime.toolsandbox import MAX_LIVE_SANDBOXES
+
+    assert EGRESS_LISTENER_FDS == 1 + MAX_LIVE_SANDBOXES  # the agent's listener and each live tool sandbox's
+    assert egress_fds(EgressConfig()) == 0  # nothing grantable: no run ever opens an egress path
+    granted = egress_fds(CONFIG)
+    assert granted == 2 * EgressLimits().max_concurrent + EGRESS_LISTENER_FDS
+    assert egress_fds(EgressConfig(grantable=CONFIG.grantable)) == granted  # a caller may open one
+    assert egress_fds(EgressConfig(packs={"p": CONFIG.allow})) == granted
+    small = EgressConfig(allow=CONFIG.allow, limits=EgressLimits(max_concurrent=2))
+    assert egress_fds(small) == 4 + EGRESS_LISTENER_FDS
