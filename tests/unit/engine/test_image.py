@@ -150,12 +150,13 @@ def test_requirements_join_continuations_and_skip_comments() -> None:
     assert parse_requirements(text) == (PinnedWheel("grpcio", "1.2.3", frozenset({"aa", "bb"})),)
 
 
-def test_rootfs_package_list_is_exactly_the_four_packages() -> None:
+def test_rootfs_package_list_is_exactly_the_five_packages() -> None:
     assert read_packages(REPO / "docker" / "rootfs.packages") == [
         "python3-minimal",
         "libpython3.11-stdlib",
         "libstdc++6",
         "ca-certificates",
+        "curl",
     ]
 
 
