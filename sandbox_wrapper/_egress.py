@@ -87,9 +87,9 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
             if not n:
                 break
             dst.sendall(view[:n])
-    except OSError:
+    except OSError:  # stop reading only: what the other direction still carries (a refusal) goes through
         with contextlib.suppress(OSError):
-            src.shutdown(socket.SHUT_RDWR)
+            src.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)
 

@@ -117,8 +117,11 @@ def head_of(data: bytes) -> tuple[int, dict[str, str]]:
 
 
 def refused_with(proxy: EgressProxy, request: bytes) -> tuple[int, str]:
+    """The refusal the proxy answers `request` with; one refused on admission may be written (and the
+    connection closed) before the request is sent, and is still there to read."""
     with dial(proxy) as sock:
-        sock.sendall(request)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
         status, headers = head_of(read_all(sock))
     return status, headers.get("x-agentnode-egress", "")
 
