@@ -49,6 +49,12 @@ class AuditReason(enum.StrEnum):
     AUDIT_FAILED = "audit_failed"
     POD_REFUSED = "pod_refused"
     """A run pod differs from what the controller builds for its AgentRun (docs/kubernetes.md)."""
+    FILESYSTEM_REFUSED = "filesystem_refused"
+    """The pack declares a filesystem level the operator's `agent_sandbox.filesystem.allow` does not grant."""
+    WORKSPACE_INVALID = "workspace_invalid"
+    """The workspace (or an input) the caller names is not a directory (a file) the host can read."""
+    FILES_OVER_BOUND = "files_over_bound"
+    """Files in or out of a run went over one of `agent_sandbox.filesystem.limits` (the message names it)."""
 
 
 AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)
@@ -148,6 +154,13 @@ class EngineImageNotFound(EngineNotFound):
     """The engine has no such image (a 404 that names the image)."""
 
 
+class FilesError(SandboxError):
+    """Files could not cross the boundary: over a bound, or not readable as given; nothing the caller had is
+    changed."""
+
+    default_reason = AuditReason.FILES_OVER_BOUND
+
+
 class RefusedError(SandboxError):
     """Routing refused the run (feature flag off, unknown trust level)."""
 
@@ -163,6 +176,7 @@ __all__ = [
     "EngineImageNotFound",
     "EngineNotFound",
     "EngineRejected",
+    "FilesError",
     "InvalidRequest",
     "ManifestError",
     "PackError",

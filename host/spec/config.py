@@ -16,6 +16,7 @@ from host.core.errors import ConfigError
 from host.core.paths import ADMIN_SOCKET_NAME, config_file_location
 from host.core.vocab import Runtime
 from host.spec.egress import EgressConfig, egress_config
+from host.spec.files import FilesConfig, files_config
 
 _T = TypeVar("_T")
 
@@ -153,6 +154,8 @@ class AgentSandboxConfig:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     egress: EgressConfig = field(default_factory=EgressConfig)
     """What packs may reach through the host's egress path (host/spec/egress.py); default: nothing."""
+    filesystem: FilesConfig = field(default_factory=FilesConfig)
+    """The filesystem levels granted and the bounds of files in and out (host/spec/files.py)."""
 
 
 @dataclass(frozen=True)
@@ -456,7 +459,7 @@ class _Validator:
     def sandbox(self, value: Any) -> AgentSandboxConfig:
         key = "agent_sandbox"
         allowed = ("enabled", "host_trust_policy", "image", "runtime", "tools", "limits", "llm",
-                   "idle_timeout_seconds", "pool", "kubernetes", "egress")
+                   "idle_timeout_seconds", "pool", "kubernetes", "egress", "filesystem")
         data = self.section(value, key, allowed)
         d = AgentSandboxConfig()
         enabled = self.optional(data, f"{key}.enabled", self.boolean)
@@ -476,6 +479,7 @@ class _Validator:
             pool=self.pool(_unset_is_empty(data.get("pool")), f"{key}.pool"),
             kubernetes=self.kubernetes(_unset_is_empty(data.get("kubernetes")), f"{key}.kubernetes"),
             egress=egress_config(_unset_is_empty(data.get("egress")), f"{key}.egress", self.fail),
+            filesystem=files_config(data.get("filesystem"), f"{key}.filesystem", self.fail),
         )
 
     def kubernetes(self, value: Any, key: str) -> KubernetesConfig:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from host.core.vocab import Trust
+from host.spec.sections import Fail, numbers, section
 
 DEFAULT_PORTS = frozenset({443, 80})
 """The ports a rule without one grants: HTTPS and HTTP."""
@@ -232,8 +233,6 @@ def parse_cidr(text: str) -> IpNetwork:
         raise BadName("not an address range ADDRESS/PREFIX with its host bits zero") from None
 
 
-Fail = Callable[[str, str, Any], Exception]
-"""How the config reader reports a bad key: (key path, what was expected, the value) -> the error to raise."""
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SECTION_KEYS = ("allow", "packs", "trust", "hosts", "private_cidrs", "grantable", "limits")
 _LIMIT_KEYS = {
@@ -297,11 +296,7 @@ def _cidrs(value: Any, key: str, fail: Fail) -> tuple[IpNetwork, ...]:
 
 def egress_config(value: Any, key: str, fail: Fail) -> EgressConfig:
     """The `agent_sandbox.egress` section read and checked (`key` is its path, for errors)."""
-    if not isinstance(value, dict):
-        raise fail(key, "expected an object", value)
-    unknown = [name for name in value if name not in _SECTION_KEYS]
-    if unknown:
-        raise fail(key, f"expected only the keys {', '.join(_SECTION_KEYS)}", unknown[0])
+    value = section(value, key, _SECTION_KEYS, fail)
     packs: dict[str, tuple[Rule, ...]] = {}
     for slug, rules in _keyed(value.get("packs"), f"{key}.packs", MAX_RULES, fail).items():
         if not _SLUG.fullmatch(slug):
@@ -325,20 +320,7 @@ def egress_config(value: Any, key: str, fail: Fail) -> EgressConfig:
 
 
 def _limits(value: Any, key: str, fail: Fail) -> EgressLimits:
-    found: dict[str, Any] = {}
-    for name, number in _keyed(value, key, len(_LIMIT_KEYS), fail).items():
-        if name not in _LIMIT_KEYS:
-            raise fail(key, f"expected only the keys {', '.join(_LIMIT_KEYS)}", name)
-        low, high = _LIMIT_KEYS[name]
-        if isinstance(number, bool) or not isinstance(number, int | float) or not low <= number <= high:
-            raise fail(f"{key}.{name}", f"expected a number from {low} to {high}", number)
-        if name.endswith("seconds"):
-            found[name] = float(number)
-        elif isinstance(number, float) and not number.is_integer():
-            raise fail(f"{key}.{name}", "expected a whole number", number)
-        else:
-            found[name] = int(number)
-    return EgressLimits(**found)
+    return EgressLimits(**numbers(value, key, _LIMIT_KEYS, fail))  # type: ignore[arg-type]
 
 
 __all__ = [

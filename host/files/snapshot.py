@@ -1,0 +1,254 @@
+"""A workspace snapshot: a caller's directory copied into a directory the host owns, once, as the run starts,
+so a run never sees (or races) the live tree.
+
+The walk trusts nothing in the tree: every entry is judged from its own `lstat` before any work is done on
+it, and opened relative to its parent's descriptor with O_NOFOLLOW (then checked to be the same inode), so a
+file swapped for a symlink mid-walk is refused rather than followed. Regular files, directories and
+symlinks whose target stays inside the tree are carried; symlinks leading out, hard-linked files, devices,
+FIFOs and sockets, names that fail `name_refusal` and unreadable entries are left out and counted. Counts,
+bytes and sizes are held to the limits before the bytes are read: a sparse 10 GB file or a million empty
+files cost a stat each, up to the bound, and then the snapshot fails with `files_over_bound`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import posixpath
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from host.core.errors import AuditReason, FilesError
+from host.spec.files import FileLimits, name_refusal
+
+CHUNK = 1 << 20
+PROGRESS_EVERY = 1000
+"""Entries between two progress reports of a long snapshot."""
+
+SKIPS = ("symlink_outside", "hard_link", "device", "fifo", "socket", "name_refused", "unreadable", "changed")
+"""Why an entry of the tree was not carried in (counted per reason, never named)."""
+
+
+@dataclass
+class SnapshotReport:
+    """What was carried in: counts, bytes, what was left out by reason, and one digest over every entry
+    (kind, path, size, SHA-256 or link target), the same for the same tree wherever it lies."""
+
+    files: int = 0
+    dirs: int = 0
+    links: int = 0
+    bytes: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    digest: str = ""
+    entries: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    """path -> (kind, size, sha256 or link target): what a change set is later computed against."""
+
+    def skip(self, reason: str) -> None:
+        assert reason in SKIPS, reason
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def summary(self) -> dict[str, object]:
+        """The audit record's form: numbers and the digest only, never a name."""
+        return {"files": self.files, "dirs": self.dirs, "links": self.links, "bytes": self.bytes,
+                "skipped": dict(sorted(self.skipped.items())), "digest": self.digest}  # fmt: skip
+
+
+def _over(bound: str, limit: int) -> FilesError:
+    return FilesError(
+        f"the workspace is over agent_sandbox.filesystem.limits.{bound} ({limit})",
+        reason=AuditReason.FILES_OVER_BOUND,
+        hint=f"pass a smaller directory, or raise agent_sandbox.filesystem.limits.{bound} in the host config",
+    )
+
+
+def _invalid(why: str) -> FilesError:
+    return FilesError(f"the workspace {why}", reason=AuditReason.WORKSPACE_INVALID,
+                      hint="pass a directory the host can read (run --workspace DIR)")  # fmt: skip
+
+
+def _inside(parent: str, target: str, root: str) -> str | None:
+    """A link target as a path relative to the link's directory that stays in the tree, or None."""
+    if target.startswith("/"):
+        if target != root and not target.startswith(root.rstrip("/") + "/"):
+            return None
+        resolved = posixpath.normpath(posixpath.relpath(target, root))
+        rel = posixpath.relpath(resolved, parent or ".")
+    else:
+        resolved = posixpath.normpath(posixpath.join(parent, target))
+        rel = target
+    if resolved == ".." or resolved.startswith("../") or resolved.startswith("/"):
+        return None
+    return rel
+
+
+class _Walk:
+    def __init__(self, root: str, limits: FileLimits, progress: Callable[[str], None] | None) -> None:
+        self.root, self.limits, self.progress = root, limits, progress
+        self.report = SnapshotReport()
+        self.seen = 0
+
+    def count(self) -> None:
+        self.seen += 1
+        if self.seen > self.limits.max_files_in:
+            raise _over("max_files_in", self.limits.max_files_in)
+        if self.progress is not None and self.seen % PROGRESS_EVERY == 0:
+            self.progress(f"workspace: {self.seen} entries, {self.report.bytes} bytes")
+
+    def walk(self, src_fd: int, dst_fd: int, rel: str, depth: int) -> None:
+        with os.scandir(src_fd) as listing:
+            names = sorted(e.name for e in listing)  # a stable order: the same tree, the same walk
+        for name in names:
+            self.count()
+            path = f"{rel}/{name}" if rel else name
+            if name_refusal(os.fsencode(path), self.limits) is not None:
+                self.report.skip("name_refused")
+                continue
+            try:
+                st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+            except OSError:
+                self.report.skip("unreadable")
+                continue
+            self.entry(src_fd, dst_fd, name, path, st, depth=depth)
+
+    def entry(
+        self, src_fd: int, dst_fd: int, name: str, path: str, st: os.stat_result, *, depth: int
+    ) -> None:
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            if depth + 1 > self.limits.max_depth:
+                raise _over("max_depth", self.limits.max_depth)
+            try:
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
+            except OSError:
+                self.report.skip("unreadable")
+                return
+            try:
+                if (os.fstat(child).st_ino, os.fstat(child).st_dev) != (st.st_ino, st.st_dev):
+                    self.report.skip("changed")
+                    return
+                os.mkdir(name, 0o755, dir_fd=dst_fd)
+                out = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                try:
+                    self.report.dirs += 1
+                    self.report.entries[path] = ("dir", 0, "")
+                    self.walk(child, out, path, depth + 1)
+                finally:
+                    os.close(out)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(mode):
+            if st.st_nlink > 1:
+                self.report.skip("hard_link")
+                return
+            if st.st_size > self.limits.max_file_bytes:
+                raise _over("max_file_bytes", self.limits.max_file_bytes)
+            if self.report.bytes + st.st_size > self.limits.max_bytes_in:
+                raise _over("max_bytes_in", self.limits.max_bytes_in)
+            self.copy(src_fd, dst_fd, name, path, st)
+        elif stat.S_ISLNK(mode):
+            try:
+                target = os.readlink(name, dir_fd=src_fd)
+            except OSError:
+                self.report.skip("unreadable")
+                return
+            parent = posixpath.dirname(path)
+            rel = _inside(parent, target, self.root)
+            if rel is None or len(os.fsencode(rel)) > self.limits.max_path_bytes:
+                self.report.skip("symlink_outside")
+                return
+            os.symlink(rel, name, dir_fd=dst_fd)
+            self.report.links += 1
+            self.report.entries[path] = ("link", 0, rel)
+        elif stat.S_ISFIFO(mode):
+            self.report.skip("fifo")
+        elif stat.S_ISSOCK(mode):
+            self.report.skip("socket")
+        else:
+            self.report.skip("device")
+
+    def copy(self, src_fd: int, dst_fd: int, name: str, path: str, st: os.stat_result) -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_fd)
+        except OSError:
+            self.report.skip("unreadable")
+            return
+        try:
+            now = os.fstat(fd)
+            if not stat.S_ISREG(now.st_mode) or (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+                self.report.skip("changed")
+                return
+            mode = 0o755 if st.st_mode & 0o111 else 0o644  # no setuid, setgid, sticky or world-writable bit
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dst_fd)
+            digest, size = hashlib.sha256(), 0
+            try:
+                while size <= st.st_size:  # one byte past the stat'ed size shows a file still growing
+                    chunk = os.read(fd, min(CHUNK, st.st_size + 1 - size))
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    digest.update(chunk)
+                    os.write(out, chunk)
+            finally:
+                os.close(out)
+            if size != st.st_size:
+                os.unlink(name, dir_fd=dst_fd)
+                self.report.skip("changed")
+                return
+        finally:
+            os.close(fd)
+        self.report.files += 1
+        self.report.bytes += size
+        self.report.entries[path] = ("file", size, digest.hexdigest())
+
+
+def tree_digest(entries: dict[str, tuple[str, int, str]]) -> str:
+    """One SHA-256 over every entry, in path order."""
+    h = hashlib.sha256()
+    for path in sorted(entries):
+        kind, size, what = entries[path]
+        h.update(f"{kind}\0{path}\0{size}\0{what}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def snapshot(
+    source: Path, dest: Path, limits: FileLimits, *, progress: Callable[[str], None] | None = None
+) -> SnapshotReport:
+    """Copy the tree at `source` into `dest` (created here; it must not exist) within `limits`. FilesError
+    (`workspace_invalid`, `files_over_bound`) otherwise, with `dest` removed: nothing half-made is left."""
+    try:
+        root = os.path.realpath(source)
+        src = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        raise _invalid("is not a directory the host can read") from None
+    try:
+        os.mkdir(dest, 0o755)
+    except OSError:
+        os.close(src)
+        raise
+    walk = _Walk(root, limits, progress)
+    try:
+        dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            walk.walk(src, dst, "", 0)
+        finally:
+            os.close(dst)
+    except BaseException:
+        _remove(dest)
+        raise
+    finally:
+        os.close(src)
+    walk.report.digest = tree_digest(walk.report.entries)
+    return walk.report
+
+
+def _remove(path: Path) -> None:
+    import shutil  # noqa: PLC0415 (only a failed snapshot needs it)
+
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path)
+
+
+__all__ = ["SKIPS", "SnapshotReport", "snapshot", "tree_digest"]
