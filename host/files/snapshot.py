@@ -32,6 +32,10 @@ SKIPS = ("symlink_outside", "hard_link", "device", "fifo", "socket", "name_refus
 """Why an entry of the tree was not carried in (counted per reason, never named)."""
 
 
+Entry = tuple[str, int, str, int]
+"""One entry of a tree: (kind "file" | "dir" | "link", size, SHA-256 or link target, mode 0o644 | 0o755)."""
+
+
 @dataclass
 class SnapshotReport:
     """What was carried in: counts, bytes, what was left out by reason, and one digest over every entry
@@ -43,8 +47,8 @@ class SnapshotReport:
     bytes: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     digest: str = ""
-    entries: dict[str, tuple[str, int, str]] = field(default_factory=dict)
-    """path -> (kind, size, sha256 or link target): what a change set is later computed against."""
+    entries: dict[str, Entry] = field(default_factory=dict)
+    """path -> what it is: what a change set is later computed against."""
 
     def skip(self, reason: str) -> None:
         assert reason in SKIPS, reason
@@ -56,11 +60,14 @@ class SnapshotReport:
                 "skipped": dict(sorted(self.skipped.items())), "digest": self.digest}  # fmt: skip
 
 
-def _over(bound: str, limit: int) -> FilesError:
+def over_bound(bound: str, limit: int) -> FilesError:
+    """The refusal of a tree over one of `agent_sandbox.filesystem.limits`."""
+    what = "the workspace" if bound.endswith("_in") else "what the run wrote"
     return FilesError(
-        f"the workspace is over agent_sandbox.filesystem.limits.{bound} ({limit})",
+        f"{what} is over agent_sandbox.filesystem.limits.{bound} ({limit})",
         reason=AuditReason.FILES_OVER_BOUND,
-        hint=f"pass a smaller directory, or raise agent_sandbox.filesystem.limits.{bound} in the host config",
+        hint=f"raise agent_sandbox.filesystem.limits.{bound} in the host config if runs may carry that much"
+        + (" (or pass a smaller workspace)" if bound.endswith("_in") else ""),
     )
 
 
@@ -85,19 +92,27 @@ def _inside(parent: str, target: str, root: str) -> str | None:
 
 
 class _Walk:
-    def __init__(self, root: str, limits: FileLimits, progress: Callable[[str], None] | None) -> None:
-        self.root, self.limits, self.progress = root, limits, progress
+    """The walk of one tree; with `copy`, each carried entry is also made under the destination descriptor,
+    without, it is only read and hashed (a run's writable copy, whose hard links are its own)."""
+
+    def __init__(
+        self, root: str, limits: FileLimits, progress: Callable[[str], None] | None, *, copy: bool = True,
+        max_entries: int | None = None, bound: str = "max_files_in",
+    ) -> None:  # fmt: skip
+        self.root, self.limits, self.progress, self.copying = root, limits, progress, copy
+        self.max_entries = limits.max_files_in if max_entries is None else max_entries
+        self.bound = bound
         self.report = SnapshotReport()
         self.seen = 0
 
     def count(self) -> None:
         self.seen += 1
-        if self.seen > self.limits.max_files_in:
-            raise _over("max_files_in", self.limits.max_files_in)
+        if self.seen > self.max_entries:
+            raise over_bound(self.bound, self.max_entries)
         if self.progress is not None and self.seen % PROGRESS_EVERY == 0:
             self.progress(f"workspace: {self.seen} entries, {self.report.bytes} bytes")
 
-    def walk(self, src_fd: int, dst_fd: int, rel: str, depth: int) -> None:
+    def walk(self, src_fd: int, dst_fd: int | None, rel: str, depth: int) -> None:
         with os.scandir(src_fd) as listing:
             names = sorted(e.name for e in listing)  # a stable order: the same tree, the same walk
         for name in names:
@@ -114,12 +129,12 @@ class _Walk:
             self.entry(src_fd, dst_fd, name, path, st, depth=depth)
 
     def entry(
-        self, src_fd: int, dst_fd: int, name: str, path: str, st: os.stat_result, *, depth: int
+        self, src_fd: int, dst_fd: int | None, name: str, path: str, st: os.stat_result, *, depth: int
     ) -> None:
         mode = st.st_mode
         if stat.S_ISDIR(mode):
             if depth + 1 > self.limits.max_depth:
-                raise _over("max_depth", self.limits.max_depth)
+                raise over_bound("max_depth", self.limits.max_depth)
             try:
                 child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
             except OSError:
@@ -129,24 +144,27 @@ class _Walk:
                 if (os.fstat(child).st_ino, os.fstat(child).st_dev) != (st.st_ino, st.st_dev):
                     self.report.skip("changed")
                     return
-                os.mkdir(name, 0o755, dir_fd=dst_fd)
-                out = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                out = None
+                if dst_fd is not None:
+                    os.mkdir(name, 0o755, dir_fd=dst_fd)
+                    out = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
                 try:
                     self.report.dirs += 1
-                    self.report.entries[path] = ("dir", 0, "")
+                    self.report.entries[path] = ("dir", 0, "", 0o755)
                     self.walk(child, out, path, depth + 1)
                 finally:
-                    os.close(out)
+                    if out is not None:
+                        os.close(out)
             finally:
                 os.close(child)
         elif stat.S_ISREG(mode):
-            if st.st_nlink > 1:
+            if st.st_nlink > 1 and self.copying:  # a run's copy can only link to its own files
                 self.report.skip("hard_link")
                 return
             if st.st_size > self.limits.max_file_bytes:
-                raise _over("max_file_bytes", self.limits.max_file_bytes)
-            if self.report.bytes + st.st_size > self.limits.max_bytes_in:
-                raise _over("max_bytes_in", self.limits.max_bytes_in)
+                raise over_bound("max_file_bytes", self.limits.max_file_bytes)
+            if self.copying and self.report.bytes + st.st_size > self.limits.max_bytes_in:
+                raise over_bound("max_bytes_in", self.limits.max_bytes_in)
             self.copy(src_fd, dst_fd, name, path, st)
         elif stat.S_ISLNK(mode):
             try:
@@ -159,9 +177,10 @@ class _Walk:
             if rel is None or len(os.fsencode(rel)) > self.limits.max_path_bytes:
                 self.report.skip("symlink_outside")
                 return
-            os.symlink(rel, name, dir_fd=dst_fd)
+            if dst_fd is not None:
+                os.symlink(rel, name, dir_fd=dst_fd)
             self.report.links += 1
-            self.report.entries[path] = ("link", 0, rel)
+            self.report.entries[path] = ("link", 0, rel, 0o777)
         elif stat.S_ISFIFO(mode):
             self.report.skip("fifo")
         elif stat.S_ISSOCK(mode):
@@ -169,7 +188,7 @@ class _Walk:
         else:
             self.report.skip("device")
 
-    def copy(self, src_fd: int, dst_fd: int, name: str, path: str, st: os.stat_result) -> None:
+    def copy(self, src_fd: int, dst_fd: int | None, name: str, path: str, st: os.stat_result) -> None:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_fd)
         except OSError:
@@ -181,36 +200,67 @@ class _Walk:
                 self.report.skip("changed")
                 return
             mode = 0o755 if st.st_mode & 0o111 else 0o644  # no setuid, setgid, sticky or world-writable bit
-            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dst_fd)
-            digest, size = hashlib.sha256(), 0
+            out = None
+            if dst_fd is not None:
+                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dst_fd)
             try:
-                while size <= st.st_size:  # one byte past the stat'ed size shows a file still growing
-                    chunk = os.read(fd, min(CHUNK, st.st_size + 1 - size))
-                    if not chunk:
-                        break
-                    size += len(chunk)
-                    digest.update(chunk)
-                    os.write(out, chunk)
+                size, sha = read_through(fd, st.st_size, out)
             finally:
-                os.close(out)
+                if out is not None:
+                    os.close(out)
             if size != st.st_size:
-                os.unlink(name, dir_fd=dst_fd)
+                if dst_fd is not None:
+                    os.unlink(name, dir_fd=dst_fd)
                 self.report.skip("changed")
                 return
         finally:
             os.close(fd)
         self.report.files += 1
         self.report.bytes += size
-        self.report.entries[path] = ("file", size, digest.hexdigest())
+        self.report.entries[path] = ("file", size, sha, mode)
 
 
-def tree_digest(entries: dict[str, tuple[str, int, str]]) -> str:
+def read_through(fd: int, size: int, out: int | None = None) -> tuple[int, str]:
+    """Read at most `size` + 1 bytes of `fd` (one past the stat'ed size shows a file still growing), hashing
+    them and writing them to `out` when given; (bytes read, SHA-256)."""
+    digest, done = hashlib.sha256(), 0
+    while done <= size:
+        chunk = os.read(fd, min(CHUNK, size + 1 - done))
+        if not chunk:
+            break
+        done += len(chunk)
+        digest.update(chunk)
+        if out is not None:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+    return done, digest.hexdigest()
+
+
+def tree_digest(entries: dict[str, Entry]) -> str:
     """One SHA-256 over every entry, in path order."""
     h = hashlib.sha256()
     for path in sorted(entries):
-        kind, size, what = entries[path]
-        h.update(f"{kind}\0{path}\0{size}\0{what}\n".encode("utf-8", "surrogateescape"))
+        kind, size, what, mode = entries[path]
+        h.update(f"{kind}\0{path}\0{size}\0{what}\0{mode:o}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+def scan(root: Path, limits: FileLimits, *, max_entries: int, bound: str, link_root: str) -> SnapshotReport:
+    """Read and hash the tree at `root` (a run's writable copy: hostile) without copying it, within
+    `max_entries` entries (`bound` names that limit in the error) and the per-file bound; an absolute link
+    is inside when it points under `link_root` (where the run saw the tree)."""
+    try:
+        src = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        raise _invalid("copy of the run is gone") from None
+    walk = _Walk(link_root, limits, None, copy=False, max_entries=max_entries, bound=bound)
+    try:
+        walk.walk(src, None, "", 0)
+    finally:
+        os.close(src)
+    walk.report.digest = tree_digest(walk.report.entries)
+    return walk.report
 
 
 def snapshot(
@@ -251,4 +301,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-__all__ = ["SKIPS", "SnapshotReport", "snapshot", "tree_digest"]
+__all__ = [
+    "SKIPS", "Entry", "SnapshotReport", "over_bound", "read_through", "scan", "snapshot", "tree_digest",
+]  # fmt: skip
