@@ -20,6 +20,9 @@ PACK_DIR_IN_CONTAINER = "/pack"
 """Where the pack's read-only volume is mounted inside."""
 HOME_IN_CONTAINER = "/home/sandbox"
 """The agent's home: a small private tmpfs."""
+WORKSPACE_IN_CONTAINER = "/workspace"
+"""Where a run's workspace appears inside, for every runtime: its snapshot (read-only) or the run's own copy
+(writable), bind-mounted from a host-owned directory, never the caller's own (host/files/)."""
 
 NPROC_LIMIT = 32768
 """RLIMIT_NPROC of a sandbox (see host/engine/spec.container_spec): Podman's own service limit on hosts

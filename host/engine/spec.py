@@ -14,6 +14,7 @@ from host.engine.contract import (
     SANDBOX_UID,
     SOCKET_DIR_IN_CONTAINER,
     SOCKET_NAME,
+    WORKSPACE_IN_CONTAINER,
     ContainerLimits,
 )
 from host.engine.facts import EngineKind
@@ -39,6 +40,8 @@ def container_spec(
     engine: EngineKind = EngineKind.DOCKER,
     seccomp_profile: str = "",
     socket_wait: float = 0.0,
+    workspace: str = "",
+    workspace_writable: bool = False,
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run (the docker SDK's names, which `create_body`
     turns into the engine's request): every hardening decision, as plain data.
@@ -49,6 +52,8 @@ def container_spec(
     `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
     `socket_wait` > 0 lets the wrapper wait that many seconds for its socket (a container started before its
     host serves the socket: host/runtime/prelaunch.py).
+    `workspace` (a host-owned directory: a snapshot or the run's copy, never the caller's) is mounted at
+    WORKSPACE_IN_CONTAINER, read-only unless `workspace_writable`; "" mounts nothing there.
     `engine` is Docker's or Podman's; on Podman three things differ, each proven from inside by the live
     hardening tests: the home tmpfs' ownership is spelled `U` (Podman refuses `uid=`/`gid=`), /run and
     /var/tmp are overmounted read-only (with a read-only root Podman mounts writable, executable tmpfs
@@ -119,6 +124,7 @@ def container_spec(
                 "VolumeOptions": {"NoCopy": True},
             },
             {"Target": SOCKET_DIR_IN_CONTAINER, "Source": socket_dir, "Type": "bind", "ReadOnly": True},
+            *_workspace_mount(workspace, writable=workspace_writable),
         ],
         "working_dir": HOME_IN_CONTAINER,
         "log_config": {
@@ -134,6 +140,12 @@ def container_spec(
         # outside /tmp and HOME (gVisor provides its own /dev/shm, so both are overmounted read-only).
         "ipc_mode": "none",
     }
+
+
+def _workspace_mount(source: str, *, writable: bool) -> list[dict[str, Any]]:
+    if not source:
+        return []
+    return [{"Target": WORKSPACE_IN_CONTAINER, "Source": source, "Type": "bind", "ReadOnly": not writable}]
 
 
 def _ulimit(name: str, value: int) -> dict[str, Any]:

@@ -164,6 +164,16 @@ def test_spec_mounts_exactly_pack_and_socket_dir_read_only() -> None:
     assert not any(sock in text for sock in ENGINE_SOCKETS)
 
 
+@pytest.mark.parametrize("writable", [False, True])
+def test_a_workspace_is_one_more_bind_at_a_fixed_path(writable: bool) -> None:
+    source = "/run/agentnode-sandbox/ws-run123"
+    mounts = spec(workspace=source, workspace_writable=writable)["mounts"]
+    assert mounts[:2] == spec()["mounts"]
+    bind = {"Target": "/workspace", "Source": source, "Type": "bind", "ReadOnly": not writable}
+    assert mounts[2:] == [bind]
+    assert spec(workspace_writable=True)["mounts"] == spec()["mounts"]  # no workspace: nothing at /workspace
+
+
 def test_spec_labels_and_bounded_logs() -> None:
     s = spec(slug="x" * 64)
     assert s["labels"] == {LABEL_RUN: "run123", LABEL_OWNER: "4242:777", LABEL_SLUG: "x" * 63}
