@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SECTION_NAMES = ("broker_tools", "cold", "cli", "calls", "tool_sandbox", "broker", "warm", "concurrency")
+SECTION_NAMES = ("broker_tools", "cold", "cli", "calls", "tool_sandbox", "broker", "egress", "warm",
+                 "concurrency")
 """Every section, in the order they run (`--sections` takes these names)."""
 
 HOST_ONLY = frozenset({"broker_tools"})
@@ -31,6 +32,10 @@ class Plan:
     settle: float
     quiet: bool
     """Wait for a calm machine before each measurement (and between concurrency levels)."""
+    egress: int = 8
+    """HTTPS requests of the egress section, each way, per repetition."""
+    downloads: int = 1
+    """64 MiB downloads of the egress section, each way, per repetition."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,12 +46,12 @@ class Plan:
 
 
 SMOKE = Plan(reps=2, cold=1, calls=10, calls_warmup=3, broker=2, broker_warmup=1, levels=(2,), warm=2,
-             filler=2, pool=2, settle=0.2, quiet=False)
+             filler=2, pool=2, settle=0.2, quiet=False, egress=8, downloads=1)
 # Per repetition; x3 gives about the sample counts of the single-pass runs before (cold 20, calls 300,
 # broker 50 (now 120: its overheads are differences of two medians), warm 30, two batches per
 # concurrency level).
 FULL = Plan(reps=3, cold=7, calls=100, calls_warmup=20, broker=40, broker_warmup=5, levels=(16, 32, 64),
-            warm=10, filler=3, pool=4, settle=0.3, quiet=True)
+            warm=10, filler=3, pool=4, settle=0.3, quiet=True, egress=200, downloads=3)
 
 
 def parse_sections(text: str | None) -> tuple[str, ...]:

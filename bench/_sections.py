@@ -13,6 +13,7 @@ from bench.measure.calls import calls
 from bench.measure.cli import cli
 from bench.measure.cold import cold
 from bench.measure.concurrency import levels
+from bench.measure.egress import egress
 from bench.measure.tool_sandbox import tool_sandbox
 from bench.measure.warm import warm
 
@@ -32,6 +33,8 @@ def measure_one(state: BenchState, plan: Plan, section: str, runtime: str) -> di
         return tool_sandbox(state, runtime, plan.calls, plan.calls_warmup)
     if section == "broker":
         return broker(state, runtime, plan.broker, plan.broker_warmup)
+    if section == "egress":
+        return egress(state, runtime, plan.egress, plan.calls_warmup, plan.downloads)
     if section == "warm":
         return warm(state, runtime, reps=plan.warm, pool_size=plan.pool, settle=plan.settle,
                     filler=plan.filler)

@@ -231,6 +231,9 @@ class BenchState:
         self.llm_tools = f"bench-llmtools-{self.tag}"
         self.installed: list[str] = []
         self.volume = ""
+        self.egress: Any = None
+        """The egress section's origin and agent (bench.measure.egress.EgressSite), made on first use."""
+        self.egress_config: dict[str, Any] | None = None
         try:
             self.configure("runc")
             self._install(self.tools, NOOP_TOOL, "toolpack", "bench_tools", trust="trusted",
@@ -264,6 +267,8 @@ class BenchState:
         }
         if pool is not None:
             section["pool"] = pool
+        if self.egress_config is not None:
+            section["egress"] = self.egress_config
         (self.dir / "config.json").write_text(json.dumps({"agent_sandbox": section}))
 
     def _install(self, slug: str, source: str, kind: str, module: str, *, trust: str = "unverified",
@@ -281,6 +286,10 @@ class BenchState:
         self.installed.append(slug)
         return entry.sandbox_volume or ""
 
+    def install_agent(self, slug: str, source: str, *, extra: str = "") -> str:
+        """Install one more sandboxed agent pack (`extra`: top-level manifest keys); its volume."""
+        return self._install(slug, source, "agent", "agent", extra=extra)
+
     def leftovers(self) -> list[str]:
         """Containers of this run's agents (whichever process launched them) or carrying its bench tag."""
         labels = [f"{LABEL_SLUG}={slug}" for slug in self.installed] + [f"{BENCH_LABEL}={self.tag}"]
@@ -293,6 +302,8 @@ class BenchState:
         Best effort: an engine too busy to answer must not hide the results; what stays is named.
         """
         left: list[str] = []
+        if self.egress is not None:
+            self.egress.close()
         for cid in self.leftovers():
             try:
                 self.client.api.remove_container(cid, force=True)

@@ -24,7 +24,8 @@ SIDES = ("base", "candidate")
 SECTION_TITLES = {
     "broker_tools": "Broker, 8 tools + 2 KiB schema (host side)", "cold": "Cold start",
     "cli": "Process to process",
-    "calls": "Per-call overhead", "tool_sandbox": "Tool sandboxes", "broker": "Broker", "warm": "Warm",
+    "calls": "Per-call overhead", "tool_sandbox": "Tool sandboxes", "broker": "Broker", "egress": "Egress",
+    "warm": "Warm",
     "concurrency": "Concurrency",
 }
 
