@@ -188,14 +188,22 @@ class FakeProvider:
         self.base_url = line.split("=", 1)[1] + "/v1"
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """End a helper process the benchmark started: its stdin closed (what some wait on), then terminated,
+    killed if it does not go within 10 s; its pipes closed."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 class BenchState:
@@ -321,4 +329,4 @@ class BenchState:
             print(f"[bench] could not remove: {', '.join(left)}", file=sys.stderr)
 
 
-__all__ = ["BENCH_LABEL", "FAKE_KEY", "LLM_TOOL_COUNT", "BenchState", "FakeProvider"]
+__all__ = ["BENCH_LABEL", "FAKE_KEY", "LLM_TOOL_COUNT", "BenchState", "FakeProvider", "stop_process"]

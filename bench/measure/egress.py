@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._roots import REPO
-from bench._state import BenchState
+from bench._state import BenchState, stop_process
 from bench._stats import med, ratio, summary
 from bench.measure.shared import succeeded
 from host.runtime.runner import SandboxHost
@@ -139,15 +139,7 @@ class EgressSite:
     tmp: Path
 
     def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_process(self.proc)
 
 
 def _site(state: BenchState) -> EgressSite:

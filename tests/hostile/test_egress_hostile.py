@@ -9,7 +9,6 @@ counts each refusal by its fixed reason and never names what was refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,11 +22,13 @@ from tests.support.egress import (
     NAME,
     OTHER_NAME,
     PRIVATE_NAME,
+    Site,
     egress_config,
     host_addresses,
+    serve_site,
     write_toolpack,
 )
-from tests.support.origins import LocalCa, Origin, make_ca, origin
+from tests.support.origins import LocalCa, Origin, make_ca
 from tests.support.packs import write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
@@ -41,16 +42,10 @@ def ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCa:
     return make_ca(tmp_path_factory.mktemp("egress-ca"), [NAME, OTHER_NAME])
 
 
-@dataclass(frozen=True)
-class Origins:
-    secure: Origin
-    plain: Origin
-
-
 @pytest.fixture
-def origins(ca: LocalCa) -> Iterator[Origins]:
-    with origin(ca) as secure, origin() as plain:
-        yield Origins(secure, plain)
+def origins(ca: LocalCa) -> Iterator[Site]:
+    with serve_site(ca) as served:
+        yield served
 
 
 def _paths(o: Origin) -> list[str]:
@@ -58,7 +53,7 @@ def _paths(o: Origin) -> list[str]:
 
 
 def test_the_egress_path_refuses_or_bounds_every_attack_from_inside(
-    lab: Lab, ledger: Ledger, ca: LocalCa, origins: Origins
+    lab: Lab, ledger: Ledger, ca: LocalCa, origins: Site
 ) -> None:
     secure, plain = origins.secure, origins.plain
     granted = [f"{NAME}:{secure.port}", f"{NAME}:{plain.port}", f"{PRIVATE_NAME}:443"]

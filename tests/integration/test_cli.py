@@ -133,8 +133,9 @@ def test_doctor_is_ready_with_and_without_a_slug(state: HostState, make_agent: C
     code, rows = doctor(state.env, slug)
     assert code == 0, rows
     assert list(rows) == ["config", "feature_flag", *ENGINE_ROWS, "installed", "agent", "route", "manifest",
-                          "volume", "leftover_containers"]  # fmt: skip
+                          "egress", "volume", "leftover_containers"]  # fmt: skip
     assert rows["route"]["detail"].startswith("sandbox")
+    assert rows["egress"]["detail"].startswith(f"{slug}: none (permissions.network none)")
     assert rows["volume"]["detail"].startswith("agentnode-pack-")
     assert all(row["fix"] == "" for name, row in rows.items() if name != "leftover_containers")
     human = cli(state.env, "doctor", slug)

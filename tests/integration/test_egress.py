@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,9 @@ import pytest
 from host.policy.caller import RunOverrides
 from host.runtime.pool import PoolSettings
 from host.runtime.rundir import run_root
-from tests.support.egress import CALLER, NAME, OTHER_NAME, egress_config, write_toolpack
+from tests.support.egress import CALLER, NAME, OTHER_NAME, Site, egress_config, serve_site, write_toolpack
 from tests.support.host_state import HostState
-from tests.support.origins import LocalCa, Origin, make_ca, origin
+from tests.support.origins import LocalCa, make_ca
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 
@@ -51,19 +50,10 @@ def ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCa:
     return make_ca(tmp_path_factory.mktemp("egress-ca"), [NAME, OTHER_NAME])
 
 
-@dataclass(frozen=True)
-class Site:
-    """The test's CA and its two origins on 127.0.0.1."""
-
-    ca: LocalCa
-    secure: Origin
-    plain: Origin
-
-
 @pytest.fixture
 def site(ca: LocalCa) -> Iterator[Site]:
-    with origin(ca) as secure, origin() as plain:
-        yield Site(ca, secure, plain)
+    with serve_site(ca) as served:
+        yield served
 
 
 @pytest.fixture

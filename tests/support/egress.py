@@ -9,11 +9,12 @@ import contextlib
 import json
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.origins import LocalCa
+from tests.support.origins import LocalCa, Origin, origin
 
 NAME = "api.egress.test"
 """The granted name; `hosts` maps it to the origins' 127.0.0.1."""
@@ -224,3 +225,19 @@ def host_addresses() -> list[str]:
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
             found.add(str(info[4][0]))
     return sorted(a for a in found if not a.startswith("127."))[:3]
+
+
+@dataclass(frozen=True)
+class Site:
+    """The test's CA and its two origins on 127.0.0.1, HTTPS and plain HTTP."""
+
+    ca: LocalCa
+    secure: Origin
+    plain: Origin
+
+
+@contextlib.contextmanager
+def serve_site(ca: LocalCa) -> Iterator[Site]:
+    """Both origins, up for the block."""
+    with origin(ca) as secure, origin() as plain:
+        yield Site(ca, secure, plain)

@@ -212,6 +212,10 @@ def _rep(k: float, *, tool_ratio: float = 1.2, throughput: float = 4.0) -> dict[
                                         "cpu_ms_per_run": {**_CPU, "process": 25.0},
                                         "throughput_over_floor": round(throughput / 4.2, 2),
                                         "throughput_over_hardened_floor": round(throughput / 4.1, 2)}}},
+        "egress": {"runc": {"direct_ms": _s(2.0), "sandbox_ms": _s(2.0 + 0.8 * k),
+                            "added_ms": round(0.8 * k, 3), "direct_mib_s": _s(900),
+                            "sandbox_mib_s": _s(800), "throughput_ratio": 0.89,
+                            "floor_ms": _s(1.8), "floor_mib_s": _s(950)}},
     }
 
 
@@ -256,6 +260,8 @@ def test_targets_met_missed_unstable_and_not_measured() -> None:
         == "missed"
     assert got[("broker overhead: sandbox call_llm - direct SDK (median)", "runc")] == "met"
     assert got[("first streamed chunk: sandbox - direct provider (median)", "runc")] == "met"
+    assert got[("egress: one HTTPS request, path - direct (median)", "runc")] == "met"  # 0.8 <= 1 ms
+    assert got[("egress: 64 MiB download, path / direct throughput", "runc")] == "met"  # 0.89 >= 0.8x
     assert stable["unstable"] == []
     missed = {t["target"]: t for t in stable["targets"] if t["status"] == "missed"}
     assert "claim 0.40" in missed["warm run p50 (server side)"]["floor"]  # the stage breakdown beside it
