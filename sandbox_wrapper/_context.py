@@ -18,7 +18,9 @@ it hands out from sandbox_wrapper._types.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +32,9 @@ from sandbox_wrapper._llmcalls import AsyncLlmStream, LlmCalls
 from sandbox_wrapper._proto.agentnode.sandbox.v1 import llm_pb2_grpc, session_pb2, tools_pb2_grpc
 from sandbox_wrapper._toolcalls import DEFAULT_STOP_ON_CONSECUTIVE_ERRORS, ToolCalls
 from sandbox_wrapper._types import LlmResult, RetryConfig, ToolContext, ToolResult
+
+WORKSPACE_DIR, INPUTS_DIR, OUTPUTS_DIR = "/workspace", "/inputs", "/outputs"
+"""Where a run's files are (host/engine/contract.py names the same; a unit test holds them equal)."""
 
 
 class AgentContext(ToolCalls, LlmCalls):
@@ -96,6 +101,44 @@ class AgentContext(ToolCalls, LlmCalls):
     def system_prompt(self) -> str:
         """The manifest's system prompt, "" when none (call_llm prepends it)."""
         return self._system_prompt
+
+    @property
+    def workspace(self) -> str | None:
+        """The run's workspace (/workspace: a snapshot, read-only unless the pack declares workspace_write),
+        None when the run has none."""
+        return WORKSPACE_DIR if os.path.isdir(WORKSPACE_DIR) else None
+
+    @property
+    def inputs_dir(self) -> str | None:
+        """Where the files the caller handed the run are (read-only), None when it handed none."""
+        return INPUTS_DIR if os.path.isdir(INPUTS_DIR) else None
+
+    @property
+    def outputs_dir(self) -> str | None:
+        """Where artifacts for the caller go (read back by the host once the run is over), None when the
+        caller takes none."""
+        return OUTPUTS_DIR if os.path.isdir(OUTPUTS_DIR) else None
+
+    def write_artifact(self, name: str, data: bytes | str) -> str:
+        """Leave one artifact for the caller under `name` (a plain file name): written beside its place
+        and renamed into it, so the host never reads a half-written one under that name. Its path."""
+        if self.outputs_dir is None:
+            raise RuntimeError("this run takes no artifacts (its caller passed no output directory)")
+        if not name or "/" in name or name in (".", "..") or "\0" in name:
+            raise ValueError("an artifact's name is one plain file name")
+        body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        final = os.path.join(OUTPUTS_DIR, name)
+        partial = os.path.join(OUTPUTS_DIR, f".{name}.partial-{os.getpid()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(body)
+            os.replace(partial, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise
+        return final
 
     @property
     def allowed_packages(self) -> list[str] | None:

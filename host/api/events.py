@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 import grpc
@@ -17,6 +18,7 @@ from host._proto.agentnode.sandbox.v1 import runner_pb2
 from host.core.errors import AuditReason, EngineError, InvalidRequest, SandboxError
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.terminal import safe_line
+from host.files.run import FilesRequest
 from host.policy.caller import CallerInfo, RunOverrides
 from host.runtime.result import RunResult
 
@@ -102,7 +104,18 @@ def result_from(report: runner_pb2.RunReport) -> RunResult:
         logs=report.logs,
         warm=report.warm,
         stages=dict(report.stages_ms),
+        files=_files_of(report.files_json),
     )
+
+
+def _files_of(text: str) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        found = loads_strict(text)
+    except JsonRejected:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 class RunArgs(TypedDict, total=False):
@@ -119,6 +132,9 @@ class RunArgs(TypedDict, total=False):
     """Who asks (tenant, request id, labels), for the audit record."""
     limits: RunOverrides | None
     """Caps tighter than the host's for this run."""
+    files: FilesRequest | None
+    """Files the run is handed and what it hands back (host.files.run.FilesRequest; paths on the host's
+    machine, read and written by the host's user)."""
 
 
 _RUN_ARGS = RunArgs.__optional_keys__
@@ -151,7 +167,38 @@ def run_request(kind: type[RequestT], slug: str, args: RunArgs) -> RequestT:
         if "egress" in given:
             given["egress"] = runner_pb2.EgressOverride(allow=list(given["egress"]))
         fields["limits"] = runner_pb2.RunLimitOverrides(**given)
+    if (files := args.get("files")) is not None and not files.empty:
+        fields["files"] = files_message(files)
     return kind(**fields)
+
+
+def files_message(files: FilesRequest) -> runner_pb2.RunFiles:
+    """The wire form of a files request."""
+    inputs = [
+        runner_pb2.RunInput(name=name, data=source) if isinstance(source, bytes)
+        else runner_pb2.RunInput(name=name, path=str(source))
+        for name, source in files.inputs
+    ]  # fmt: skip
+    return runner_pb2.RunFiles(
+        workspace=str(files.workspace or ""), apply=files.apply, export_tar=str(files.export_tar or ""),
+        export_patch=str(files.export_patch or ""), inputs=inputs, output_dir=str(files.output_dir or ""),
+    )  # fmt: skip
+
+
+def files_request(message: runner_pb2.RunFiles) -> FilesRequest | None:
+    """The files request a wire message names (None for none); every path as given, absolute or not."""
+
+    def path(text: str) -> Path | None:
+        return Path(text) if text else None
+
+    inputs: list[tuple[str, Path | bytes]] = []
+    for item in message.inputs:
+        inputs.append((item.name, item.data if item.WhichOneof("source") == "data" else Path(item.path)))
+    found = FilesRequest(
+        workspace=path(message.workspace), apply=message.apply, export_tar=path(message.export_tar),
+        export_patch=path(message.export_patch), inputs=tuple(inputs), output_dir=path(message.output_dir),
+    )  # fmt: skip
+    return None if found.empty and not (found.apply or found.exports) else found
 
 
 def rpc_error(err: grpc.RpcError, socket_path: str) -> SandboxError:

@@ -18,13 +18,16 @@ from typing import Any, NoReturn
 import grpc
 
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
+from host.api.events import files_request
 from host.core.errors import SandboxError
 from host.core.strictjson import JsonRejected, dumps_strict, loads_strict
 from host.core.vocab import Runtime, WireReason
+from host.files.run import FilesRequest
 from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
 from host.runtime.pool import PoolSettings
 from host.runtime.rpcwire import REASON_METADATA_KEY
 from host.runtime.runner import RunResult, SandboxHost
+from host.spec.files import FileLimits
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 
@@ -66,6 +69,7 @@ def report_from(result: RunResult) -> runner_pb2.RunReport:
         logs=result.logs,
         warm=result.warm,
         stages_ms=result.stages,
+        files_json=dumps_strict(result.files) if result.files is not None else "",
     )
 
 
@@ -132,7 +136,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     @staticmethod
     def _validated(
         request: _RunRequest, context: grpc.ServicerContext
-    ) -> tuple[dict[str, Any], CallerInfo, RunOverrides]:
+    ) -> tuple[dict[str, Any], CallerInfo, RunOverrides, FilesRequest | None]:
         """The request's kwargs, caller and limits once the request is valid; else the RPC is refused (on
         the handler's own thread: `context.abort` raises there, before any run starts or any event is
         sent)."""
@@ -152,7 +156,13 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             limits = RunOverrides.parse(**found)
         except InvalidCaller as exc:
             _invalid(context, f"limits: {exc}")
-        return _kwargs(request.kwargs_json, context), caller, limits
+        files = files_request(request.files) if request.HasField("files") else None
+        if files is not None:
+            try:
+                files.check(FileLimits(max_files_in=10_000_000))  # its shape; the host's bounds at the run
+            except SandboxError as exc:
+                _invalid(context, f"files: {exc.message}")
+        return _kwargs(request.kwargs_json, context), caller, limits, files
 
     def _run(
         self,
@@ -162,6 +172,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         limits: RunOverrides,
         context: grpc.ServicerContext,
         *,
+        files: FilesRequest | None = None,
         on_stage: Callable[[str], None] | None = None,
         on_start: Callable[[str], None] | None = None,
         on_log: Callable[[str], None] | None = None,
@@ -197,19 +208,20 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             caller=caller,
             limits=None if limits.empty else limits,
             defer=after_the_answer,
+            files=files,
         )
 
     def SubmitRun(
         self, request: runner_pb2.SubmitRunRequest, context: grpc.ServicerContext
     ) -> runner_pb2.SubmitRunResponse:
-        kwargs, caller, limits = self._validated(request, context)
-        result = self._run(request, kwargs, caller, limits, context)
+        kwargs, caller, limits, files = self._validated(request, context)
+        result = self._run(request, kwargs, caller, limits, context, files=files)
         return runner_pb2.SubmitRunResponse(report=report_from(result))
 
     def StreamRun(
         self, request: runner_pb2.StreamRunRequest, context: grpc.ServicerContext
     ) -> Iterator[runner_pb2.StreamRunResponse]:
-        kwargs, caller, limits = self._validated(request, context)
+        kwargs, caller, limits, files = self._validated(request, context)
         events: queue.Queue[runner_pb2.StreamRunResponse | None] = queue.Queue()
         run_id: list[str] = []
         early: list[str] = []  # lines written before the run's id was announced: sent right after it
@@ -248,6 +260,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                     caller,
                     limits,
                     context,
+                    files=files,
                     on_stage=lambda s: events.put(runner_pb2.StreamRunResponse(stage=s)),
                     on_start=started,
                     on_log=log,

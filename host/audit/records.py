@@ -74,6 +74,7 @@ def run_record(
     llm_tool_calls_refused: int = 0,
     caller: Mapping[str, Any] | None = None,
     egress: Mapping[str, Any] | None = None,
+    files: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the one `agent_run` record of a run; sanitized by construction.
 
@@ -83,7 +84,9 @@ def run_record(
     completions returned to the agent (the model's requests, whether or not the agent then ran them), of which
     `llm_tool_calls_refused` named no tool the request offered (host/llm/toolcalls.py). `egress` (None when
     no sandbox of the run was granted any) counts its connections per granting rule and its refusals and
-    cuts per fixed reason (host/egress/ledger.py `summary`): never a name a sandbox asked for.
+    cuts per fixed reason (host/egress/ledger.py `summary`): never a name a sandbox asked for. `files` (None
+    when the caller handed the run none) counts what crossed (host/files/run.py `FilesOutcome.summary`):
+    entries, bytes, SHA-256 digests and skip reasons per part, never a file's name or content.
 
     Only these typed fields reach the log. `llm` (effective caps + usage counters, None when no LLM policy
     applied) is filtered to the known keys with the expected types (ints, the `enabled` bool, the host-side
@@ -115,6 +118,7 @@ def run_record(
         "llm_tool_calls_refused": int(llm_tool_calls_refused),
         "caller": None if caller is None else _sanitize_caller(caller),
         "egress": None if egress is None else _sanitize_egress(egress),
+        "files": None if files is None else _sanitize_files(files),
     }
 
 
@@ -146,6 +150,37 @@ def _sanitize_egress(egress: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(reason, str) and _REASON_KEY.fullmatch(reason) and isinstance(count, int)
         }
     out["limits"] = _counts(egress.get("limits"), _EGRESS_LIMITS)
+    return out
+
+
+_FILES_PARTS = ("workspace", "inputs", "changes", "applied", "artifacts")
+_FILES_COUNTS = ("files", "dirs", "links", "bytes", "added", "modified", "deleted", "applied", "conflicts",
+                 "mismatched")  # fmt: skip
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_EXPORTS = ("tar", "patch")
+
+
+def _sanitize_files(files: Mapping[str, Any]) -> dict[str, Any]:
+    """The files section: per part, integer counts, a SHA-256 hex digest and skip reason words; the export's
+    kind. Nothing else (no name, no content) can pass."""
+    out: dict[str, Any] = {}
+    for part in _FILES_PARTS:
+        found = files.get(part)
+        if not isinstance(found, Mapping):
+            continue
+        section: dict[str, Any] = _counts(found, _FILES_COUNTS)
+        digest = found.get("digest")
+        if isinstance(digest, str) and _DIGEST.fullmatch(digest):
+            section["digest"] = digest
+        skipped = found.get("skipped")
+        section["skipped"] = {
+            str(reason): int(count)
+            for reason, count in (skipped.items() if isinstance(skipped, Mapping) else ())
+            if isinstance(reason, str) and _REASON_KEY.fullmatch(reason) and isinstance(count, int)
+        }
+        out[part] = section
+    if files.get("exported") in _EXPORTS:
+        out["exported"] = files["exported"]
     return out
 
 

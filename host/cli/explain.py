@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,8 +15,10 @@ from host.core.terminal import safe_line, safe_token
 from host.core.vocab import Route
 from host.policy.admission import decide_route, effective_policy, installed_agent, refusal_error
 from host.policy.egress import manifest_grant
+from host.policy.filesystem import FilesystemRefused, filesystem_grant
 from host.policy.rules import RouteDecision, RunPolicy, declares_llm
 from host.spec.config import HostConfig, load_config
+from host.spec.files import FilesConfig
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.model import LLM_CAP_KEYS, LLM_COST_CAP_KEY, LLM_TOKEN_CAP_KEYS, AgentManifest
 
@@ -90,6 +93,7 @@ class Explanation:
                 "declared": list(m.network_domains),
                 "granted": None if egress is None else list(egress.texts()),
             },
+            "filesystem": _filesystem(m, cfg.filesystem, sandboxed and not refused),
             "clamped": list(p.clamped),
             "requested": {
                 "allowed_packages": None if m.allowed_packages is None else list(m.allowed_packages),
@@ -104,6 +108,20 @@ class Explanation:
                 },
             },
         }
+
+
+def _filesystem(m: AgentManifest, config: FilesConfig, sandboxed: bool) -> dict[str, Any]:
+    """The effective filesystem grant: the declared level, what a run gets of its workspace, refused when
+    `agent_sandbox.filesystem.allow` does not grant it (None for both off the sandbox)."""
+    level = str(m.permissions.get("filesystem", "none"))
+    workspace, refused = None, None
+    if sandboxed:
+        try:
+            workspace = filesystem_grant(level, config).workspace
+        except FilesystemRefused as exc:
+            refused = exc.message
+    return {"level": level, "workspace": workspace, "refused": refused,
+            "limits": dataclasses.asdict(config.limits)}  # fmt: skip
 
 
 def explain_policy(slug: str, *, env: Mapping[str, str] | None = None) -> Explanation:
@@ -190,6 +208,15 @@ def _human_explain(p: Mapping[str, Any]) -> None:
     else:
         network = safe_token(egress["network"])
         line("egress", f"none (permissions.network {network}; agent_sandbox.egress grants it nothing)")
+    fs = p["filesystem"]
+    if fs["refused"]:
+        line("filesystem", f"refused: {safe_line(fs['refused'])}")
+    elif fs["workspace"] is None:
+        line("filesystem", "host path: no files area (the host's own files)")
+    else:
+        what = {"none": "no workspace", "read": "the caller's snapshot, read-only at /workspace",
+                "write": "its own copy at /workspace, its changes to the caller"}[fs["workspace"]]
+        line("filesystem", f"{safe_token(fs['level'])}: {what}; inputs and artifacts for any run")
     line("clamped by the host", names(p["clamped"]) or "nothing")
 
 

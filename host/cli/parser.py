@@ -109,6 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
                        "what agent_sandbox.egress lets a caller grant; each pack gets only what it declares)")
     reach.add_argument("--no-egress", dest="egress", action="store_const", const=(),
                        help="no egress for this run, whatever the config grants")  # fmt: skip
+    files = r.add_argument_group("files (a sandboxed agent; docs/files.md)")
+    files.add_argument("--workspace", metavar="DIR",
+                       help="hand the run a snapshot of DIR at /workspace (the pack must declare "
+                       "workspace_read or workspace_write); DIR itself is never mounted")  # fmt: skip
+    files.add_argument("--apply", action="store_true",
+                       help="apply a workspace_write run's changes to DIR when it succeeds (per file; a file "
+                       "changed in DIR since the snapshot is left as it is and reported)")  # fmt: skip
+    files.add_argument("--export-tar", metavar="FILE",
+                       help="write the run's changes as a tar to FILE (new) instead of applying them")
+    files.add_argument("--export-patch", metavar="FILE",
+                       help="write the run's text changes as a unified patch to FILE (new; git apply -p1)")
+    files.add_argument("--input", dest="inputs", action="append", metavar="NAME=PATH",
+                       help="hand the run the file PATH, read-only at /inputs/NAME (repeatable)")
+    files.add_argument("--output-dir", metavar="DIR",
+                       help="write the artifacts the agent leaves in /outputs to DIR (created; nothing in "
+                       "it is replaced), each verified by SHA-256")  # fmt: skip
 
     sv = command("serve", "run a long-running host with warm pools on an owner-only admin socket")
     sv.add_argument("--socket", help="the admin socket (default: <config dir>/agentnode-admin.sock)")

@@ -120,6 +120,8 @@ KUBERNETES_REFUSED = (
         "max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens",
         "max_cost_usd")),
     ("egress", "--allow-egress/--no-egress", "a cluster run's pod has no egress path"),
+    *((name, "--" + name.replace("_", "-"), "a cluster run takes no files yet (docs/kubernetes.md)")
+      for name in ("workspace", "apply", "export_tar", "export_patch", "inputs", "output_dir")),
 )  # fmt: skip
 """`run` options that have no meaning on a cluster: refused with --backend kubernetes (never dropped)."""
 KUBERNETES_ONLY = (("namespace", "--namespace"), ("kubeconfig", "--kubeconfig"), ("context", "--context"),
@@ -233,8 +235,70 @@ SERVE_PROBE_SECONDS = 1.0
 """How long `run` waits for a found `serve` host to accept a connection before running here instead."""
 
 
+def _files(args: argparse.Namespace) -> Any:
+    """The run's FilesRequest from its options (None when it hands no files), checked before anything
+    starts: a bad NAME=PATH or a path that cannot be right is a usage error naming the option."""
+    from pathlib import Path
+
+    from host.core.errors import SandboxError
+    from host.files.run import FilesRequest
+    from host.spec.files import FileLimits
+
+    def path(text: str | None) -> Path | None:  # absolute: a serve host's working directory is not ours
+        return Path(os.path.abspath(text)) if text else None
+
+    inputs: list[tuple[str, Path | bytes]] = []
+    for item in args.inputs or []:
+        name, sep, given = item.partition("=")
+        if not sep or not name or not given:
+            raise UsageError("--input takes NAME=PATH")
+        inputs.append((name, Path(os.path.abspath(given))))
+    request = FilesRequest(
+        workspace=path(args.workspace), apply=bool(args.apply), export_tar=path(args.export_tar),
+        export_patch=path(args.export_patch), inputs=tuple(inputs), output_dir=path(args.output_dir),
+    )
+    if request.empty:
+        if args.apply or args.export_tar or args.export_patch:
+            raise UsageError("--apply and --export-* need --workspace DIR")
+        return None
+    try:
+        request.check(FileLimits(max_files_in=10_000_000))  # names and shape; the host's limits at the run
+    except SandboxError as exc:
+        raise UsageError(f"{exc.message} ({exc.hint})") from None
+    return request
+
+
+def _files_summary(files: dict[str, Any], output_dir: str | None) -> None:
+    """What crossed the boundary, on stderr: counts, and the paths of conflicts (escaped)."""
+    parts = []
+    ws = files.get("workspace")
+    if ws:
+        skipped = sum(ws.get("skipped", {}).values())
+        left = f", {skipped} left out" if skipped else ""
+        parts.append(f"workspace {ws.get('files', 0)} file(s) in{left}")
+    if files.get("inputs"):
+        parts.append(f"{files['inputs'].get('files', 0)} input(s)")
+    ch = files.get("changes")
+    if ch:
+        parts.append(f"{ch.get('added', 0)} added, {ch.get('modified', 0)} modified, "
+                     f"{ch.get('deleted', 0)} deleted")  # fmt: skip
+    ap = files.get("applied")
+    if ap:
+        parts.append(f"applied {ap.get('applied', 0)}, {ap.get('conflicts', 0)} conflict(s)")
+    if files.get("exported"):
+        parts.append(f"exported as a {files['exported']}")
+    art = files.get("artifacts")
+    if art and art.get("added"):
+        where = f" in {safe_line(output_dir)}" if output_dir else " (not written: no --output-dir)"
+        parts.append(f"{art['added']} artifact(s){where}")
+    if parts:
+        say("files: " + "; ".join(parts), err=True)
+    for path in (ap or {}).get("conflicts_paths", [])[:20]:
+        say(f"  not applied (changed in the workspace since the snapshot): {safe_line(path)}", err=True)
+
+
 def _run_local(
-    args: argparse.Namespace, kwargs: dict[str, Any], caller: Any, limits: Any
+    args: argparse.Namespace, kwargs: dict[str, Any], caller: Any, limits: Any, files: Any = None
 ) -> tuple[RunResult, int]:
     """The run in this process: (its result, how many audit writes failed).
 
@@ -250,6 +314,8 @@ def _run_local(
     loader = threading.Thread(target=_import_the_host, daemon=True, name="host-imports")
     early = None
     with contextlib.suppress(Exception):  # the usual path meets (and reports) whatever failed here
+        if files is not None:  # a run with files mounts its area: no container starts before the host
+            raise LookupError
         early = prelaunch(args.slug, runtime=args.runtime, owner=owner_token(), env=os.environ,
                           limits=ContainerLimits(), starting=loader.start,
                           headstart=getattr(args, "headstart", None))  # fmt: skip
@@ -264,7 +330,7 @@ def _run_local(
             host.startup_sweep()
             result = host.run(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
                               on_log=_follow if args.follow else None, caller=caller, limits=limits,
-                              prelaunched=early)  # fmt: skip
+                              prelaunched=early, files=files)  # fmt: skip
         finally:
             host.close()
     finally:
@@ -281,17 +347,17 @@ def _import_the_host() -> None:
 
 
 def _run_on_serve(client: Any, args: argparse.Namespace, kwargs: dict[str, Any], caller: Any,
-                  limits: Any) -> RunResult:  # fmt: skip
+                  limits: Any, *, files: Any = None) -> RunResult:  # fmt: skip
     """The run on a `serve` host through `client` (a RunnerClient); --follow streams its lines."""
     from host.api.events import RunFinished, RunLog
 
     if not args.follow:
         result: RunResult = client.submit(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime,
-                                          caller=caller, limits=limits)  # fmt: skip
+                                          caller=caller, limits=limits, files=files)  # fmt: skip
         return result
     finished = None
     events = client.stream(args.slug, goal=args.goal, kwargs=kwargs, runtime=args.runtime, caller=caller,
-                           limits=limits)  # fmt: skip
+                           limits=limits, files=files)  # fmt: skip
     for event in events:
         if isinstance(event, RunLog):
             _follow(event.text)
@@ -309,6 +375,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--no-serve cannot be used with --via (which names the host to run on)")
     kwargs = _parse_args_kv(args.arg or [])
     caller, limits = _caller(args), _limits(args)
+    files = _files(args) if args.backend != "kubernetes" else None
     audit_failures = 0
     exit_code = EXIT_OK
     path = args.path_taken = RUN_PATH_LOCAL  # the error object of a failed run names it too
@@ -336,9 +403,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                     # the host found stopped answering before anything was submitted: run here instead
                 else:
                     path = args.path_taken = RUN_PATH_SERVE
-                    served = _run_on_serve(client, args, kwargs, caller, limits)
+                    served = _run_on_serve(client, args, kwargs, caller, limits, files=files)
         if served is None:
-            result, audit_failures = _run_local(args, kwargs, caller, limits)
+            result, audit_failures = _run_local(args, kwargs, caller, limits, files)
         else:
             result = served
     result = _printable(result)
@@ -362,6 +429,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 for line in lines:
                     _follow(line)
             print_error(f"{safe_line(result.error)} [{safe_token(result.error_code)}]", result.hint)
+        if result.files is not None:
+            _files_summary(result.files, args.output_dir)
         if audit_failures:
             say("warning: the audit record could not be written", err=True)
 
@@ -371,4 +440,5 @@ def cmd_run(args: argparse.Namespace) -> int:
         ExitState.closed = True
     if exit_code == EXIT_INTERRUPTED:
         return exit_code
-    return EXIT_OK if result.success else EXIT_FAILED
+    conflicts = (result.files or {}).get("applied", {}).get("conflicts", 0)
+    return EXIT_OK if result.success and not conflicts else EXIT_FAILED

@@ -55,6 +55,9 @@ class AuditReason(enum.StrEnum):
     """The workspace (or an input) the caller names is not a directory (a file) the host can read."""
     FILES_OVER_BOUND = "files_over_bound"
     """Files in or out of a run went over one of `agent_sandbox.filesystem.limits` (the message names it)."""
+    FILES_INCOMPLETE = "files_incomplete"
+    """A file coming back was not what the host read from the run (truncated, changed or missing): never a
+    success."""
 
 
 AUDIT_REASONS: frozenset[str] = frozenset(r.value for r in AuditReason)

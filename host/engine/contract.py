@@ -23,6 +23,23 @@ HOME_IN_CONTAINER = "/home/sandbox"
 WORKSPACE_IN_CONTAINER = "/workspace"
 """Where a run's workspace appears inside, for every runtime: its snapshot (read-only) or the run's own copy
 (writable), bind-mounted from a host-owned directory, never the caller's own (host/files/)."""
+INPUTS_IN_CONTAINER = "/inputs"
+"""Where the files a caller hands a run appear, read-only."""
+OUTPUTS_IN_CONTAINER = "/outputs"
+"""Where an agent leaves artifacts for its caller: writable by the sandbox's user only, read back by the host
+once the run's sandboxes are gone."""
+
+
+@dataclass(frozen=True)
+class FilesMounts:
+    """What of a run's files area (host/files/area.py) one sandbox mounts."""
+
+    area: str
+    """The host-owned area: `<area>/workspace`, `<area>/inputs`, `<area>/outputs`."""
+    workspace: str = "none"
+    """"none", "read" (read-only) or "write" (the run's own copy, writable)."""
+    io: bool = False
+    """The inputs (read-only) and outputs (writable): an agent's sandbox, not a tool's."""
 
 NPROC_LIMIT = 32768
 """RLIMIT_NPROC of a sandbox (see host/engine/spec.container_spec): Podman's own service limit on hosts

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from host.core.errors import AuditReason, EngineError, EngineImageNotFound, EngineRejected
-from host.engine.contract import ContainerLimits
+from host.engine.contract import ContainerLimits, FilesMounts
 from host.engine.engine import create_container, verify_runtime
 from host.engine.errors import engine_errors
 from host.engine.facts import EngineFacts, EngineKind, require_capable
@@ -114,6 +114,7 @@ def sandbox_keywords(
     warm: bool = False,
     tool_for: str = "",
     socket_wait: float = 0.0,
+    files: FilesMounts | None = None,
 ) -> dict[str, Any]:
     """The `container_spec` of one sandbox of `spec`: what `start_container` creates (and what a replayed
     create request must equal: host/runtime/prelaunch.py). `socket_wait` > 0 lets the wrapper wait that long
@@ -135,6 +136,7 @@ def sandbox_keywords(
         engine=spec.engine,
         seccomp_profile=spec.seccomp_profile,
         socket_wait=socket_wait,
+        files=files,
     )
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from host.engine.contract import (
     HOME_IN_CONTAINER,
+    INPUTS_IN_CONTAINER,
     NPROC_LIMIT,
+    OUTPUTS_IN_CONTAINER,
     PACK_DIR_IN_CONTAINER,
     SANDBOX_GID,
     SANDBOX_UID,
@@ -16,6 +18,7 @@ from host.engine.contract import (
     SOCKET_NAME,
     WORKSPACE_IN_CONTAINER,
     ContainerLimits,
+    FilesMounts,
 )
 from host.engine.facts import EngineKind
 from host.engine.labels import LABEL_OWNER, LABEL_RUN, LABEL_SLUG, LABEL_TOOL_FOR, LABEL_WARM
@@ -40,8 +43,7 @@ def container_spec(
     engine: EngineKind = EngineKind.DOCKER,
     seccomp_profile: str = "",
     socket_wait: float = 0.0,
-    workspace: str = "",
-    workspace_writable: bool = False,
+    files: FilesMounts | None = None,
 ) -> dict[str, Any]:
     """The `containers.create` keyword arguments of one run (the docker SDK's names, which `create_body`
     turns into the engine's request): every hardening decision, as plain data.
@@ -52,8 +54,9 @@ def container_spec(
     `preload` is the agent's entrypoint module, imported by the wrapper before its task arrives.
     `socket_wait` > 0 lets the wrapper wait that many seconds for its socket (a container started before its
     host serves the socket: host/runtime/prelaunch.py).
-    `workspace` (a host-owned directory: a snapshot or the run's copy, never the caller's) is mounted at
-    WORKSPACE_IN_CONTAINER, read-only unless `workspace_writable`; "" mounts nothing there.
+    `files` names the run's host-owned files area (a snapshot or the run's copy, never the caller's own
+    directory): its workspace at WORKSPACE_IN_CONTAINER (read-only unless "write"), and for an agent its
+    inputs (read-only) and outputs; None mounts none of them.
     `engine` is Docker's or Podman's; on Podman three things differ, each proven from inside by the live
     hardening tests: the home tmpfs' ownership is spelled `U` (Podman refuses `uid=`/`gid=`), /run and
     /var/tmp are overmounted read-only (with a read-only root Podman mounts writable, executable tmpfs
@@ -124,7 +127,7 @@ def container_spec(
                 "VolumeOptions": {"NoCopy": True},
             },
             {"Target": SOCKET_DIR_IN_CONTAINER, "Source": socket_dir, "Type": "bind", "ReadOnly": True},
-            *_workspace_mount(workspace, writable=workspace_writable),
+            *_files_mounts(files),
         ],
         "working_dir": HOME_IN_CONTAINER,
         "log_config": {
@@ -142,10 +145,19 @@ def container_spec(
     }
 
 
-def _workspace_mount(source: str, *, writable: bool) -> list[dict[str, Any]]:
-    if not source:
+def _files_mounts(files: FilesMounts | None) -> list[dict[str, Any]]:
+    if files is None:
         return []
-    return [{"Target": WORKSPACE_IN_CONTAINER, "Source": source, "Type": "bind", "ReadOnly": not writable}]
+    mounts: list[dict[str, Any]] = []
+    if files.workspace in ("read", "write"):
+        mounts.append({"Target": WORKSPACE_IN_CONTAINER, "Source": f"{files.area}/workspace", "Type": "bind",
+                       "ReadOnly": files.workspace != "write"})  # fmt: skip
+    if files.io:
+        mounts.append({"Target": INPUTS_IN_CONTAINER, "Source": f"{files.area}/inputs", "Type": "bind",
+                       "ReadOnly": True})  # fmt: skip
+        mounts.append({"Target": OUTPUTS_IN_CONTAINER, "Source": f"{files.area}/outputs", "Type": "bind",
+                       "ReadOnly": False})  # fmt: skip
+    return mounts
 
 
 def _ulimit(name: str, value: int) -> dict[str, Any]:

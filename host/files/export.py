@@ -25,7 +25,7 @@ MAX_PATCH_FILE_BYTES = 1 << 20
 
 def _changed_after() -> FilesError:
     return FilesError(
-        "the run's copy changed after its change set was taken", reason=AuditReason.FILES_OVER_BOUND,
+        "the run's copy changed after its change set was taken", reason=AuditReason.FILES_INCOMPLETE,
         hint="run it again: an export holds exactly what the change set reports",
     )  # fmt: skip
 
@@ -131,16 +131,22 @@ def _text(root: Path, change: Change, entry: tuple[str, int, str, int] | None) -
 
 def export_patch(changes: ChangeSet, snapshot_dir: Path, copy: Path) -> str:
     """A unified diff (`a/`, `b/` prefixes) of the files the run changed: the snapshot's content against its
-    copy's; a file that is not UTF-8 text within MAX_PATCH_FILE_BYTES is named as binary, and directories
-    and links are left to the tar."""
+    copy's; a file that is not UTF-8 text within MAX_PATCH_FILE_BYTES is named as binary, one the caller
+    changed since the snapshot (`snapshot_dir` may be the caller's own directory) is named as left out, and
+    directories and links are left to the tar."""
     parts: list[str] = []
     for change in changes.changes:
         kinds = {entry[0] for entry in (change.base, change.entry) if entry is not None}
         if kinds != {"file"}:
             continue  # directories and links are not in a patch (a tar carries them)
-        before, after = _text(snapshot_dir, change, change.base), _text(copy, change, change.entry)
         old = "/dev/null" if change.kind == "added" else f"a/{change.path}"
         new = "/dev/null" if change.kind == "deleted" else f"b/{change.path}"
+        try:
+            before = _text(snapshot_dir, change, change.base)
+        except FilesError:  # the caller's file changed since the snapshot: the patch would not apply
+            parts.append(f"Changed in the workspace since the snapshot, left out: {old}\n")
+            continue
+        after = _text(copy, change, change.entry)
         if before is None or after is None:
             parts.append(f"Binary files {old} and {new} differ\n")
             continue

@@ -97,9 +97,10 @@ class _Walk:
 
     def __init__(
         self, root: str, limits: FileLimits, progress: Callable[[str], None] | None, *, copy: bool = True,
-        max_entries: int | None = None, bound: str = "max_files_in",
+        max_entries: int | None = None, bound: str = "max_files_in", owner: tuple[int, int] | None = None,
     ) -> None:  # fmt: skip
         self.root, self.limits, self.progress, self.copying = root, limits, progress, copy
+        self.owner = owner
         self.max_entries = limits.max_files_in if max_entries is None else max_entries
         self.bound = bound
         self.report = SnapshotReport()
@@ -148,6 +149,8 @@ class _Walk:
                 if dst_fd is not None:
                     os.mkdir(name, 0o755, dir_fd=dst_fd)
                     out = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                    if self.owner is not None:
+                        os.fchown(out, *self.owner)
                 try:
                     self.report.dirs += 1
                     self.report.entries[path] = ("dir", 0, "", 0o755)
@@ -179,6 +182,8 @@ class _Walk:
                 return
             if dst_fd is not None:
                 os.symlink(rel, name, dir_fd=dst_fd)
+                if self.owner is not None:
+                    os.chown(name, *self.owner, dir_fd=dst_fd, follow_symlinks=False)
             self.report.links += 1
             self.report.entries[path] = ("link", 0, rel, 0o777)
         elif stat.S_ISFIFO(mode):
@@ -203,6 +208,8 @@ class _Walk:
             out = None
             if dst_fd is not None:
                 out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dst_fd)
+                if self.owner is not None:
+                    os.fchown(out, *self.owner)
             try:
                 size, sha = read_through(fd, st.st_size, out)
             finally:
@@ -264,21 +271,32 @@ def scan(root: Path, limits: FileLimits, *, max_entries: int, bound: str, link_r
 
 
 def snapshot(
-    source: Path, dest: Path, limits: FileLimits, *, progress: Callable[[str], None] | None = None
+    source: Path,
+    dest: Path,
+    limits: FileLimits,
+    *,
+    progress: Callable[[str], None] | None = None,
+    owner: tuple[int, int] | None = None,
 ) -> SnapshotReport:
-    """Copy the tree at `source` into `dest` (created here; it must not exist) within `limits`. FilesError
-    (`workspace_invalid`, `files_over_bound`) otherwise, with `dest` removed: nothing half-made is left."""
+    """Copy the tree at `source` into `dest` (created here, or an empty directory already mounted into a warm
+    sandbox) within `limits`. FilesError (`workspace_invalid`, `files_over_bound`) otherwise, with what was
+    copied removed: nothing half-made is left."""
     try:
         root = os.path.realpath(source)
         src = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         raise _invalid("is not a directory the host can read") from None
+    existed = dest.is_dir() and not dest.is_symlink()
     try:
-        os.mkdir(dest, 0o755)
+        if existed:
+            if any(os.scandir(dest)):
+                raise FileExistsError(f"{dest} is not empty")
+        else:
+            os.mkdir(dest, 0o755)
     except OSError:
         os.close(src)
         raise
-    walk = _Walk(root, limits, progress)
+    walk = _Walk(root, limits, progress, owner=owner)  # `owner`: the run's user, when it writes its copy
     try:
         dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
@@ -286,7 +304,7 @@ def snapshot(
         finally:
             os.close(dst)
     except BaseException:
-        _remove(dest)
+        _remove(dest, keep=existed)
         raise
     finally:
         os.close(src)
@@ -294,11 +312,21 @@ def snapshot(
     return walk.report
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path, *, keep: bool = False) -> None:
+    """Remove `path`'s tree (only its contents with `keep`: a directory mounted into a sandbox stays)."""
     import shutil  # noqa: PLC0415 (only a failed snapshot needs it)
 
-    with contextlib.suppress(OSError):
-        shutil.rmtree(path)
+    if not keep:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(path)
+        return
+    with contextlib.suppress(OSError), os.scandir(path) as found:
+        for entry in found:
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
 
 
 __all__ = [

@@ -33,6 +33,8 @@ class RunResult:
     warm: bool = False
     stages: dict[str, float] = field(default_factory=dict)
     reason: AuditReason | None = None
+    files: dict[str, Any] | None = None
+    """What crossed the boundary when the caller handed the run files (host/files/run.py FilesOutcome)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +48,7 @@ class RunResult:
             "duration_ms": self.duration_ms,
             "hint": self.hint or None,
             "logs": self.logs,
+            **({"files": self.files} if self.files is not None else {}),
         }
 
 

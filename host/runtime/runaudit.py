@@ -13,6 +13,7 @@ from host.audit.records import run_record, start_record
 from host.core.errors import AuditReason, SandboxError
 from host.core.logs import set_run_id
 from host.core.vocab import Source
+from host.files.run import RunFiles
 from host.llm.session import LlmSession
 from host.policy.admission import Admission
 from host.policy.caller import NO_CALLER, CallerInfo
@@ -35,6 +36,8 @@ class RunFacts:
     gate: ToolGate | None = None
     egress: RunEgress | None = None
     """The run's egress account (a sandboxed run's), whatever its grant."""
+    files: RunFiles | None = None
+    """The run's files (host/files/run.py), when its caller handed it any."""
     stages: dict[str, float] = field(default_factory=dict)
     on_stage: Callable[[str], None] | None = None
     on_log: Callable[[str], None] | None = None
@@ -183,6 +186,7 @@ class RunAudit:
             llm_tool_calls_refused=int(usage.get("tool_calls_refused", 0)),
             caller=None if run.caller.empty else run.caller.record(),
             egress=run.egress.ledger.summary() if run.egress is not None and run.egress.routed else None,
+            files=run.files.outcome.summary() if run.files is not None else None,
         )
         # durable before the result is returned; the head's own fsync follows it (`settle`)
         return self.log.append(record, head_later=True)

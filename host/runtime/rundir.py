@@ -16,6 +16,7 @@ from pathlib import Path
 
 from host.core.owner import owner_alive
 from host.engine.contract import EGRESS_SOCKET_NAME, SOCKET_NAME
+from host.files.area import AREA_SUFFIX, FilesArea, area_of
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
@@ -83,11 +84,18 @@ class RunDir:
         """Beside the directory: what run this is, so a host that restarts after a crash can audit it."""
         return self.path.with_name(self.path.name + _RUN_SUFFIX)
 
+    @property
+    def files_area(self) -> Path:
+        """Beside the directory: the run's workspace, inputs and outputs (host/files/area.py), if any."""
+        return area_of(self.path)
+
     def record_run(self, info: Mapping[str, object]) -> None:
         self.run_file.write_text(json.dumps(dict(info)))
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        if os.path.lexists(self.files_area):
+            FilesArea(self.files_area, True).remove()  # its tmpfs detached, then the tree removed
         self.owner_file.unlink(missing_ok=True)
         self.run_file.unlink(missing_ok=True)
 
@@ -151,6 +159,11 @@ def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
     for entry in root.iterdir():
         if not entry.name.startswith(_PREFIX):
             continue
+        if entry.name.endswith(AREA_SUFFIX):  # a run's files: they go with its directory, or once it went
+            if not entry.with_name(entry.name.removesuffix(AREA_SUFFIX)).exists():
+                FilesArea(entry, True).remove()
+                removed.append(entry.name)
+            continue
         if entry.name.endswith(_RUN_SUFFIX) and entry.is_file():
             if not RunDir(entry.with_name(entry.name.removesuffix(_RUN_SUFFIX))).path.exists():
                 entry.unlink(missing_ok=True)
@@ -170,9 +183,7 @@ def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
         if owner_alive(owner) if owner else _young(entry):
             continue
         with contextlib.suppress(OSError):
-            shutil.rmtree(entry)
-            rundir.owner_file.unlink(missing_ok=True)
-            rundir.run_file.unlink(missing_ok=True)
+            rundir.remove()
             removed.append(entry.name)
     return removed
 

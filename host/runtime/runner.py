@@ -16,12 +16,14 @@ from host.audit.log import AuditLog
 from host.core.errors import AuditReason, EngineError, SandboxError
 from host.core.logs import set_run_id
 from host.core.owner import owner_token
-from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits, FilesMounts
 from host.engine.engine import open_engine, sweep_containers
 from host.engine.http import EngineClient
+from host.files.run import FilesRequest
 from host.llm.broker import LlmBroker
 from host.policy.admission import Admission, admit
 from host.policy.caller import NO_CALLER, CallerInfo, RunOverrides
+from host.policy.filesystem import FilesystemGrant
 from host.runtime.backends.container import DockerBackend
 from host.runtime.backends.hostproc import HostBackend
 from host.runtime.backends.sequential import SequentialBackend
@@ -32,6 +34,7 @@ from host.runtime.pool import PoolSettings, WarmPools
 from host.runtime.result import RunResult, from_error, from_outcome, host_fault, withheld
 from host.runtime.runaudit import RunAudit, RunFacts
 from host.runtime.rundir import orphaned_runs, sweep_run_dirs
+from host.runtime.runfiles import collect_files, files_for, prepare_files
 from host.runtime.runserver import MAX_CONNECTIONS_PER_RUN
 from host.runtime.session import RunSession
 from host.runtime.telemetry.tracing import RunTracer
@@ -175,6 +178,7 @@ class SandboxHost:
         limits: RunOverrides | None = None,
         defer: Callable[[Callable[[], None]], None] | None = None,
         prelaunched: Prelaunched | None = None,
+        files: FilesRequest | None = None,
     ) -> RunResult:
         """Run an installed agent; every path, refusals included, ends with exactly one audit record.
 
@@ -185,7 +189,9 @@ class SandboxHost:
         member's replacement may start, a background teardown is queued) to run once the result has reached
         its caller; by default it runs as the result is returned. `prelaunched` is a container a one-shot
         `run` started for this run before the host was built (host/runtime/prelaunch.py): adopted if it is the
-        sandbox this run would start, else left for the caller to discard.
+        sandbox this run would start, else left for the caller to discard. `files` is what the caller hands
+        the run (a workspace, inputs) and wants back (host/files/run.py); the result's `files` says what
+        crossed.
         """
         # a prelaunched container began the run (host/runtime/prelaunch.py): its time counts, and the
         # deadline's
@@ -202,10 +208,13 @@ class SandboxHost:
             if run.admission.refusal is not None:
                 raise run.admission.refusal
             run.admission, per_run = _with_caller_limits(run.admission, limits, self.config)
+            wanted = files_for(run.admission, files, self.config, local=self.sandbox is self.docker)
+            if wanted is not None:
+                prelaunched = None  # its container has no files area mounted: the caller discards it
             run.mark("routed")
             with self.fds.hold():  # before anything is built: a full host refuses cleanly
                 result = self._execute(run, run.admission, goal, dict(kwargs or {}), on_start,
-                                       prelaunched=prelaunched, egress=per_run)  # fmt: skip
+                                       prelaunched=prelaunched, egress=per_run, files=wanted)  # fmt: skip
         except SandboxError as exc:
             result = from_error(exc)
         except Exception as exc:  # noqa: BLE001 (the host loop fails closed on anything)
@@ -235,29 +244,13 @@ class SandboxHost:
                     observer.run_ended(run, reason=reason, success=result.success,
                                        duration_ms=result.duration_ms)  # fmt: skip
         finally:
-            after = functools.partial(self._after_result, run)
+            after = functools.partial(_after_result, self, run)
             if defer is None:
                 after()
             else:
                 defer(after)
             set_run_id("")  # this thread's work for the run is over
         return result
-
-    def _after_result(self, run: RunFacts) -> None:
-        """What follows a run's result; never raises (it may run on a gRPC thread after the answer left)."""
-        if run.release is not None:
-            run.release()
-        self.records.settle()  # the audit head's fsync, which the result did not wait for
-        with contextlib.suppress(Exception):
-            self.fds.refresh()  # the descriptor count the next admission would otherwise take
-        if run.warm and self.pools is not None:
-            self.pools.settled(run.run_id)  # its pool may refill now (host/runtime/pool.py)
-        if run.after_result is not None:
-            try:
-                run.after_result()  # inline once the host closes: a failure keeps the result
-            except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
-                self.teardowns.failures += 1
-                logger.warning("teardown of run %s failed: %s", run.run_id, type(exc).__name__)
 
     def _execute(
         self,
@@ -269,14 +262,16 @@ class SandboxHost:
         *,
         prelaunched: Prelaunched | None = None,
         egress: tuple[Rule, ...] | None = None,
+        files: tuple[FilesRequest, FilesystemGrant] | None = None,
     ) -> RunResult:
         """One admitted run on its backend: workload, session, watch, outcome; always torn down. `egress`
-        is the caller's grant for this run (None: the standing grants)."""
+        is the caller's grant for this run (None: the standing grants); `files` what its caller hands it
+        (checked by `_files_for`: a run with files is a cold one on this host's engine)."""
         assert a.entry is not None and a.manifest is not None and a.policy is not None
         backend: Backend[Any] = self.sequential if a.sequential else (
             self.sandbox if a.sandboxed else self.host_process
         )
-        box = backend.claim(a)
+        box = backend.claim(a) if files is None else None
         early = prelaunched if box is None and backend is self.docker and prelaunched is not None else None
         if early is not None and not early.serves(a, pin=self.docker.image_pin, limits=self.limits):
             early = None
@@ -291,16 +286,19 @@ class SandboxHost:
             deadline = run.started + a.policy.max_runtime_seconds
             run.egress = RunEgress(self.config.agent_sandbox.egress, per_run=egress)
             agent_route = run.egress.route_for_entry(a.entry) if backend is self.docker else None
+            mounts = None if files is None else prepare_files(run, files, self.config, self.env)
             run.gate, run.llm = run_services(
                 a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker, slug=a.slug,
                 tool_runner=self.tool_runner,
-                sandboxes=self.tool_sandboxes.for_run(run.run_id, a.runtime, run.stages, run.egress),
+                sandboxes=self.tool_sandboxes.for_run(run.run_id, a.runtime, run.stages, run.egress,
+                                                      files=run.files),
             )  # fmt: skip
             task = run_task(run.run_id, a.manifest, a.policy, goal=goal, kwargs=kwargs)
             self.records.start(run)
             # Torn down after the result: the wrapper's answer waits for the end record (its exit competes
             # with the audit's fsync); a workload torn down before the result is released by its teardown.
-            hold = self.teardowns.background and a.sandboxed
+            # A run with files is read back after its sandbox is gone: its wrapper is never held.
+            hold = self.teardowns.background and a.sandboxed and run.files is None
             if box is not None:
                 self._active[run.run_id] = box.session
                 box.session.hold_report = hold
@@ -317,10 +315,8 @@ class SandboxHost:
                 session.listen_logs(run.on_log)
                 self._active[run.run_id] = session
                 info = run.crash_record()
-                if early is not None:
-                    work = self.docker.adopt(early, session=session, run_info=info)
-                else:
-                    work = backend.launch(spec, run_id=run.run_id, session=session, run_info=info)
+                work = _start_cold(self, backend, spec, early, mounts, run_id=run.run_id, session=session,
+                                   info=info)  # fmt: skip
                 run.launched(work.stages, sandboxed=a.sandboxed)
             assert work is not None
             if on_start is not None:
@@ -338,7 +334,14 @@ class SandboxHost:
                 idle_limit=idle_limit,
                 pids_limit=self.limits.pids,
             )
-            return from_outcome(outcome, work.sink.text())
+            result = from_outcome(outcome, work.sink.text())
+            if run.files is not None:
+                # Read back once no sandbox of the run is left to write: its tools', then its own.
+                run.gate.close()
+                done, work = work, None
+                self.teardowns.submit(backend, done, lambda: run.mark("teardown"), inline=True)
+                result = collect_files(run, result)
+            return result
         finally:
             self._active.pop(run.run_id, None)
             if run.egress is not None:
@@ -354,6 +357,38 @@ class SandboxHost:
                     run.after_result = teardown  # it would compete with the audit for the host's cores
                 else:
                     teardown()
+            if run.files is not None:
+                run.files.close()  # the area gone (a container still going keeps its detached view)
+
+
+def _after_result(host: SandboxHost, run: RunFacts) -> None:
+    """What follows a run's result; never raises (it may run on a gRPC thread after the answer left)."""
+    if run.release is not None:
+        run.release()
+    host.records.settle()  # the audit head's fsync, which the result did not wait for
+    with contextlib.suppress(Exception):
+        host.fds.refresh()  # the descriptor count the next admission would otherwise take
+    if run.warm and host.pools is not None:
+        host.pools.settled(run.run_id)  # its pool may refill now (host/runtime/pool.py)
+    if run.after_result is not None:
+        try:
+            run.after_result()  # inline once the host closes: a failure keeps the result
+        except Exception as exc:  # noqa: BLE001 (counted and logged; the startup sweep is the backstop)
+            host.teardowns.failures += 1
+            logger.warning("teardown of run %s failed: %s", run.run_id, type(exc).__name__)
+
+
+def _start_cold(
+    host: SandboxHost, backend: Backend[Any], spec: Any, early: Prelaunched | None,
+    mounts: FilesMounts | None, *, run_id: str, session: RunSession, info: dict[str, object],
+) -> Workload:  # fmt: skip
+    """A cold run's workload: the prelaunched container adopted, or one started (with its files area
+    mounted when it has one: only this host's engine mounts one)."""
+    if early is not None:
+        return host.docker.adopt(early, session=session, run_info=info)
+    if mounts is not None:
+        return host.docker.launch(spec, run_id=run_id, session=session, run_info=info, files=mounts)
+    return backend.launch(spec, run_id=run_id, session=session, run_info=info)
 
 
 def _with_caller_limits(

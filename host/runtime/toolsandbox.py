@@ -27,10 +27,12 @@ from typing import Any
 
 from host.core.errors import ConfigError
 from host.core.strictjson import JsonRejected, dumps_strict
+from host.files.run import RunFiles
 from host.runtime.backends.container import DockerBackend, ToolSandbox
 from host.runtime.egress import RunEgress
 from host.runtime.workload import Teardowns
 from host.spec.config import HostConfig, sandbox_enabled
+from host.spec.files import FilesConfig
 from host.spec.lockfile import Lockfile
 from host.tools.calls import (
     MODE_TOOL_SANDBOX,
@@ -91,9 +93,12 @@ class ToolSandboxes:
         dispose: Callable[[ToolSandbox], None],
         stages: dict[str, float] | None = None,
         egress: RunEgress | None = None,
+        files: RunFiles | None = None,
+        files_config: FilesConfig | None = None,
     ) -> None:
         self._backend = backend
         self._egress = egress
+        self._files, self._files_config = files, files_config
         self._lockfile = lockfile
         self._run_id = run_id
         self._runtime = runtime
@@ -208,7 +213,12 @@ class ToolSandboxes:
         t0 = time.monotonic()
         try:
             route = self._egress.route_for_entry(entry) if self._egress is not None else None
-            box = self._backend.launch_tool_sandbox(entry, self._runtime, tool_for=self._run_id, egress=route)
+            mounts = None
+            if self._files is not None and self._files_config is not None:
+                level = entry.parsed_manifest().permissions.get("filesystem", "none")
+                mounts = self._files.tool_mounts(level, self._files_config)
+            box = self._backend.launch_tool_sandbox(entry, self._runtime, tool_for=self._run_id, egress=route,
+                                                    files=mounts)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 (a start that fails is this call's failure, named in the log)
             why = getattr(exc, "reason", type(exc).__name__)
             logger.warning("tool sandbox of %s failed to start: %s", pack.slug, why)
@@ -266,13 +276,20 @@ class ToolSandboxLauncher:
             self.enabled = False
         self._teardowns = teardowns
         self._runtime = config.agent_sandbox.runtime
+        self._files_config = config.agent_sandbox.filesystem
 
     def for_run(
-        self, run_id: str, runtime: str | None, stages: dict[str, float], egress: RunEgress | None = None
+        self,
+        run_id: str,
+        runtime: str | None,
+        stages: dict[str, float],
+        egress: RunEgress | None = None,
+        *,
+        files: RunFiles | None = None,
     ) -> ToolSandboxes | None:
         """A run's tool sandboxes: the run's runtime (the host's for a run that has none, as on the host
-        path), its stage dict, its egress (each pack's own grant, on the run's ledger), teardown like any
-        workload's (in the background under serve)."""
+        path), its stage dict, its egress (each pack's own grant, on the run's ledger), its workspace (as
+        each pack's own level grants it), teardown like any workload's (in the background under serve)."""
         if not self.enabled:
             return None
         return ToolSandboxes(
@@ -283,6 +300,8 @@ class ToolSandboxLauncher:
             dispose=lambda box: self._teardowns.submit(self.backend, box, lambda: None, inline=False),
             stages=stages,
             egress=egress,
+            files=files,
+            files_config=self._files_config,
         )
 
 

@@ -41,8 +41,6 @@ class FileLimits:
     """A relative path, in UTF-8 bytes."""
     max_depth: int = 32
     """Directories a path may pass through."""
-    temp_bytes: int = 256 << 20
-    """The private scratch of a `temp` (and every writable) grant."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ _SECTION_KEYS = ("allow", "limits")
 _LIMIT_RANGES: dict[str, tuple[float, float]] = {
     "max_files_in": (0, 10_000_000), "max_bytes_in": (0, 2**40), "max_files_out": (0, 10_000_000),
     "max_bytes_out": (0, 2**40), "max_file_bytes": (0, 2**40), "max_path_bytes": (16, 4096),
-    "max_depth": (1, 256), "temp_bytes": (1 << 20, 2**40),
+    "max_depth": (1, 256),
 }  # fmt: skip
 
 

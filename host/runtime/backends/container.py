@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
 from host.egress.proxy import EgressRoute
-from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits, FilesMounts
 from host.engine.engine import follow_logs, read_logs, remove_and_verify
 from host.engine.errors import engine_errors
 from host.engine.facts import EngineFacts, EngineKind, engine_facts
@@ -80,6 +80,7 @@ class Sandbox(Workload):
         serve: Callable[[str], SocketServer] | None = None,
         tool_for: str = "",
         egress: EgressRoute | None = None,
+        files: FilesMounts | None = None,
     ) -> Self:
         """Create the run dir and socket server, then create and start the container.
 
@@ -90,7 +91,8 @@ class Sandbox(Workload):
         the error (START_FAILED or a classified engine error) rises. A tool sandbox (`tool_for`: the run
         it serves) has `serve` build its socket's server and runs the wrapper's tool-server mode; its
         `egress` is its own pack's (an agent's is its session's). The egress socket is served before the
-        container starts, so the wrapper finds it when it looks.
+        container starts, so the wrapper finds it when it looks. `files` mounts parts of the run's files
+        area (made and filled by the caller: host/files/run.py) into it.
         """
         t0 = time.monotonic()
         warm = session is None and not tool_for
@@ -113,7 +115,7 @@ class Sandbox(Workload):
             box.mark("socket_ready")
             keywords = sandbox_keywords(
                 spec, run_id=run_id, name=box.name, owner=owner, socket_dir=str(rundir.path), warm=warm,
-                tool_for=tool_for,
+                tool_for=tool_for, files=files,
             )  # fmt: skip
             box.container_id = start_container(
                 client, spec, keywords, mark=box.mark, created=lambda cid: setattr(box, "container_id", cid)
@@ -344,6 +346,7 @@ class DockerBackend:
         run_id: str,
         session: RunSession | None = None,
         run_info: Mapping[str, object] | None = None,
+        files: FilesMounts | None = None,
     ) -> Sandbox:
         with self._image_gone_forgotten():
             return Sandbox.launch(
@@ -354,6 +357,7 @@ class DockerBackend:
                 env=self.env,
                 session=session,
                 run_info=run_info,
+                files=files,
             )
 
     def adopt(
@@ -373,7 +377,13 @@ class DockerBackend:
             raise
 
     def launch_tool_sandbox(
-        self, entry: LockEntry, runtime: str, *, tool_for: str, egress: EgressRoute | None = None
+        self,
+        entry: LockEntry,
+        runtime: str,
+        *,
+        tool_for: str,
+        egress: EgressRoute | None = None,
+        files: FilesMounts | None = None,
     ) -> ToolSandbox:
         """Start a tool sandbox for run `tool_for`: the tool pack's own volume, verified as an agent's is,
         the run's runtime and image pin, its own socket served by a ToolLink (connect it next), and its own
@@ -388,6 +398,7 @@ class DockerBackend:
                 serve=ToolLink,
                 tool_for=tool_for,
                 egress=egress,
+                files=files,
             )
 
     def teardown(self, workload: Workload) -> None:

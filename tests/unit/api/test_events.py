@@ -64,3 +64,21 @@ def test_both_clients_take_the_same_arguments() -> None:
 
     assert shape(RunnerClient.submit) == shape(AsyncRunnerClient.submit)
     assert shape(RunnerClient.stream) == shape(AsyncRunnerClient.stream)
+
+
+def test_a_files_request_and_a_reports_files_cross_the_wire_unchanged() -> None:
+    from pathlib import Path
+
+    from host.api.events import files_message, files_request, result_from
+    from host.api.server import report_from
+    from host.files.run import FilesRequest
+    from host.runtime.result import RunResult
+
+    request = FilesRequest(workspace=Path("/p"), export_patch=Path("/x.patch"),
+                           inputs=(("a", Path("/a")), ("b", b"\x00\xff")), output_dir=Path("/o"))  # fmt: skip
+    wire = run_request(runner_pb2.SubmitRunRequest, "s", {"files": request})
+    assert files_request(wire.files) == request and files_message(request) == wire.files
+    assert not run_request(runner_pb2.SubmitRunRequest, "s", {"files": FilesRequest()}).HasField("files")
+    files = {"workspace": {"files": 2, "digest": "a" * 64}, "changes": {"paths": [{"path": "ä.txt"}]}}
+    back = result_from(report_from(RunResult(True, result=1, files=files)))
+    assert back.files == files and result_from(report_from(RunResult(True, result=1))).files is None

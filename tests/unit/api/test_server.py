@@ -19,6 +19,7 @@ import pytest
 from host._proto.agentnode.sandbox.v1 import runner_pb2, runner_pb2_grpc
 from host.api.client import RunnerClient
 from host.api.server import build_admin_server
+from host.files.run import FilesRequest
 from host.policy.caller import CallerInfo, RunOverrides
 from host.runtime.runner import RunResult
 
@@ -92,6 +93,12 @@ BAD_REQUESTS = {
                       "limits: max_runtime_seconds must be"),
     "limit_cost": ({"limits": runner_pb2.RunLimitOverrides(max_cost_usd=float("nan"))},
                    "limits: max_cost_usd must be"),
+    "files_apply_alone": ({"files": runner_pb2.RunFiles(apply=True)}, "files: --apply and --export-* need"),
+    "files_input_name": ({"files": runner_pb2.RunFiles(inputs=[runner_pb2.RunInput(name="../x", data=b"")])},
+                         "files: an input name is refused (name_dot)"),
+    "files_input_twice": (
+        {"files": runner_pb2.RunFiles(inputs=[runner_pb2.RunInput(name="a", data=b"")] * 2)},
+        "files: two inputs have the same name"),
 }
 
 
@@ -136,6 +143,14 @@ def test_a_valid_request_runs_and_streams_started_then_the_report(admin: tuple[F
     limits = runner_pb2.RunLimitOverrides(max_tool_calls=0, max_cost_usd=0.5)
     _submit(stub, {"limits": limits})
     assert host.runs[2]["limits"] == RunOverrides(max_tool_calls=0, max_cost_usd=0.5)
+    assert host.runs[2]["files"] is None
+    files = runner_pb2.RunFiles(workspace="/srv/project", apply=True, output_dir="/srv/out", inputs=[
+        runner_pb2.RunInput(name="data.csv", path="/srv/data.csv"),
+        runner_pb2.RunInput(name="raw", data=b"\0")])  # fmt: skip
+    _stream(stub, {"files": files})
+    assert host.runs[3]["files"] == FilesRequest(
+        workspace=Path("/srv/project"), apply=True, output_dir=Path("/srv/out"),
+        inputs=(("data.csv", Path("/srv/data.csv")), ("raw", b"\0")))  # fmt: skip
 
 
 def _followed(host: FakeHost, n: int) -> list[float]:

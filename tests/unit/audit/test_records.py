@@ -21,7 +21,7 @@ def test_run_record_has_exactly_the_documented_fields() -> None:
         "image", "duration_ms", "timed_out", "llm", "tool_calls", "tool_refusals",
         "tool_calls_host_worker", "tool_calls_tool_sandbox", "tool_sandboxes_started", "llm_tool_calls",
         "llm_tool_calls_refused",
-        "caller", "egress",
+        "caller", "egress", "files",
     ]
     assert rec["event"] == "agent_run"
     assert rec["reason"] == "agent_completed" and type(rec["reason"]) is str

@@ -86,6 +86,7 @@ def test_doctor_and_policy_explain_rows_are_escaped(
                 "model": "gpt" + HOSTILE, "configured": True},
         "egress": {"network": "restricted" + HOSTILE, "declared": ["d" + HOSTILE],
                    "granted": ["g" + HOSTILE]},
+        "filesystem": {"level": "any" + HOSTILE, "workspace": "write", "refused": None, "limits": {}},
         "requested": {"allowed_packages": ["tools" + HOSTILE], "max_tool_calls": 40,
                       "max_runtime_seconds": 20, "max_iterations": 10, "llm": requested_llm},
     }  # fmt: skip
@@ -122,3 +123,31 @@ def test_policy_explain_shows_the_agents_egress_grant(tmp_path: Path) -> None:
                            "granted": ["api.example.com", "*.docs.example"]}  # fmt: skip
     human = cli(env, "policy", "explain", "netty").stdout
     assert "egress:" in human and "api.example.com, *.docs.example" in human
+
+
+@pytest.mark.parametrize(("level", "allow", "workspace", "words"), [
+    ("workspace_read", None, "read", "the caller's snapshot, read-only at /workspace"),
+    ("any", None, "write", "its own copy at /workspace"),
+    ("none", None, "none", "no workspace"),
+    ("workspace_write", ["workspace_read"], None, "refused: the pack declares permissions.filesystem"),
+])  # fmt: skip
+def test_policy_explain_shows_the_agents_filesystem_grant(
+    tmp_path: Path, level: str, allow: list[str] | None, workspace: str | None, words: str
+) -> None:
+    env = cli_env(tmp_path, AGENTNODE_AGENT_SANDBOX="1")
+    state = Path(env["AGENTNODE_CONFIG"])
+    state.mkdir()
+    section: dict[str, Any] = {"host_trust_policy": "none", "image": "sha256:" + "a" * 64}  # no engine needed
+    if allow is not None:
+        section["filesystem"] = {"allow": allow}
+    (state / "config.json").write_text(json.dumps({"agent_sandbox": section}))
+    pack = write_agent(tmp_path / "src", "filer", "")
+    with (pack / "agentnode.yaml").open("a") as fh:
+        fh.write(f"permissions:\n  filesystem:\n    level: {level}\n")
+    assert cli(env, "install", pack, "--trust", "trusted").returncode == 0
+    p = json_out(cli(env, "policy", "explain", "filer", "--json"))
+    check_schema("policy-explain", p)
+    fs = p["filesystem"]
+    assert (fs["level"], fs["workspace"]) == (level, workspace)
+    assert (fs["refused"] is not None) == (workspace is None) and fs["limits"]["max_files_in"] == 20_000
+    assert words in cli(env, "policy", "explain", "filer").stdout

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from host.engine.contract import HOME_IN_CONTAINER, NPROC_LIMIT, ContainerLimits
+from host.engine.contract import HOME_IN_CONTAINER, NPROC_LIMIT, ContainerLimits, FilesMounts
 from host.engine.facts import EngineKind
 from host.engine.labels import LABEL_OWNER, LABEL_RUN, LABEL_SLUG, LABEL_WARM
 from host.engine.spec import container_spec, create_body
@@ -164,14 +164,24 @@ def test_spec_mounts_exactly_pack_and_socket_dir_read_only() -> None:
     assert not any(sock in text for sock in ENGINE_SOCKETS)
 
 
-@pytest.mark.parametrize("writable", [False, True])
-def test_a_workspace_is_one_more_bind_at_a_fixed_path(writable: bool) -> None:
-    source = "/run/agentnode-sandbox/ws-run123"
-    mounts = spec(workspace=source, workspace_writable=writable)["mounts"]
+@pytest.mark.parametrize("workspace", ["read", "write"])
+def test_a_workspace_is_one_more_bind_at_a_fixed_path(workspace: str) -> None:
+    area = "/run/agentnode-sandbox/run-run123.files"
+    mounts = spec(files=FilesMounts(area, workspace=workspace))["mounts"]
     assert mounts[:2] == spec()["mounts"]
-    bind = {"Target": "/workspace", "Source": source, "Type": "bind", "ReadOnly": not writable}
+    bind = {"Target": "/workspace", "Source": f"{area}/workspace", "Type": "bind",
+            "ReadOnly": workspace == "read"}  # fmt: skip
     assert mounts[2:] == [bind]
-    assert spec(workspace_writable=True)["mounts"] == spec()["mounts"]  # no workspace: nothing at /workspace
+    assert spec(files=FilesMounts(area))["mounts"] == spec()["mounts"]  # no workspace: nothing at /workspace
+
+
+def test_an_agents_inputs_are_read_only_and_its_outputs_writable() -> None:
+    area = "/run/agentnode-sandbox/run-run123.files"
+    mounts = spec(files=FilesMounts(area, io=True))["mounts"][2:]
+    assert mounts == [
+        {"Target": "/inputs", "Source": f"{area}/inputs", "Type": "bind", "ReadOnly": True},
+        {"Target": "/outputs", "Source": f"{area}/outputs", "Type": "bind", "ReadOnly": False},
+    ]
 
 
 def test_spec_labels_and_bounded_logs() -> None:

@@ -403,7 +403,7 @@ class FakeBackend:
         self.lock = threading.Lock()
 
     def launch_tool_sandbox(
-        self, entry: Entry, runtime: str, *, tool_for: str, egress: object = None
+        self, entry: Entry, runtime: str, *, tool_for: str, egress: object = None, files: object = None
     ) -> FakeBox:
         time.sleep(self.launch_delay)
         box = _launch(self.tmp_path, self.root)

@@ -580,3 +580,11 @@ def test_finishing_the_run_stops_pending_retries(host: FakeHost, served: Served)
     finally:
         channel.close()
     assert len(host.tool_requests) == 1
+
+
+def test_the_wrapper_finds_the_run_files_where_the_host_mounts_them() -> None:
+    from host.engine.contract import INPUTS_IN_CONTAINER, OUTPUTS_IN_CONTAINER, WORKSPACE_IN_CONTAINER
+    from sandbox_wrapper import _context
+
+    assert (_context.WORKSPACE_DIR, _context.INPUTS_DIR, _context.OUTPUTS_DIR) == (
+        WORKSPACE_IN_CONTAINER, INPUTS_IN_CONTAINER, OUTPUTS_IN_CONTAINER)  # fmt: skip

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-host/_proto/agentnode/sandbox/v1/runner.proto\x12\x14\x61gentnode.sandbox.v1\"&\n\x16RunAdminCommandRequest\x12\x0c\n\x04\x61rgs\x18\x01 \x03(\t\"L\n\x17RunAdminCommandResponse\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06stdout\x18\x02 \x01(\t\x12\x0e\n\x06stderr\x18\x03 \x01(\t\"\xd1\x01\n\x10SubmitRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12\x34\n\x06\x63\x61ller\x18\x05 \x01(\x0b\x32$.agentnode.sandbox.v1.CallerMetadata\x12\x37\n\x06limits\x18\x06 \x01(\x0b\x32\'.agentnode.sandbox.v1.RunLimitOverridesB\x07\n\x05_goal\"\xf1\x02\n\x11RunLimitOverrides\x12 \n\x13max_runtime_seconds\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x0emax_iterations\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x1a\n\rmax_llm_calls\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x1d\n\x10max_total_tokens\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x19\n\x0cmax_cost_usd\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x34\n\x06\x65gress\x18\x07 \x01(\x0b\x32$.agentnode.sandbox.v1.EgressOverrideB\x16\n\x14_max_runtime_secondsB\x11\n\x0f_max_tool_callsB\x11\n\x0f_max_iterationsB\x10\n\x0e_max_llm_callsB\x13\n\x11_max_total_tokensB\x0f\n\r_max_cost_usd\"\x1f\n\x0e\x45gressOverride\x12\r\n\x05\x61llow\x18\x01 \x03(\t\"\xa5\x01\n\x0e\x43\x61llerMetadata\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12@\n\x06labels\x18\x03 \x03(\x0b\x32\x30.agentnode.sandbox.v1.CallerMetadata.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x11SubmitRunResponse\x12/\n\x06report\x18\x01 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReport\"\xd1\x01\n\x10StreamRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12\x34\n\x06\x63\x61ller\x18\x05 \x01(\x0b\x32$.agentnode.sandbox.v1.CallerMetadata\x12\x37\n\x06limits\x18\x06 \x01(\x0b\x32\'.agentnode.sandbox.v1.RunLimitOverridesB\x07\n\x05_goal\"\xa8\x01\n\x11StreamRunResponse\x12\x18\n\x0estarted_run_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05stage\x18\x02 \x01(\tH\x00\x12\x31\n\x06report\x18\x03 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReportH\x00\x12,\n\x03log\x18\x04 \x01(\x0b\x32\x1d.agentnode.sandbox.v1.LogLineH\x00\x42\x07\n\x05\x65vent\"\'\n\x07LogLine\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"&\n\x11\x43\x61ncelRunResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xbc\x02\n\tRunReport\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x11\n\tmode_used\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x11\n\ttimed_out\x18\x07 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x08 \x01(\r\x12\x0c\n\x04hint\x18\t \x01(\t\x12\x0c\n\x04logs\x18\n \x01(\t\x12\x0c\n\x04warm\x18\x0b \x01(\x08\x12@\n\tstages_ms\x18\x0c \x03(\x0b\x32-.agentnode.sandbox.v1.RunReport.StagesMsEntry\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x9b\x03\n\rRunnerService\x12\\\n\tSubmitRun\x12&.agentnode.sandbox.v1.SubmitRunRequest\x1a\'.agentnode.sandbox.v1.SubmitRunResponse\x12^\n\tStreamRun\x12&.agentnode.sandbox.v1.StreamRunRequest\x1a\'.agentnode.sandbox.v1.StreamRunResponse0\x01\x12\\\n\tCancelRun\x12&.agentnode.sandbox.v1.CancelRunRequest\x1a\'.agentnode.sandbox.v1.CancelRunResponse\x12n\n\x0fRunAdminCommand\x12,.agentnode.sandbox.v1.RunAdminCommandRequest\x1a-.agentnode.sandbox.v1.RunAdminCommandResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-host/_proto/agentnode/sandbox/v1/runner.proto\x12\x14\x61gentnode.sandbox.v1\"&\n\x16RunAdminCommandRequest\x12\x0c\n\x04\x61rgs\x18\x01 \x03(\t\"L\n\x17RunAdminCommandResponse\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06stdout\x18\x02 \x01(\t\x12\x0e\n\x06stderr\x18\x03 \x01(\t\"\x80\x02\n\x10SubmitRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12\x34\n\x06\x63\x61ller\x18\x05 \x01(\x0b\x32$.agentnode.sandbox.v1.CallerMetadata\x12\x37\n\x06limits\x18\x06 \x01(\x0b\x32\'.agentnode.sandbox.v1.RunLimitOverrides\x12-\n\x05\x66iles\x18\x07 \x01(\x0b\x32\x1e.agentnode.sandbox.v1.RunFilesB\x07\n\x05_goal\"\x9a\x01\n\x08RunFiles\x12\x11\n\tworkspace\x18\x01 \x01(\t\x12\r\n\x05\x61pply\x18\x02 \x01(\x08\x12\x12\n\nexport_tar\x18\x03 \x01(\t\x12\x14\n\x0c\x65xport_patch\x18\x04 \x01(\t\x12.\n\x06inputs\x18\x05 \x03(\x0b\x32\x1e.agentnode.sandbox.v1.RunInput\x12\x12\n\noutput_dir\x18\x06 \x01(\t\"B\n\x08RunInput\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x04path\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x42\x08\n\x06source\"\xf1\x02\n\x11RunLimitOverrides\x12 \n\x13max_runtime_seconds\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x0emax_iterations\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x1a\n\rmax_llm_calls\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x1d\n\x10max_total_tokens\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x19\n\x0cmax_cost_usd\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x34\n\x06\x65gress\x18\x07 \x01(\x0b\x32$.agentnode.sandbox.v1.EgressOverrideB\x16\n\x14_max_runtime_secondsB\x11\n\x0f_max_tool_callsB\x11\n\x0f_max_iterationsB\x10\n\x0e_max_llm_callsB\x13\n\x11_max_total_tokensB\x0f\n\r_max_cost_usd\"\x1f\n\x0e\x45gressOverride\x12\r\n\x05\x61llow\x18\x01 \x03(\t\"\xa5\x01\n\x0e\x43\x61llerMetadata\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12@\n\x06labels\x18\x03 \x03(\x0b\x32\x30.agentnode.sandbox.v1.CallerMetadata.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x11SubmitRunResponse\x12/\n\x06report\x18\x01 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReport\"\x80\x02\n\x10StreamRunRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x11\n\x04goal\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12\x34\n\x06\x63\x61ller\x18\x05 \x01(\x0b\x32$.agentnode.sandbox.v1.CallerMetadata\x12\x37\n\x06limits\x18\x06 \x01(\x0b\x32\'.agentnode.sandbox.v1.RunLimitOverrides\x12-\n\x05\x66iles\x18\x07 \x01(\x0b\x32\x1e.agentnode.sandbox.v1.RunFilesB\x07\n\x05_goal\"\xa8\x01\n\x11StreamRunResponse\x12\x18\n\x0estarted_run_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05stage\x18\x02 \x01(\tH\x00\x12\x31\n\x06report\x18\x03 \x01(\x0b\x32\x1f.agentnode.sandbox.v1.RunReportH\x00\x12,\n\x03log\x18\x04 \x01(\x0b\x32\x1d.agentnode.sandbox.v1.LogLineH\x00\x42\x07\n\x05\x65vent\"\'\n\x07LogLine\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"&\n\x11\x43\x61ncelRunResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xd0\x02\n\tRunReport\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x11\n\tmode_used\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x11\n\ttimed_out\x18\x07 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x08 \x01(\r\x12\x0c\n\x04hint\x18\t \x01(\t\x12\x0c\n\x04logs\x18\n \x01(\t\x12\x0c\n\x04warm\x18\x0b \x01(\x08\x12@\n\tstages_ms\x18\x0c \x03(\x0b\x32-.agentnode.sandbox.v1.RunReport.StagesMsEntry\x12\x12\n\nfiles_json\x18\r \x01(\t\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x9b\x03\n\rRunnerService\x12\\\n\tSubmitRun\x12&.agentnode.sandbox.v1.SubmitRunRequest\x1a\'.agentnode.sandbox.v1.SubmitRunResponse\x12^\n\tStreamRun\x12&.agentnode.sandbox.v1.StreamRunRequest\x1a\'.agentnode.sandbox.v1.StreamRunResponse0\x01\x12\\\n\tCancelRun\x12&.agentnode.sandbox.v1.CancelRunRequest\x1a\'.agentnode.sandbox.v1.CancelRunResponse\x12n\n\x0fRunAdminCommand\x12,.agentnode.sandbox.v1.RunAdminCommandRequest\x1a-.agentnode.sandbox.v1.RunAdminCommandResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,31 +40,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNADMINCOMMANDRESPONSE']._serialized_start=111
   _globals['_RUNADMINCOMMANDRESPONSE']._serialized_end=187
   _globals['_SUBMITRUNREQUEST']._serialized_start=190
-  _globals['_SUBMITRUNREQUEST']._serialized_end=399
-  _globals['_RUNLIMITOVERRIDES']._serialized_start=402
-  _globals['_RUNLIMITOVERRIDES']._serialized_end=771
-  _globals['_EGRESSOVERRIDE']._serialized_start=773
-  _globals['_EGRESSOVERRIDE']._serialized_end=804
-  _globals['_CALLERMETADATA']._serialized_start=807
-  _globals['_CALLERMETADATA']._serialized_end=972
-  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_start=927
-  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_end=972
-  _globals['_SUBMITRUNRESPONSE']._serialized_start=974
-  _globals['_SUBMITRUNRESPONSE']._serialized_end=1042
-  _globals['_STREAMRUNREQUEST']._serialized_start=1045
-  _globals['_STREAMRUNREQUEST']._serialized_end=1254
-  _globals['_STREAMRUNRESPONSE']._serialized_start=1257
-  _globals['_STREAMRUNRESPONSE']._serialized_end=1425
-  _globals['_LOGLINE']._serialized_start=1427
-  _globals['_LOGLINE']._serialized_end=1466
-  _globals['_CANCELRUNREQUEST']._serialized_start=1468
-  _globals['_CANCELRUNREQUEST']._serialized_end=1502
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1504
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1542
-  _globals['_RUNREPORT']._serialized_start=1545
-  _globals['_RUNREPORT']._serialized_end=1861
-  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_start=1814
-  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_end=1861
-  _globals['_RUNNERSERVICE']._serialized_start=1864
-  _globals['_RUNNERSERVICE']._serialized_end=2275
+  _globals['_SUBMITRUNREQUEST']._serialized_end=446
+  _globals['_RUNFILES']._serialized_start=449
+  _globals['_RUNFILES']._serialized_end=603
+  _globals['_RUNINPUT']._serialized_start=605
+  _globals['_RUNINPUT']._serialized_end=671
+  _globals['_RUNLIMITOVERRIDES']._serialized_start=674
+  _globals['_RUNLIMITOVERRIDES']._serialized_end=1043
+  _globals['_EGRESSOVERRIDE']._serialized_start=1045
+  _globals['_EGRESSOVERRIDE']._serialized_end=1076
+  _globals['_CALLERMETADATA']._serialized_start=1079
+  _globals['_CALLERMETADATA']._serialized_end=1244
+  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_start=1199
+  _globals['_CALLERMETADATA_LABELSENTRY']._serialized_end=1244
+  _globals['_SUBMITRUNRESPONSE']._serialized_start=1246
+  _globals['_SUBMITRUNRESPONSE']._serialized_end=1314
+  _globals['_STREAMRUNREQUEST']._serialized_start=1317
+  _globals['_STREAMRUNREQUEST']._serialized_end=1573
+  _globals['_STREAMRUNRESPONSE']._serialized_start=1576
+  _globals['_STREAMRUNRESPONSE']._serialized_end=1744
+  _globals['_LOGLINE']._serialized_start=1746
+  _globals['_LOGLINE']._serialized_end=1785
+  _globals['_CANCELRUNREQUEST']._serialized_start=1787
+  _globals['_CANCELRUNREQUEST']._serialized_end=1821
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1823
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1861
+  _globals['_RUNREPORT']._serialized_start=1864
+  _globals['_RUNREPORT']._serialized_end=2200
+  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_start=2153
+  _globals['_RUNREPORT_STAGESMSENTRY']._serialized_end=2200
+  _globals['_RUNNERSERVICE']._serialized_start=2203
+  _globals['_RUNNERSERVICE']._serialized_end=2614
 # @@protoc_insertion_point(module_scope)

@@ -23,20 +23,48 @@ class RunAdminCommandResponse(_message.Message):
     def __init__(self, exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ...) -> None: ...
 
 class SubmitRunRequest(_message.Message):
-    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits")
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits", "files")
     SLUG_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     slug: str
     goal: str
     kwargs_json: str
     runtime: str
     caller: CallerMetadata
     limits: RunLimitOverrides
-    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ...) -> None: ...
+    files: RunFiles
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ..., files: _Optional[_Union[RunFiles, _Mapping]] = ...) -> None: ...
+
+class RunFiles(_message.Message):
+    __slots__ = ("workspace", "apply", "export_tar", "export_patch", "inputs", "output_dir")
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TAR_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_PATCH_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    workspace: str
+    apply: bool
+    export_tar: str
+    export_patch: str
+    inputs: _containers.RepeatedCompositeFieldContainer[RunInput]
+    output_dir: str
+    def __init__(self, workspace: _Optional[str] = ..., apply: _Optional[bool] = ..., export_tar: _Optional[str] = ..., export_patch: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[RunInput, _Mapping]]] = ..., output_dir: _Optional[str] = ...) -> None: ...
+
+class RunInput(_message.Message):
+    __slots__ = ("name", "path", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class RunLimitOverrides(_message.Message):
     __slots__ = ("max_runtime_seconds", "max_tool_calls", "max_iterations", "max_llm_calls", "max_total_tokens", "max_cost_usd", "egress")
@@ -86,20 +114,22 @@ class SubmitRunResponse(_message.Message):
     def __init__(self, report: _Optional[_Union[RunReport, _Mapping]] = ...) -> None: ...
 
 class StreamRunRequest(_message.Message):
-    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits")
+    __slots__ = ("slug", "goal", "kwargs_json", "runtime", "caller", "limits", "files")
     SLUG_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     slug: str
     goal: str
     kwargs_json: str
     runtime: str
     caller: CallerMetadata
     limits: RunLimitOverrides
-    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ...) -> None: ...
+    files: RunFiles
+    def __init__(self, slug: _Optional[str] = ..., goal: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., runtime: _Optional[str] = ..., caller: _Optional[_Union[CallerMetadata, _Mapping]] = ..., limits: _Optional[_Union[RunLimitOverrides, _Mapping]] = ..., files: _Optional[_Union[RunFiles, _Mapping]] = ...) -> None: ...
 
 class StreamRunResponse(_message.Message):
     __slots__ = ("started_run_id", "stage", "report", "log")
@@ -134,7 +164,7 @@ class CancelRunResponse(_message.Message):
     def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
 
 class RunReport(_message.Message):
-    __slots__ = ("success", "result_json", "error", "error_code", "mode_used", "run_id", "timed_out", "duration_ms", "hint", "logs", "warm", "stages_ms")
+    __slots__ = ("success", "result_json", "error", "error_code", "mode_used", "run_id", "timed_out", "duration_ms", "hint", "logs", "warm", "stages_ms", "files_json")
     class StagesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +184,7 @@ class RunReport(_message.Message):
     LOGS_FIELD_NUMBER: _ClassVar[int]
     WARM_FIELD_NUMBER: _ClassVar[int]
     STAGES_MS_FIELD_NUMBER: _ClassVar[int]
+    FILES_JSON_FIELD_NUMBER: _ClassVar[int]
     success: bool
     result_json: str
     error: str
@@ -166,4 +197,5 @@ class RunReport(_message.Message):
     logs: str
     warm: bool
     stages_ms: _containers.ScalarMap[str, float]
-    def __init__(self, success: _Optional[bool] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[str] = ..., mode_used: _Optional[str] = ..., run_id: _Optional[str] = ..., timed_out: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., hint: _Optional[str] = ..., logs: _Optional[str] = ..., warm: _Optional[bool] = ..., stages_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    files_json: str
+    def __init__(self, success: _Optional[bool] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[str] = ..., mode_used: _Optional[str] = ..., run_id: _Optional[str] = ..., timed_out: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., hint: _Optional[str] = ..., logs: _Optional[str] = ..., warm: _Optional[bool] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., files_json: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,81 @@
+"""A run's files as the runner sees them: the caller's request judged against the pack and the host before
+anything is built, the area made before the sandbox, read back after it (host/files/run.py does the work)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from host.core.errors import AuditReason, FilesError, SandboxError
+from host.engine.contract import SANDBOX_GID, SANDBOX_UID, FilesMounts
+from host.files.area import area_of
+from host.files.run import FilesRequest, RunFiles
+from host.policy.admission import Admission
+from host.policy.filesystem import FilesystemGrant, FilesystemRefused, filesystem_grant
+from host.runtime.result import RunResult, from_error
+from host.runtime.runaudit import RunFacts
+from host.runtime.rundir import run_dir_of
+from host.spec.config import HostConfig
+
+
+def files_for(
+    a: Admission, files: FilesRequest | None, config: HostConfig, *, local: bool
+) -> tuple[FilesRequest, FilesystemGrant] | None:
+    """The caller's files request checked against what the run can take, with the pack's grant; None when
+    it hands nothing. A pack whose declared filesystem level the operator's config does not grant is
+    refused, files or not (FILESYSTEM_REFUSED, naming the key). `local`: the host's sandboxes run on its
+    own engine (not a cluster's), which is where a files area can be mounted."""
+    given = files is not None and not files.empty
+    if a.manifest is None or not a.sandboxed:
+        if given:
+            raise FilesError("files cross into sandboxed runs only, and this run is not one",
+                             reason=AuditReason.FILESYSTEM_REFUSED,
+                             hint="run a community (sandboxed) agent, or hand the data over as --arg "
+                                  "JSON instead")  # fmt: skip
+        return None
+    try:
+        grant = filesystem_grant(a.manifest.permissions.get("filesystem", "none"),
+                                 config.agent_sandbox.filesystem)  # fmt: skip
+    except FilesystemRefused as exc:
+        raise FilesError(exc.message, reason=AuditReason.FILESYSTEM_REFUSED, hint=exc.hint) from None
+    if files is None or not given:
+        return None
+    if not local:
+        raise FilesError("this host's sandbox backend takes no files yet (see docs/kubernetes.md)",
+                         reason=AuditReason.FILESYSTEM_REFUSED,
+                         hint="run it on a host with a local engine")  # fmt: skip
+    files.check(config.agent_sandbox.filesystem.limits)
+    files.fit(grant)
+    return files, grant
+
+
+def prepare_files(
+    run: RunFacts, wanted: tuple[FilesRequest, FilesystemGrant], config: HostConfig, env: Mapping[str, str]
+) -> FilesMounts:
+    """The run's files area made and filled before its sandbox exists; what that sandbox mounts."""
+    files, grant = wanted
+    area = area_of(run_dir_of(run.run_id, env).path)
+    run.files = RunFiles(files, grant, config.agent_sandbox.filesystem.limits, area,
+                         uid=SANDBOX_UID, gid=SANDBOX_GID)  # fmt: skip
+    run.files.prepare()
+    run.mark("files_in")
+    return run.files.mounts()
+
+
+def collect_files(run: RunFacts, result: RunResult) -> RunResult:
+    """A finished run's files read back (applied, exported, written out as asked) when it succeeded; a
+    bound, or a file that is not what was read, fails it with its own reason (its logs kept)."""
+    assert run.files is not None
+    if not result.success:
+        return result
+    try:
+        result.files = run.files.collect().to_json()
+    except SandboxError as exc:
+        failed = from_error(exc)
+        failed.logs = result.logs
+        return failed
+    finally:
+        run.mark("files_out")
+    return result
+
+
+__all__ = ["collect_files", "files_for", "prepare_files"]
