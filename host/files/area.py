@@ -14,11 +14,13 @@ import ctypes
 import ctypes.util
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from host.spec.files import FileLimits
 
+OWNER_SUFFIX = ".owner"
 AREA_SUFFIX = ".files"
 """`<run dir><AREA_SUFFIX>`: beside the run's socket directory, never inside it (that one is mounted)."""
 WORKSPACE, INPUTS, OUTPUTS = "workspace", "inputs", "outputs"
@@ -75,12 +77,23 @@ class FilesArea:
     def outputs(self) -> Path:
         return self.path / OUTPUTS
 
+    @property
+    def owner_file(self) -> Path:
+        """Beside the area: the host process it is for (a sweep leaves a live host's area alone, even once
+        its run directory is gone: the host reads the area back after its sandbox was removed)."""
+        return self.path.with_name(self.path.name + OWNER_SUFFIX)
+
     @classmethod
-    def make(cls, path: Path, limits: FileLimits, *, uid: int, gid: int, writable: bool) -> FilesArea:
+    def make(
+        cls, path: Path, limits: FileLimits, *, uid: int, gid: int, writable: bool, owner: str = ""
+    ) -> FilesArea:
         """The area at `path` (which must not exist), its workspace owned by the run's user when the run
-        writes its copy (`writable`), its outputs always. Sized by the limits: what may come in and go out."""
-        os.mkdir(path, 0o755)
+        writes its copy (`writable`), its outputs always. Sized by the limits: what may come in and go out.
+        `owner` is the host's owner token (host/core/owner.py), recorded beside it for the sweep."""
         area = cls(path, False)
+        if owner:
+            area.owner_file.write_text(owner)
+        os.mkdir(path, 0o755)
         try:
             area.bounded = _mount_tmpfs(
                 path,
@@ -104,19 +117,33 @@ class FilesArea:
         unmount(self.path)
         with contextlib.suppress(OSError):
             shutil.rmtree(self.path)
+        with contextlib.suppress(OSError):
+            self.owner_file.unlink()
 
 
-def sweep_areas(root: Path, live: set[str]) -> list[str]:
-    """Remove the files areas under `root` whose run directory (`<name>` without the suffix) is not in
-    `live`: what a host that died mid-run left. Returns the names removed."""
+def sweep_areas(root: Path, live: Callable[[str], bool]) -> list[str]:
+    """Remove the files areas under `root` whose run directory (`<name>` without the suffix) is gone and
+    whose owner (the token beside it) is not `live`: what a host that died mid-run left. The names removed."""
     removed: list[str] = []
     with contextlib.suppress(OSError), os.scandir(root) as found:
         for entry in found:
-            if not entry.name.endswith(AREA_SUFFIX) or entry.name[: -len(AREA_SUFFIX)] in live:
+            if not entry.name.endswith(AREA_SUFFIX) or not entry.is_dir(follow_symlinks=False):
                 continue
-            FilesArea(Path(entry.path), True).remove()
+            area = FilesArea(Path(entry.path), True)
+            if os.path.lexists(entry.path[: -len(AREA_SUFFIX)]):
+                continue
+            try:
+                owner = area.owner_file.read_text().strip()
+            except OSError:
+                owner = ""
+            if owner and live(owner):
+                continue
+            area.remove()
             removed.append(entry.name)
     return removed
 
 
-__all__ = ["AREA_SUFFIX", "INPUTS", "OUTPUTS", "WORKSPACE", "FilesArea", "area_of", "sweep_areas", "unmount"]
+__all__ = [
+    "AREA_SUFFIX", "INPUTS", "OUTPUTS", "OWNER_SUFFIX", "WORKSPACE", "FilesArea", "area_of", "sweep_areas",
+    "unmount",
+]  # fmt: skip

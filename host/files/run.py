@@ -148,10 +148,10 @@ class RunFiles:
 
     def __init__(
         self, request: FilesRequest, grant: FilesystemGrant, limits: FileLimits, area_path: Path,
-        *, uid: int, gid: int,
+        *, uid: int, gid: int, owner: str = "",
     ) -> None:  # fmt: skip
         self.request, self.grant, self.limits = request, grant, limits
-        self.area_path, self.uid, self.gid = area_path, uid, gid
+        self.area_path, self.uid, self.gid, self.owner = area_path, uid, gid, owner
         self.area: FilesArea | None = None
         self.outcome = FilesOutcome()
 
@@ -184,7 +184,8 @@ class RunFiles:
         """The area made and filled: the workspace's snapshot (owned by the run's user when it writes its
         copy), the inputs. FilesError (with nothing left behind) when a bound or a path refuses it."""
         writable = self.workspace == "write"
-        self.area = FilesArea.make(self.area_path, self.limits, uid=self.uid, gid=self.gid, writable=writable)
+        self.area = FilesArea.make(self.area_path, self.limits, uid=self.uid, gid=self.gid, writable=writable,
+                                   owner=self.owner)  # fmt: skip
         if self.request.workspace is not None:
             self.outcome.workspace = snapshot(
                 self.request.workspace, self.area.workspace, self.limits,

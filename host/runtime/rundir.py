@@ -16,7 +16,7 @@ from pathlib import Path
 
 from host.core.owner import owner_alive
 from host.engine.contract import EGRESS_SOCKET_NAME, SOCKET_NAME
-from host.files.area import AREA_SUFFIX, FilesArea, area_of
+from host.files.area import AREA_SUFFIX, area_of, sweep_areas
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
@@ -94,8 +94,6 @@ class RunDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-        if os.path.lexists(self.files_area):
-            FilesArea(self.files_area, True).remove()  # its tmpfs detached, then the tree removed
         self.owner_file.unlink(missing_ok=True)
         self.run_file.unlink(missing_ok=True)
 
@@ -156,13 +154,11 @@ def sweep_run_dirs(env: Mapping[str, str] | None = None) -> list[str]:
     """Remove run directories whose owning host process is gone; nothing else under the root is touched."""
     removed: list[str] = []
     root = run_root(env)
+    removed += sweep_areas(root, owner_alive)
     for entry in root.iterdir():
         if not entry.name.startswith(_PREFIX):
             continue
-        if entry.name.endswith(AREA_SUFFIX):  # a run's files: they go with its directory, or once it went
-            if not entry.with_name(entry.name.removesuffix(AREA_SUFFIX)).exists():
-                FilesArea(entry, True).remove()
-                removed.append(entry.name)
+        if AREA_SUFFIX in entry.name:  # a run's files (and their owner): host/files/area.py sweeps them
             continue
         if entry.name.endswith(_RUN_SUFFIX) and entry.is_file():
             if not RunDir(entry.with_name(entry.name.removesuffix(_RUN_SUFFIX))).path.exists():

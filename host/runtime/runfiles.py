@@ -49,13 +49,18 @@ def files_for(
 
 
 def prepare_files(
-    run: RunFacts, wanted: tuple[FilesRequest, FilesystemGrant], config: HostConfig, env: Mapping[str, str]
+    run: RunFacts,
+    wanted: tuple[FilesRequest, FilesystemGrant],
+    config: HostConfig,
+    env: Mapping[str, str],
+    *,
+    owner: str,
 ) -> FilesMounts:
     """The run's files area made and filled before its sandbox exists; what that sandbox mounts."""
     files, grant = wanted
     area = area_of(run_dir_of(run.run_id, env).path)
     run.files = RunFiles(files, grant, config.agent_sandbox.filesystem.limits, area,
-                         uid=SANDBOX_UID, gid=SANDBOX_GID)  # fmt: skip
+                         uid=SANDBOX_UID, gid=SANDBOX_GID, owner=owner)  # fmt: skip
     run.files.prepare()
     run.mark("files_in")
     return run.files.mounts()

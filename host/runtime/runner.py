@@ -286,7 +286,8 @@ class SandboxHost:
             deadline = run.started + a.policy.max_runtime_seconds
             run.egress = RunEgress(self.config.agent_sandbox.egress, per_run=egress)
             agent_route = run.egress.route_for_entry(a.entry) if backend is self.docker else None
-            mounts = None if files is None else prepare_files(run, files, self.config, self.env)
+            mounts = None if files is None else prepare_files(run, files, self.config, self.env,
+                                                                   owner=self.owner)
             run.gate, run.llm = run_services(
                 a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker, slug=a.slug,
                 tool_runner=self.tool_runner,

@@ -228,13 +228,20 @@ def test_as_root_the_area_is_a_tmpfs_the_kernel_bounds(tmp_path: Path) -> None:
     assert not os.path.ismount(tmp_path / "run-y.files") and not (tmp_path / "run-y.files").exists()
 
 
-def test_a_dead_hosts_areas_are_swept_and_a_live_runs_kept(tmp_path: Path) -> None:
-    (tmp_path / "run-live").mkdir()
-    for name in ("run-live.files", "run-dead.files"):
-        FilesArea.make(tmp_path / name, LIMITS, uid=os.geteuid(), gid=os.getegid(), writable=False)
-    assert sweep_areas(tmp_path, {"run-live"}) == ["run-dead.files"]
-    assert (tmp_path / "run-live.files").exists() and not (tmp_path / "run-dead.files").exists()
-    FilesArea(tmp_path / "run-live.files", True).remove()
+def test_a_dead_hosts_areas_are_swept_and_a_live_hosts_kept(tmp_path: Path) -> None:
+    (tmp_path / "run-live").mkdir()  # its run is going: its area stays whoever owns it
+    for name, owner in (("run-live.files", "dead"), ("run-dead.files", "dead"), ("run-read.files", "alive"),
+                        ("run-lost.files", "")):  # fmt: skip
+        FilesArea.make(tmp_path / name, LIMITS, uid=os.geteuid(), gid=os.getegid(), writable=False,
+                       owner=owner)  # fmt: skip
+    # run-read: the host is reading it back after its sandbox (and run directory) went
+    swept = sweep_areas(tmp_path, lambda owner: owner == "alive")
+    assert sorted(swept) == ["run-dead.files", "run-lost.files"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run-live", "run-live.files", "run-live.files.owner", "run-read.files", "run-read.files.owner"]
+    for name in ("run-live.files", "run-read.files"):
+        FilesArea(tmp_path / name, True).remove()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-live"]
 
 
 @pytest.mark.parametrize(("run_ws", "level", "mounted"), [
