@@ -114,8 +114,13 @@ class _Walk:
             self.progress(f"workspace: {self.seen} entries, {self.report.bytes} bytes")
 
     def walk(self, src_fd: int, dst_fd: int | None, rel: str, depth: int) -> None:
+        names: list[str] = []
         with os.scandir(src_fd) as listing:
-            names = sorted(e.name for e in listing)  # a stable order: the same tree, the same walk
+            for found in listing:  # a directory of a million names costs the bound, not the million
+                names.append(found.name)
+                if self.seen + len(names) > self.max_entries:
+                    raise over_bound(self.bound, self.max_entries)
+        names.sort()  # a stable order: the same tree, the same walk
         for name in names:
             self.count()
             path = f"{rel}/{name}" if rel else name
