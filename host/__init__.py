@@ -16,17 +16,21 @@ if TYPE_CHECKING:
         AuditReason,
         ConfigError,
         EngineError,
+        FilesError,
         ManifestError,
         PackError,
         RefusedError,
         SandboxError,
     )
+    from host.files.run import FilesRequest
     from host.runtime.runner import RunResult, SandboxHost
 
 _EXPORTS = {
     "AuditReason": "host.core.errors",
     "ConfigError": "host.core.errors",
     "EngineError": "host.core.errors",
+    "FilesError": "host.core.errors",
+    "FilesRequest": "host.files.run",
     "ManifestError": "host.core.errors",
     "PackError": "host.core.errors",
     "RefusedError": "host.core.errors",
@@ -40,6 +44,8 @@ __all__ = [
     "AuditReason",
     "ConfigError",
     "EngineError",
+    "FilesError",
+    "FilesRequest",
     "ManifestError",
     "PackError",
     "RefusedError",

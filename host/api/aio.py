@@ -38,6 +38,7 @@ from host.api.events import (
     run_request,
 )
 from host.core.errors import EngineError, InvalidRequest, SandboxError
+from host.files.run import FilesRequest
 from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
 from host.runtime.result import RunResult
 
@@ -145,6 +146,7 @@ __all__ = [
     "AsyncRunnerClient",
     "CallerInfo",
     "EngineError",
+    "FilesRequest",
     "InvalidCaller",
     "InvalidRequest",
     "RunEvent",

@@ -228,3 +228,36 @@ def test_a_level_the_config_does_not_grant_refuses_the_run_naming_the_key(
     assert "agent_sandbox.filesystem.allow" in result.error + result.hint
     (record,) = state.audit()
     assert record["reason"] == "filesystem_refused"
+
+
+def test_files_through_runner_client_and_host_aio_on_a_serve_host(
+    host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path
+) -> None:
+    import asyncio
+
+    from host.aio import AsyncRunnerClient
+    from tests.integration.test_serve import Served
+
+    project = _project(tmp_path)
+    host_state.install(_agent(make_agent, "ws-editor", EDITOR, "workspace_write"))
+    host_state.install(_agent(make_agent, "ws-artifacts", ARTIFACTS, "none"))
+    served = Served(host_state, warm=[])
+    try:
+        result = served.client.submit("ws-editor", files=FilesRequest(workspace=project, apply=True))
+        assert result.success, (result.error_code, result.error, result.logs)
+        assert (project / "docs/new.md").read_text() == "# new\n" and not (project / "notes.txt").exists()
+        assert {c["path"] for c in result.files["changes"]["paths"]} >= {"src/main.py", "docs/new.md"}
+
+        out = tmp_path / "out"
+
+        async def artifacts() -> Any:
+            async with AsyncRunnerClient(served.socket) as client:
+                return await client.submit("ws-artifacts", files=FilesRequest(
+                    inputs=(("data.csv", b"x\n1\n2\n3\n"),), output_dir=out))  # fmt: skip
+
+        got = asyncio.run(artifacts())
+        assert got.success, (got.error_code, got.error, got.logs)
+        assert (out / "report.md").read_text() == "rows: 3\n" and got.files["inputs"]["bytes"] == 8
+    finally:
+        served.close()
+    _no_areas(host_state)
