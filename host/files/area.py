@@ -85,11 +85,14 @@ class FilesArea:
 
     @classmethod
     def make(
-        cls, path: Path, limits: FileLimits, *, uid: int, gid: int, writable: bool, owner: str = ""
-    ) -> FilesArea:
+        cls, path: Path, limits: FileLimits, *, uid: int, gid: int, writable: bool, owner: str = "",
+        hand_over: bool = True,
+    ) -> FilesArea:  # fmt: skip
         """The area at `path` (which must not exist), its workspace owned by the run's user when the run
         writes its copy (`writable`), its outputs always. Sized by the limits: what may come in and go out.
-        `owner` is the host's owner token (host/core/owner.py), recorded beside it for the sweep."""
+        `owner` is the host's owner token (host/core/owner.py), recorded beside it for the sweep. Without
+        `hand_over` (a warm member's, made before its run) everything stays root's until `hand_over`: the
+        member's preloaded code can plant nothing in it before the caller's files arrive."""
         area = cls(path, False)
         if owner:
             area.owner_file.write_text(owner)
@@ -103,14 +106,19 @@ class FilesArea:
             os.chmod(path, 0o755)  # noqa: S103 (the sandbox's user traverses it to its mounts)
             for part in (WORKSPACE, INPUTS, OUTPUTS):
                 os.mkdir(path / part, 0o755)
-            if writable:
-                os.chown(area.workspace, uid, gid)
-            os.chown(area.outputs, uid, gid)
-            os.chmod(area.outputs, 0o700)
+            if hand_over:
+                area.hand_over(uid, gid, writable=writable)
         except BaseException:
             area.remove()
             raise
         return area
+
+    def hand_over(self, uid: int, gid: int, *, writable: bool) -> None:
+        """Give the run's user its outputs (0700) and, when it writes its copy, the workspace's top."""
+        if writable:
+            os.chown(self.workspace, uid, gid)
+        os.chown(self.outputs, uid, gid)
+        os.chmod(self.outputs, 0o700)
 
     def remove(self) -> None:
         """Gone: the tmpfs detached (its memory with it), the directory removed; never raises."""

@@ -180,12 +180,16 @@ class RunFiles:
         mode = "write" if own == "write" and self.workspace == "write" else "read"
         return FilesMounts(str(self.area_path), workspace=mode)
 
-    def prepare(self) -> FilesArea:
+    def prepare(self, *, made: bool = False) -> FilesArea:
         """The area made and filled: the workspace's snapshot (owned by the run's user when it writes its
-        copy), the inputs. FilesError (with nothing left behind) when a bound or a path refuses it."""
+        copy), the inputs. `made`: a warm member's area, there since its start and still root's, filled here
+        and then handed over. FilesError (with nothing left behind) when a bound or a path refuses it."""
         writable = self.workspace == "write"
-        self.area = FilesArea.make(self.area_path, self.limits, uid=self.uid, gid=self.gid, writable=writable,
-                                   owner=self.owner)  # fmt: skip
+        if made:
+            self.area = FilesArea(self.area_path, os.path.ismount(self.area_path))
+        else:
+            self.area = FilesArea.make(self.area_path, self.limits, uid=self.uid, gid=self.gid,
+                                       writable=writable, owner=self.owner)  # fmt: skip
         if self.request.workspace is not None:
             self.outcome.workspace = snapshot(
                 self.request.workspace, self.area.workspace, self.limits,
@@ -193,6 +197,8 @@ class RunFiles:
             )  # fmt: skip
         if self.request.inputs:
             self.outcome.inputs = self._inputs(self.area.inputs)
+        if made:
+            self.area.hand_over(self.uid, self.gid, writable=writable)
         return self.area
 
     def _inputs(self, into: Path) -> dict[str, Any]:

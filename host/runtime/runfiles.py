@@ -11,9 +11,11 @@ from host.files.area import area_of
 from host.files.run import FilesRequest, RunFiles
 from host.policy.admission import Admission
 from host.policy.filesystem import FilesystemGrant, FilesystemRefused, filesystem_grant
+from host.runtime.backends.container import DockerBackend
 from host.runtime.result import RunResult, from_error
 from host.runtime.runaudit import RunFacts
 from host.runtime.rundir import run_dir_of
+from host.runtime.workload import Workload
 from host.spec.config import HostConfig
 
 
@@ -48,6 +50,12 @@ def files_for(
     return files, grant
 
 
+def member_fits(backend: object, docker: DockerBackend, a: Admission) -> bool:
+    """May a run handed files take a warm member of `a`'s pool? Only on this host's engine, and only where
+    the pack's members carry a files area to fill (host/runtime/backends/container.py `member_workspace`)."""
+    return backend is docker and a.entry is not None and docker.member_workspace(a.slug) is not None
+
+
 def prepare_files(
     run: RunFacts,
     wanted: tuple[FilesRequest, FilesystemGrant],
@@ -55,13 +63,17 @@ def prepare_files(
     env: Mapping[str, str],
     *,
     owner: str,
+    claimed: Workload | None = None,
 ) -> FilesMounts:
-    """The run's files area made and filled before its sandbox exists; what that sandbox mounts."""
+    """The run's files area made and filled before its sandbox exists (or, for a `claimed` warm member,
+    the member's own area filled and taken over from it); what that sandbox mounts."""
     files, grant = wanted
     area = area_of(run_dir_of(run.run_id, env).path)
     run.files = RunFiles(files, grant, config.agent_sandbox.filesystem.limits, area,
                          uid=SANDBOX_UID, gid=SANDBOX_GID, owner=owner)  # fmt: skip
-    run.files.prepare()
+    if claimed is not None:
+        claimed.files_area = None  # the run's now: removed when the run has read it back
+    run.files.prepare(made=claimed is not None)
     run.mark("files_in")
     return run.files.mounts()
 
@@ -83,4 +95,4 @@ def collect_files(run: RunFacts, result: RunResult) -> RunResult:
     return result
 
 
-__all__ = ["collect_files", "files_for", "prepare_files"]
+__all__ = ["collect_files", "files_for", "member_fits", "prepare_files"]

@@ -34,7 +34,7 @@ from host.runtime.pool import PoolSettings, WarmPools
 from host.runtime.result import RunResult, from_error, from_outcome, host_fault, withheld
 from host.runtime.runaudit import RunAudit, RunFacts
 from host.runtime.rundir import orphaned_runs, sweep_run_dirs
-from host.runtime.runfiles import collect_files, files_for, prepare_files
+from host.runtime.runfiles import collect_files, files_for, member_fits, prepare_files
 from host.runtime.runserver import MAX_CONNECTIONS_PER_RUN
 from host.runtime.session import RunSession
 from host.runtime.telemetry.tracing import RunTracer
@@ -102,6 +102,7 @@ class SandboxHost:
             limits=self.limits,
             pool=pool,
             before_member=self.fds.check,
+            files=self.config.agent_sandbox.filesystem,
         )
         self.sandbox: Backend[Any] = sandbox_backend or self.docker  # where sandboxed routes run
         # where host routes run (trusted packs); a node agent refuses them (host/k8s/node.HostRoutesRefused)
@@ -271,7 +272,7 @@ class SandboxHost:
         backend: Backend[Any] = self.sequential if a.sequential else (
             self.sandbox if a.sandboxed else self.host_process
         )
-        box = backend.claim(a) if files is None else None
+        box = backend.claim(a) if files is None or member_fits(backend, self.docker, a) else None
         early = prelaunched if box is None and backend is self.docker and prelaunched is not None else None
         if early is not None and not early.serves(a, pin=self.docker.image_pin, limits=self.limits):
             early = None
@@ -287,7 +288,7 @@ class SandboxHost:
             run.egress = RunEgress(self.config.agent_sandbox.egress, per_run=egress)
             agent_route = run.egress.route_for_entry(a.entry) if backend is self.docker else None
             mounts = None if files is None else prepare_files(run, files, self.config, self.env,
-                                                                   owner=self.owner)
+                                                                   owner=self.owner, claimed=box)
             run.gate, run.llm = run_services(
                 a.policy, deadline=deadline, lockfile=self.lockfile, broker=self.broker, slug=a.slug,
                 tool_runner=self.tool_runner,
@@ -336,8 +337,7 @@ class SandboxHost:
                 pids_limit=self.limits.pids,
             )
             result = from_outcome(outcome, work.sink.text())
-            if run.files is not None:
-                # Read back once no sandbox of the run is left to write: its tools', then its own.
+            if run.files is not None:  # read back once no sandbox of the run is left to write
                 run.gate.close()
                 done, work = work, None
                 self.teardowns.submit(backend, done, lambda: run.mark("teardown"), inline=True)

@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from host.files.area import FilesArea
 from host.runtime.rundir import RunDir, make_run_dir
 from host.runtime.runserver import build_run_server
 from host.runtime.session import RunSession
@@ -242,6 +244,8 @@ class Workload:
     launched_at: float = field(default_factory=time.monotonic)
     sink: CappedSink = field(default_factory=CappedSink)
     exit_info: dict[str, Any] = field(default_factory=dict)
+    files_area: Path | None = None
+    """A warm member's files area (host/files/area.py), removed with it unless a run took it over."""
     stages: dict[str, float] = field(default_factory=dict)
     _destroyed: bool = False
     _drainer: threading.Thread | None = None
@@ -391,6 +395,8 @@ class Workload:
             self._kill()
         finally:
             self.rundir.remove()
+            if self.files_area is not None:
+                FilesArea(self.files_area, True).remove()
 
 
 SpecT = TypeVar("SpecT")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,32 @@ def test_files_through_runner_client_and_host_aio_on_a_serve_host(
         got = asyncio.run(artifacts())
         assert got.success, (got.error_code, got.error, got.logs)
         assert (out / "report.md").read_text() == "rows: 3\n" and got.files["inputs"]["bytes"] == 8
+    finally:
+        served.close()
+    _no_areas(host_state)
+
+
+def test_a_warm_member_gets_its_files_at_claim_time(
+    host_state: HostState, make_agent: Callable[..., Path], tmp_path: Path
+) -> None:
+    from tests.integration.test_serve import Served
+
+    host_state.install(_agent(make_agent, "ws-editor", EDITOR, "workspace_write"))
+    host_state.write_config({"pool": {"size": 1, "idle_ttl_seconds": 120}})
+    served = Served(host_state, warm=["ws-editor"])
+    try:
+        for attempt in range(5):  # until a member is up and waiting for its task (each run uses one)
+            time.sleep(2)
+            project = _project(tmp_path / f"try{attempt}")
+            result = served.client.submit("ws-editor", files=FilesRequest(workspace=project, apply=True))
+            assert result.success, (result.error_code, result.error, result.logs)
+            assert (project / "docs/new.md").read_text() == "# new\n"
+            assert result.files["workspace"]["files"] == 2
+            if result.warm:
+                break
+        assert result.warm, "no run was served by a warm member"
+        plain = served.client.submit("ws-editor", goal="no files")  # a member with an area, handed none
+        assert not plain.success and plain.error_code == "agent_exception"  # no workspace: EDITOR fails
     finally:
         served.close()
     _no_areas(host_state)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected
+from host.core.errors import AuditReason, EngineError, EngineNotFound, EngineRejected, SandboxError
 from host.egress.proxy import EgressRoute
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID, ContainerLimits, FilesMounts
 from host.engine.engine import follow_logs, read_logs, remove_and_verify
@@ -29,11 +29,15 @@ from host.engine.launch import (
 )
 from host.engine.pin import verify_pinned_image
 from host.engine.probes import MemoryProbe, PidsProbe
+from host.files.area import FilesArea, area_of
 from host.policy.admission import Admission
+from host.policy.filesystem import FilesystemRefused, filesystem_grant
 from host.runtime.pool import PoolSettings, WarmPools
+from host.runtime.rundir import run_dir_of
 from host.runtime.runserver import build_run_server
 from host.runtime.session import RunSession
 from host.runtime.workload import SocketServer, Workload
+from host.spec.files import FilesConfig
 from host.spec.lockfile import LockEntry, Lockfile
 from host.spec.manifest.model import AgentManifest
 from host.tools.link import ToolLink
@@ -249,8 +253,10 @@ class DockerBackend:
         limits: ContainerLimits,
         pool: PoolSettings | None = None,
         before_member: Callable[[], None] = lambda: None,
+        files: FilesConfig | None = None,
     ) -> None:
         self._client_factory = client_factory
+        self.files = files or FilesConfig()
         self._client: EngineClient | None = None
         self._facts: tuple[float, EngineFacts] | None = None
         self._profile: str | None = None
@@ -337,7 +343,33 @@ class DockerBackend:
 
     def _launch_member(self, spec: SandboxSpec) -> Sandbox:
         self._before_member()  # e.g. the host's descriptor budget: a refill must not eat into its reserve
-        return self.launch(spec, run_id=uuid.uuid4().hex)
+        run_id = uuid.uuid4().hex
+        mode = self.member_workspace(spec.slug)
+        if mode is None:
+            return self.launch(spec, run_id=run_id)
+        # A pack with a workspace level: the member mounts an empty area, filled when a run claims it.
+        area = area_of(run_dir_of(run_id, self.env).path)
+        FilesArea.make(area, self.files.limits, uid=SANDBOX_UID, gid=SANDBOX_GID, writable=mode == "write",
+                       owner=self.owner, hand_over=False)  # fmt: skip
+        try:
+            box = self.launch(spec, run_id=run_id, files=FilesMounts(str(area), workspace=mode, io=True))
+        except BaseException:
+            FilesArea(area, True).remove()
+            raise
+        box.files_area = area
+        return box
+
+    def member_workspace(self, slug: str) -> str | None:
+        """What a warm member of `slug` mounts at /workspace ("read" or "write"), None for a member with no
+        files area (a pack without a workspace level, or one its config refuses): a run handed files claims
+        a member only when it has one."""
+        entry = self.lockfile.get(slug)
+        try:
+            level = entry.parsed_manifest().permissions.get("filesystem", "none") if entry else "none"
+            mode = filesystem_grant(str(level), self.files).workspace
+        except (FilesystemRefused, SandboxError):
+            return None
+        return mode if mode != "none" else None
 
     def launch(
         self,
