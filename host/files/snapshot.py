@@ -34,6 +34,12 @@ SKIPS = ("symlink_outside", "hard_link", "device", "fifo", "socket", "name_refus
 
 Entry = tuple[str, int, str, int]
 """One entry of a tree: (kind "file" | "dir" | "link", size, SHA-256 or link target, mode 0o644 | 0o755)."""
+StatKey = tuple[int, int, int, int, int]
+"""(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of a file."""
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass
@@ -49,6 +55,10 @@ class SnapshotReport:
     digest: str = ""
     entries: dict[str, Entry] = field(default_factory=dict)
     """path -> what it is: what a change set is later computed against."""
+    written: dict[str, StatKey] = field(default_factory=dict)
+    """path -> the stat of the copy's file as the host wrote it: a later scan of the copy reads again only
+    the files whose stat differs (the kernel sets ctime on every write and every utime, so a run cannot
+    hide a change behind an old mtime)."""
 
     def skip(self, reason: str) -> None:
         assert reason in SKIPS, reason
@@ -98,9 +108,12 @@ class _Walk:
     def __init__(
         self, root: str, limits: FileLimits, progress: Callable[[str], None] | None, *, copy: bool = True,
         max_entries: int | None = None, bound: str = "max_files_in", owner: tuple[int, int] | None = None,
+        known: SnapshotReport | None = None,
     ) -> None:  # fmt: skip
         self.root, self.limits, self.progress, self.copying = root, limits, progress, copy
         self.owner = owner
+        self.known = known
+        """A scan's base: a file whose stat is as the host wrote it is taken as its entry, unread."""
         self.max_entries = limits.max_files_in if max_entries is None else max_entries
         self.bound = bound
         self.report = SnapshotReport()
@@ -199,6 +212,13 @@ class _Walk:
             self.report.skip("device")
 
     def copy(self, src_fd: int, dst_fd: int | None, name: str, path: str, st: os.stat_result) -> None:
+        known = self.known
+        if known is not None and path in known.written and known.written[path] == stat_key(st):
+            entry = known.entries[path]
+            self.report.files += 1
+            self.report.bytes += entry[1]
+            self.report.entries[path] = entry
+            return
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_fd)
         except OSError:
@@ -217,6 +237,8 @@ class _Walk:
                     os.fchown(out, *self.owner)
             try:
                 size, sha = read_through(fd, st.st_size, out)
+                if out is not None and size == st.st_size:
+                    self.report.written[path] = stat_key(os.fstat(out))
             finally:
                 if out is not None:
                     os.close(out)
@@ -258,15 +280,19 @@ def tree_digest(entries: dict[str, Entry]) -> str:
     return h.hexdigest()
 
 
-def scan(root: Path, limits: FileLimits, *, max_entries: int, bound: str, link_root: str) -> SnapshotReport:
+def scan(
+    root: Path, limits: FileLimits, *, max_entries: int, bound: str, link_root: str,
+    known: SnapshotReport | None = None,
+) -> SnapshotReport:  # fmt: skip
     """Read and hash the tree at `root` (a run's writable copy: hostile) without copying it, within
     `max_entries` entries (`bound` names that limit in the error) and the per-file bound; an absolute link
-    is inside when it points under `link_root` (where the run saw the tree)."""
+    is inside when it points under `link_root` (where the run saw the tree). With `known` (the snapshot the
+    copy was written from), a file whose stat is still as the host wrote it is not read again."""
     try:
         src = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         raise _invalid("copy of the run is gone") from None
-    walk = _Walk(link_root, limits, None, copy=False, max_entries=max_entries, bound=bound)
+    walk = _Walk(link_root, limits, None, copy=False, max_entries=max_entries, bound=bound, known=known)
     try:
         walk.walk(src, None, "", 0)
     finally:
@@ -335,5 +361,6 @@ def _remove(path: Path, *, keep: bool = False) -> None:
 
 
 __all__ = [
-    "SKIPS", "Entry", "SnapshotReport", "over_bound", "read_through", "scan", "snapshot", "tree_digest",
+    "SKIPS", "Entry", "SnapshotReport", "StatKey", "over_bound", "read_through", "scan", "snapshot",
+    "stat_key", "tree_digest",
 ]  # fmt: skip

@@ -150,3 +150,26 @@ def test_a_run_that_writes_past_a_bound_fails_with_its_reason(
         changes_of(base, copy, limits, link_root="/workspace")
     assert caught.value.reason is AuditReason.FILES_OVER_BOUND
     assert f"limits.{bound}" in caught.value.message and "what the run wrote" in caught.value.message
+
+
+def test_a_change_set_reads_again_only_what_the_run_touched_and_an_old_mtime_hides_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import host.files.snapshot as snap
+
+    host = tmp_path / "project"
+    host.mkdir()
+    for i in range(50):
+        (host / f"f{i}").write_text(f"file {i}\n")
+    copy = tmp_path / "copy"
+    base = snapshot(host, copy, LIMITS)
+    before = os.stat(copy / "f7")
+    (copy / "f7").write_text("file X\n")  # same size
+    os.utime(copy / "f7", ns=(before.st_atime_ns, before.st_mtime_ns))  # and the old mtime back
+    reads: list[int] = []
+    real = snap.read_through
+    monkeypatch.setattr(snap, "read_through",
+                        lambda fd, size, out=None: reads.append(size) or real(fd, size, out))  # fmt: skip
+    found = changes_of(base, copy, LIMITS, link_root="/workspace")
+    assert [(c.path, c.kind) for c in found.changes] == [("f7", "modified")]  # ctime gave it away
+    assert len(reads) == 1  # the 49 files the run left as the host wrote them were not read again
