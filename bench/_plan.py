@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SECTION_NAMES = ("broker_tools", "cold", "cli", "calls", "tool_sandbox", "broker", "egress", "warm",
+SECTION_NAMES = ("broker_tools", "cold", "cli", "calls", "tool_sandbox", "broker", "egress", "files", "warm",
                  "concurrency")
 """Every section, in the order they run (`--sections` takes these names)."""
 
@@ -36,6 +36,12 @@ class Plan:
     """HTTPS requests of the egress section, each way, per repetition."""
     downloads: int = 1
     """64 MiB downloads of the egress section, each way, per repetition."""
+    files_count: int = 200
+    """Files in the files section's workspace tree."""
+    files_mib: int = 8
+    """MiB in the files section's workspace tree."""
+    files_warm: int = 2
+    """Warm runs of the files section, each way, per repetition."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,12 +52,14 @@ class Plan:
 
 
 SMOKE = Plan(reps=2, cold=1, calls=10, calls_warmup=3, broker=2, broker_warmup=1, levels=(2,), warm=2,
-             filler=2, pool=2, settle=0.2, quiet=False, egress=8, downloads=1)
+             filler=2, pool=2, settle=0.2, quiet=False, egress=8, downloads=1, files_count=200, files_mib=8,
+             files_warm=2)
 # Per repetition; x3 gives about the sample counts of the single-pass runs before (cold 20, calls 300,
 # broker 50 (now 120: its overheads are differences of two medians), warm 30, two batches per
 # concurrency level).
 FULL = Plan(reps=3, cold=7, calls=100, calls_warmup=20, broker=40, broker_warmup=5, levels=(16, 32, 64),
-            warm=10, filler=3, pool=4, settle=0.3, quiet=True, egress=200, downloads=3)
+            warm=10, filler=3, pool=4, settle=0.3, quiet=True, egress=200, downloads=3, files_count=5000,
+            files_mib=200, files_warm=10)
 
 
 def parse_sections(text: str | None) -> tuple[str, ...]:

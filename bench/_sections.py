@@ -14,6 +14,7 @@ from bench.measure.cli import cli
 from bench.measure.cold import cold
 from bench.measure.concurrency import levels
 from bench.measure.egress import egress
+from bench.measure.files import files
 from bench.measure.tool_sandbox import tool_sandbox
 from bench.measure.warm import warm
 
@@ -35,6 +36,8 @@ def measure_one(state: BenchState, plan: Plan, section: str, runtime: str) -> di
         return broker(state, runtime, plan.broker, plan.broker_warmup)
     if section == "egress":
         return egress(state, runtime, plan.egress, plan.calls_warmup, plan.downloads)
+    if section == "files":
+        return files(state, runtime, count=plan.files_count, mib=plan.files_mib, warm=plan.files_warm)
     if section == "warm":
         return warm(state, runtime, reps=plan.warm, pool_size=plan.pool, settle=plan.settle,
                     filler=plan.filler)

@@ -7,11 +7,22 @@ from typing import Any
 
 from bench._plan import SECTION_NAMES
 from bench._stats import UNSTABLE_SPREAD, combine, unstable_figures
-from bench.report import broker, broker_tools, calls, cli, cold, concurrency, egress, tool_sandbox, warm
+from bench.report import (
+    broker,
+    broker_tools,
+    calls,
+    cli,
+    cold,
+    concurrency,
+    egress,
+    files,
+    tool_sandbox,
+    warm,
+)
 from bench.report.format import at, fmt, pct, reps_text, table
 
 SECTIONS = ("Targets", "Load", "Cold start", "Per-call overhead", "Tool sandboxes", "Broker", "Egress",
-            "Concurrency", "Warm")
+            "Files", "Concurrency", "Warm")
 """The Markdown sections every report has, in order (smoke mode included)."""
 
 BUSY_LOAD = 1.5
@@ -25,7 +36,8 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     repetitions disagree by more than UNSTABLE_SPREAD, so neither verdict can be trusted) / not measured;
     where it is not met, the measured floor or breakdown beside it."""
     return [*warm.targets(results), *cli.targets(results), *concurrency.targets(results),
-            *calls.targets(results), *broker.targets(results), *egress.targets(results)]
+            *calls.targets(results), *broker.targets(results), *egress.targets(results),
+            *files.targets(results)]
 
 
 def aggregate(raw: Mapping[str, Mapping[str, Sequence[Any]]]) -> dict[str, dict[str, Any]]:
@@ -129,7 +141,7 @@ def render(results: Mapping[str, Any]) -> str:
 def _body(results: Mapping[str, Any]) -> list[str]:
     """The per-section tables, from the combined results."""
     out: list[str] = []
-    for section in (cold, cli, calls, tool_sandbox, broker, broker_tools, egress, concurrency, warm):
+    for section in (cold, cli, calls, tool_sandbox, broker, broker_tools, egress, files, concurrency, warm):
         out += section.tables(results)
     return out
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -25,7 +26,7 @@ AREA_SUFFIX = ".files"
 """`<run dir><AREA_SUFFIX>`: beside the run's socket directory, never inside it (that one is mounted)."""
 WORKSPACE, INPUTS, OUTPUTS = "workspace", "inputs", "outputs"
 
-_MS_NOSUID, _MS_NODEV = 2, 4
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
 _MNT_DETACH = 2
 _INODE_SLACK = 64
 _BYTE_SLACK = 1 << 20
@@ -36,7 +37,9 @@ def area_of(run_dir: Path | str) -> Path:
     return Path(f"{run_dir}{AREA_SUFFIX}")
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    """libc, looked up once (find_library runs ldconfig: milliseconds a call)."""
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -119,6 +122,16 @@ class FilesArea:
             os.chown(self.workspace, uid, gid)
         os.chown(self.outputs, uid, gid)
         os.chmod(self.outputs, 0o700)
+
+    def seal(self) -> bool:
+        """Make the area read-only for every mount of it at once, the sandboxes' binds included (its tmpfs
+        remounted read-only): from then on nothing of the run can change what the host reads back. False
+        when that cannot be had (no tmpfs, or a file of it still open for writing: EBUSY); the caller then
+        waits for the run's sandboxes to end instead."""
+        if not self.bounded or not os.path.ismount(self.path):
+            return False
+        flags = _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+        return bool(_libc().mount(None, os.fsencode(self.path), None, flags, None) == 0)
 
     def remove(self) -> None:
         """Gone: the tmpfs detached (its memory with it), the directory removed; never raises."""

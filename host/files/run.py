@@ -237,7 +237,7 @@ class RunFiles:
             self._hand_back(self.outcome.changes, area, req.workspace)
         if req.output_dir is not None and artifacts.changes:
             req.output_dir.mkdir(parents=True, exist_ok=True)
-            written = apply_changes(artifacts, area.outputs, req.output_dir)
+            written = apply_changes(artifacts, area.outputs, req.output_dir, durable=False)  # new files only
             self.outcome.written = written
             if written.mismatched or written.conflicts:
                 raise _incomplete("artifact", len(written.mismatched) + len(written.conflicts))
@@ -259,6 +259,11 @@ class RunFiles:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 out.write(text)
             self.outcome.exported = "patch"
+
+    def seal(self) -> bool:
+        """No sandbox of the run can write its area any more (host/files/area.py `seal`); False when that
+        could not be had and the caller must wait for them to end."""
+        return self.area is not None and self.area.seal()
 
     def close(self) -> None:
         """The area gone (its tmpfs detached); never raises."""

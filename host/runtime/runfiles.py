@@ -3,7 +3,7 @@ anything is built, the area made before the sandbox, read back after it (host/fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from host.core.errors import AuditReason, FilesError, SandboxError
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID, FilesMounts
@@ -17,6 +17,10 @@ from host.runtime.runaudit import RunFacts
 from host.runtime.rundir import run_dir_of
 from host.runtime.workload import Workload
 from host.spec.config import HostConfig
+
+FILES_EXIT_SECONDS = 2.0
+"""How long a run with files waits for its container to end by itself (its wrapper exits once it reported)
+before it is removed: the run's files are read back only once no process of it is left to write them."""
 
 
 def files_for(
@@ -78,6 +82,42 @@ def prepare_files(
     return run.files.mounts()
 
 
+def read_back(
+    run: RunFacts, result: RunResult, work: Workload, teardown: Callable[[Workload], None]
+) -> tuple[RunResult, Workload | None]:
+    """The run's files read back once no sandbox of it can write them: its area sealed read-only under every
+    mount at once, or else its tool sandboxes closed and its container ended by itself (its wrapper exits
+    once it reported) or, past FILES_EXIT_SECONDS, torn down here (then None is the workload left to tear
+    down)."""
+    assert run.files is not None
+    if run.gate is not None:
+        run.gate.close()
+    left: Workload | None = work
+    if not run.files.seal() and not work.wait_gone(FILES_EXIT_SECONDS):
+        teardown(work)
+        left = None
+    return collect_files(run, result), left
+
+
+def release_files(run: RunFacts) -> None:
+    """The run's area removed: after its result when work follows the result (a background teardown),
+    else now."""
+    files = run.files
+    assert files is not None
+    prior = run.after_result
+    if prior is None:
+        files.close()
+        return
+
+    def after() -> None:
+        try:
+            prior()
+        finally:
+            files.close()
+
+    run.after_result = after
+
+
 def collect_files(run: RunFacts, result: RunResult) -> RunResult:
     """A finished run's files read back (applied, exported, written out as asked) when it succeeded; a
     bound, or a file that is not what was read, fails it with its own reason (its logs kept)."""
@@ -95,4 +135,5 @@ def collect_files(run: RunFacts, result: RunResult) -> RunResult:
     return result
 
 
-__all__ = ["collect_files", "files_for", "member_fits", "prepare_files"]
+__all__ = ["FILES_EXIT_SECONDS", "collect_files", "files_for", "member_fits", "prepare_files", "read_back",
+           "release_files"]

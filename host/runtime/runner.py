@@ -34,7 +34,7 @@ from host.runtime.pool import PoolSettings, WarmPools
 from host.runtime.result import RunResult, from_error, from_outcome, host_fault, withheld
 from host.runtime.runaudit import RunAudit, RunFacts
 from host.runtime.rundir import orphaned_runs, sweep_run_dirs
-from host.runtime.runfiles import collect_files, files_for, member_fits, prepare_files
+from host.runtime.runfiles import files_for, member_fits, prepare_files, read_back, release_files
 from host.runtime.runserver import MAX_CONNECTIONS_PER_RUN
 from host.runtime.session import RunSession
 from host.runtime.telemetry.tracing import RunTracer
@@ -338,10 +338,8 @@ class SandboxHost:
             )
             result = from_outcome(outcome, work.sink.text())
             if run.files is not None:  # read back once no sandbox of the run is left to write
-                run.gate.close()
-                done, work = work, None
-                self.teardowns.submit(backend, done, lambda: run.mark("teardown"), inline=True)
-                result = collect_files(run, result)
+                result, work = read_back(run, result, work, lambda w: self.teardowns.submit(
+                    backend, w, lambda: run.mark("teardown"), inline=True))  # fmt: skip
             return result
         finally:
             self._active.pop(run.run_id, None)
@@ -358,8 +356,8 @@ class SandboxHost:
                     run.after_result = teardown  # it would compete with the audit for the host's cores
                 else:
                     teardown()
-            if run.files is not None:
-                run.files.close()  # the area gone (a container still going keeps its detached view)
+            if run.files is not None:  # the area goes after the result (a container still going keeps
+                release_files(run)  # its detached view)
 
 
 def _after_result(host: SandboxHost, run: RunFacts) -> None:

@@ -344,6 +344,10 @@ class Workload:
     def exited(self) -> bool:
         return bool(self.exit_info)
 
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the workload to end (every process of it gone); whether it did."""
+        return self._gone.wait(timeout)
+
     @property
     def exit_status(self) -> int | None:
         status = self.exit_info.get("StatusCode")

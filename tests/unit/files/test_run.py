@@ -278,3 +278,28 @@ def test_the_audit_section_carries_counts_and_digests_only() -> None:
         "changes": {"added": 1, "skipped": {}},
     }
     assert "secret" not in repr(record)
+
+
+@pytest.mark.skipif(not ROOT, reason="only root mounts the bounding tmpfs (the test command runs as root)")
+def test_a_sealed_area_is_read_only_under_every_mount_and_a_file_open_for_writing_stops_the_seal(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    area = FilesArea.make(tmp_path / "run-z.files", LIMITS, uid=0, gid=0, writable=True)
+    bind = tmp_path / "bind"  # as a sandbox's bind mount of the outputs
+    bind.mkdir()
+    subprocess.run(["mount", "--bind", str(area.outputs), str(bind)], check=True)
+    try:
+        held = (bind / "held").open("w")  # a writer the run left going
+        assert not area.seal()  # EBUSY: the caller waits for the sandbox to end instead
+        held.close()
+        assert area.seal()
+        with pytest.raises(OSError) as refused:
+            (bind / "late").write_text("x")
+        assert refused.value.errno == errno.EROFS  # through the sandbox's mount too
+        assert (bind / "held").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(bind)], check=False)
+        area.remove()
+    assert not area.path.exists() and not FilesArea(tmp_path / "run-q", False).seal()  # no tmpfs: False
