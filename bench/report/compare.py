@@ -25,6 +25,7 @@ SECTION_TITLES = {
     "broker_tools": "Broker, 8 tools + 2 KiB schema (host side)", "cold": "Cold start",
     "cli": "Process to process",
     "calls": "Per-call overhead", "tool_sandbox": "Tool sandboxes", "broker": "Broker", "egress": "Egress",
+    "files": "Files",
     "warm": "Warm",
     "concurrency": "Concurrency",
 }

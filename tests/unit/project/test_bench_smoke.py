@@ -216,6 +216,11 @@ def _rep(k: float, *, tool_ratio: float = 1.2, throughput: float = 4.0) -> dict[
                             "added_ms": round(0.8 * k, 3), "direct_mib_s": _s(900),
                             "sandbox_mib_s": _s(800), "throughput_ratio": 0.89,
                             "floor_ms": _s(1.8), "floor_mib_s": _s(950)}},
+        "files": {"runc": {"tree": {"files": 200, "mib": 8.0}, "tar_mib_s": _s(200),
+                           "snapshot_mib_s": _s(180), "snapshot_over_tar": 0.9, "modified": 100,
+                           "changes_ms": _s(10.0 * k), "hash_ms": _s(9.0),
+                           "changes_over_hash": round(1.1 * k, 2), "plain_ms": _s(5.0),
+                           "files_ms": _s(12.0), "files_over_plain": 2.4}},
     }
 
 
@@ -262,6 +267,9 @@ def test_targets_met_missed_unstable_and_not_measured() -> None:
     assert got[("first streamed chunk: sandbox - direct provider (median)", "runc")] == "met"
     assert got[("egress: one HTTPS request, path - direct (median)", "runc")] == "met"  # 0.8 <= 1 ms
     assert got[("egress: 64 MiB download, path / direct throughput", "runc")] == "met"  # 0.89 >= 0.8x
+    assert got[("files: workspace snapshot / tar c | tar x (throughput)", "runc")] == "met"
+    assert got[("files: change set of 100 modified files / hashing them", "runc")] == "met"  # 1.1 <= 1.2
+    assert got[("files: warm run with a 1 MiB input and artifact / without files", "runc")] == "missed"
     assert stable["unstable"] == []
     missed = {t["target"]: t for t in stable["targets"] if t["status"] == "missed"}
     assert "claim 0.40" in missed["warm run p50 (server side)"]["floor"]  # the stage breakdown beside it
