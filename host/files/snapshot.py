@@ -16,13 +16,17 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from host.core.errors import AuditReason, FilesError
-from host.spec.files import FileLimits, name_refusal
+from host.spec.files import MAX_NAME_BYTES, FileLimits, name_refusal
+
+_PLAIN_NAME = re.compile(rb"(?!\.\.?\Z)[\x20-\x2e\x30-\x7e]+")
+"""One path component of printable ASCII, not `.` or `..` (no `/`): most names, judged at once."""
 
 CHUNK = 1 << 20
 PROGRESS_EVERY = 1000
@@ -134,10 +138,15 @@ class _Walk:
                 if self.seen + len(names) > self.max_entries:
                     raise over_bound(self.bound, self.max_entries)
         names.sort()  # a stable order: the same tree, the same walk
+        room = self.limits.max_path_bytes - (len(os.fsencode(rel)) + 1 if rel else 0)
+        plain_depth = depth <= self.limits.max_depth
         for name in names:
             self.count()
             path = f"{rel}/{name}" if rel else name
-            if name_refusal(os.fsencode(path), self.limits) is not None:
+            # The directory's own path passed already: a plain component within the bounds needs no more.
+            raw = os.fsencode(name)
+            plain = plain_depth and len(raw) <= min(room, MAX_NAME_BYTES) and _PLAIN_NAME.fullmatch(raw)
+            if not plain and name_refusal(os.fsencode(path), self.limits) is not None:
                 self.report.skip("name_refused")
                 continue
             try:
@@ -282,12 +291,13 @@ def tree_digest(entries: dict[str, Entry]) -> str:
 
 def scan(
     root: Path, limits: FileLimits, *, max_entries: int, bound: str, link_root: str,
-    known: SnapshotReport | None = None,
+    known: SnapshotReport | None = None, digest: bool = True,
 ) -> SnapshotReport:  # fmt: skip
     """Read and hash the tree at `root` (a run's writable copy: hostile) without copying it, within
     `max_entries` entries (`bound` names that limit in the error) and the per-file bound; an absolute link
     is inside when it points under `link_root` (where the run saw the tree). With `known` (the snapshot the
-    copy was written from), a file whose stat is still as the host wrote it is not read again."""
+    copy was written from), a file whose stat is still as the host wrote it is not read again. Without
+    `digest` the tree's digest is left "" (a change set digests its changes, not the tree)."""
     try:
         src = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
@@ -297,7 +307,8 @@ def scan(
         walk.walk(src, None, "", 0)
     finally:
         os.close(src)
-    walk.report.digest = tree_digest(walk.report.entries)
+    if digest:
+        walk.report.digest = tree_digest(walk.report.entries)
     return walk.report
 
 

@@ -8,6 +8,7 @@ longer, deeper, or made of `.`/`..`) is refused with a fixed reason and never pr
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,11 +93,24 @@ def _bad_char(text: str) -> bool:
     return any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in text)
 
 
+_PLAIN = re.compile(rb"[\x20-\x7e]+")
+"""Printable ASCII: most names, judged without a per-character Unicode lookup."""
+
+
 def name_refusal(path: bytes | str, limits: FileLimits) -> str | None:
     """Why `path` (relative, `/`-separated) may not cross the boundary, or None when it may."""
     raw = path.encode("utf-8", "surrogateescape") if isinstance(path, str) else path
     if not raw:
         return "name_empty"
+    if _PLAIN.fullmatch(raw) and not raw.startswith(b"/") and len(raw) <= limits.max_path_bytes:
+        plain = raw.split(b"/")
+        if b"" in plain:
+            return "name_empty"
+        if b"." in plain or b".." in plain:
+            return "name_dot"
+        if any(len(part) > MAX_NAME_BYTES for part in plain):
+            return "name_too_long"
+        return "name_too_deep" if len(plain) - 1 > limits.max_depth else None
     if raw.startswith(b"/"):
         return "name_absolute"
     if b"\0" in raw:
