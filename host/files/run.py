@@ -9,6 +9,7 @@ record is counts, bytes and digests, never a name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -233,14 +234,23 @@ class RunFiles:
             raise _bound("max_bytes_out", self.limits.max_bytes_out)
         if out_files > self.limits.max_files_out:
             raise _bound("max_files_out", self.limits.max_files_out)
-        if self.outcome.changes is not None and req.workspace is not None:
-            self._hand_back(self.outcome.changes, area, req.workspace)
-        if req.output_dir is not None and artifacts.changes:
-            req.output_dir.mkdir(parents=True, exist_ok=True)
-            written = apply_changes(artifacts, area.outputs, req.output_dir, durable=False)  # new files only
-            self.outcome.written = written
-            if written.mismatched or written.conflicts:
-                raise _incomplete("artifact", len(written.mismatched) + len(written.conflicts))
+        try:
+            if self.outcome.changes is not None and req.workspace is not None:
+                self._hand_back(self.outcome.changes, area, req.workspace)
+            if req.output_dir is not None and artifacts.changes:
+                req.output_dir.mkdir(parents=True, exist_ok=True)
+                written = apply_changes(artifacts, area.outputs, req.output_dir, durable=False)  # new files
+                self.outcome.written = written
+                if written.mismatched or written.conflicts:
+                    raise _incomplete("artifact", len(written.mismatched) + len(written.conflicts))
+        except OSError as exc:  # the caller's side refused a write (a full disk, a permission)
+            why = errno.errorcode.get(exc.errno or 0, "an OS error")
+            raise FilesError(
+                f"the run's files could not be written where the caller asked ({why})",
+                reason=AuditReason.FILES_INCOMPLETE,
+                hint="check the workspace, the export path and the output directory (space, permissions); "
+                "a file written before the error stays written",
+            ) from None
         return self.outcome
 
     def _hand_back(self, changes: ChangeSet, area: FilesArea, workspace: Path) -> None:

@@ -303,3 +303,17 @@ def test_a_sealed_area_is_read_only_under_every_mount_and_a_file_open_for_writin
         subprocess.run(["umount", "-l", str(bind)], check=False)
         area.remove()
     assert not area.path.exists() and not FilesArea(tmp_path / "run-q", False).seal()  # no tmpfs: False
+
+
+def test_an_output_directory_the_host_cannot_write_fails_the_run_with_its_reason(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the output directory should go")
+    files = _files(tmp_path, FilesRequest(output_dir=blocker / "out"), grant=NONE)
+    area = files.prepare()
+    try:
+        (area.outputs / "report.md").write_text("# done\n")
+        with pytest.raises(FilesError) as caught:
+            files.collect()
+    finally:
+        files.close()
+    assert caught.value.reason is AuditReason.FILES_INCOMPLETE and "ENOTDIR" in caught.value.message
