@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import os
 import posixpath
-import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,9 +23,6 @@ from pathlib import Path
 
 from host.core.errors import AuditReason, FilesError
 from host.spec.files import MAX_NAME_BYTES, FileLimits, name_refusal
-
-_PLAIN_NAME = re.compile(rb"(?!\.\.?\Z)[\x20-\x2e\x30-\x7e]+")
-"""One path component of printable ASCII, not `.` or `..` (no `/`): most names, judged at once."""
 
 CHUNK = 1 << 20
 PROGRESS_EVERY = 1000
@@ -144,8 +140,8 @@ class _Walk:
             self.count()
             path = f"{rel}/{name}" if rel else name
             # The directory's own path passed already: a plain component within the bounds needs no more.
-            raw = os.fsencode(name)
-            plain = plain_depth and len(raw) <= min(room, MAX_NAME_BYTES) and _PLAIN_NAME.fullmatch(raw)
+            plain = (plain_depth and name.isascii() and name.isprintable() and name not in (".", "..")
+                     and len(name) <= min(room, MAX_NAME_BYTES))  # fmt: skip
             if not plain and name_refusal(os.fsencode(path), self.limits) is not None:
                 self.report.skip("name_refused")
                 continue
