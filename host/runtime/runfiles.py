@@ -3,6 +3,7 @@ anything is built, the area made before the sandbox, read back after it (host/fi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 from host.core.errors import AuditReason, FilesError, SandboxError
@@ -18,6 +19,8 @@ from host.runtime.rundir import run_dir_of
 from host.runtime.workload import Workload
 from host.spec.config import HostConfig
 
+SEAL_RETRY_SECONDS = 0.005
+"""Between two attempts to seal a run's area (while its container is still going)."""
 FILES_EXIT_SECONDS = 2.0
 """How long a run with files waits for its container to end by itself (its wrapper exits once it reported)
 before it is removed: the run's files are read back only once no process of it is left to write them."""
@@ -92,11 +95,14 @@ def read_back(
     assert run.files is not None
     if run.gate is not None:
         run.gate.close()
-    left: Workload | None = work
-    if not run.files.seal() and not work.wait_gone(FILES_EXIT_SECONDS):
-        teardown(work)
-        left = None
-    return collect_files(run, result), left
+    deadline = time.monotonic() + FILES_EXIT_SECONDS
+    # gVisor closes the files its sandbox held a moment after the agent did: the seal is tried again
+    # while the container is still going, and whichever comes first (sealed, or gone) lets the host read.
+    while not run.files.seal() and not work.wait_gone(SEAL_RETRY_SECONDS):
+        if time.monotonic() >= deadline:
+            teardown(work)
+            return collect_files(run, result), None
+    return collect_files(run, result), work
 
 
 def release_files(run: RunFacts) -> None:
