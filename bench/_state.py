@@ -191,14 +191,14 @@ class FakeProvider:
         stop_process(self.proc)
 
 
-def stop_process(proc: subprocess.Popen[str]) -> None:
+def stop_process(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
     """End a helper process the benchmark started: its stdin closed (what some wait on), then terminated,
-    killed if it does not go within 10 s; its pipes closed."""
+    killed if it does not go within `timeout` s; its pipes closed."""
     if proc.stdin is not None:
         proc.stdin.close()
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

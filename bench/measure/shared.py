@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from bench._roots import CODE_ROOT
-from bench._state import BENCH_LABEL, BenchState
+from bench._state import BENCH_LABEL, BenchState, stop_process
 from host.engine.contract import SANDBOX_GID, SANDBOX_UID
 from host.engine.labels import LABEL_RUN, LABEL_SLUG
 from host.engine.spec import container_spec
@@ -181,14 +181,7 @@ def serve_running(state: BenchState, runtime: str, *args: str) -> Iterator[None]
             raise RuntimeError("serve did not become ready")
         yield
     finally:
-        served.terminate()
-        try:
-            served.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            served.kill()
-            served.wait()
-        if served.stdout is not None:
-            served.stdout.close()
+        stop_process(served, timeout=300)  # serve drains its runs first
         state.configure(runtime)
 
 

@@ -27,7 +27,6 @@ from host.policy.caller import CallerInfo, InvalidCaller, RunOverrides
 from host.runtime.pool import PoolSettings
 from host.runtime.rpcwire import REASON_METADATA_KEY
 from host.runtime.runner import RunResult, SandboxHost
-from host.spec.files import FileLimits
 
 logger = logging.getLogger("agentnode.sandbox.serve")
 
@@ -159,7 +158,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         files = files_request(request.files) if request.HasField("files") else None
         if files is not None:
             try:
-                files.check(FileLimits(max_files_in=10_000_000))  # its shape; the host's bounds at the run
+                files.check()  # its shape; the host checks it again under its own bounds
             except SandboxError as exc:
                 _invalid(context, f"files: {exc.message}")
         return _kwargs(request.kwargs_json, context), caller, limits, files

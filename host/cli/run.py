@@ -242,7 +242,6 @@ def _files(args: argparse.Namespace) -> Any:
 
     from host.core.errors import SandboxError
     from host.files.run import FilesRequest
-    from host.spec.files import FileLimits
 
     def path(text: str | None) -> Path | None:  # absolute: a serve host's working directory is not ours
         return Path(os.path.abspath(text)) if text else None
@@ -262,7 +261,7 @@ def _files(args: argparse.Namespace) -> Any:
             raise UsageError("--apply and --export-* need --workspace DIR")
         return None
     try:
-        request.check(FileLimits(max_files_in=10_000_000))  # names and shape; the host's limits at the run
+        request.check()  # names and shape; the host checks it again under its own bounds
     except SandboxError as exc:
         raise UsageError(f"{exc.message} ({exc.hint})") from None
     return request

@@ -22,7 +22,7 @@ from host.engine.contract import FilesMounts
 from host.files.area import FilesArea
 from host.files.changes import ApplyReport, ChangeSet, apply_changes, changes_of
 from host.files.export import export_patch, export_tar
-from host.files.snapshot import SnapshotReport, read_through, snapshot, tree_digest
+from host.files.snapshot import SnapshotReport, over_bound, read_through, snapshot, tree_digest
 from host.policy.filesystem import FilesystemGrant, FilesystemRefused, filesystem_grant
 from host.spec.files import FileLimits, FilesConfig, name_refusal
 
@@ -63,8 +63,11 @@ class FilesRequest:
     def exports(self) -> bool:
         return self.export_tar is not None or self.export_patch is not None
 
-    def check(self, limits: FileLimits) -> None:
-        """Refuse a request that cannot be right whatever the pack (before any work): FilesError."""
+    def check(self, limits: FileLimits | None = None) -> None:
+        """Refuse a request that cannot be right whatever the pack (before any work): FilesError. `limits`
+        are the host's (its name bounds); a caller without them (the CLI, the admin server) checks the
+        request's shape under the defaults, and the host checks it again under its own."""
+        limits = limits or FileLimits()
         if (self.apply or self.exports) and self.workspace is None:
             raise _request_error("--apply and --export-* need a workspace", "pass --workspace DIR as well")
         if self.apply and self.exports:
@@ -210,16 +213,16 @@ class RunFiles:
         for name, source in self.request.inputs:
             count += 1
             if count > self.limits.max_files_in:
-                raise _bound("max_files_in", self.limits.max_files_in)
+                raise over_bound("max_files_in", self.limits.max_files_in)
             size, sha = _write_input(into, name, source, self.limits, used + total)
             total += size
             entries[name] = ("file", size, sha, 0o644)
         return {"files": len(entries), "bytes": total, "digest": tree_digest(entries)}
 
     def collect(self) -> FilesOutcome:
-        """What the run left, read once its sandboxes are gone: the change set (applied or exported when
-        asked), the artifacts (written to `output_dir` when asked). FilesError on a bound or a file that is
-        not what was read: nothing of the caller's is written then, except files already applied."""
+        """What the run left, read once no sandbox of it can write (sealed, or gone): the change set (applied
+        or exported when asked), the artifacts (written to `output_dir` when asked). FilesError on a bound or
+        a file that is not what was read: nothing of the caller's is written then, except files applied."""
         area, req = self.area, self.request
         assert area is not None
         base, limits = self.outcome.workspace, self.limits
@@ -231,9 +234,9 @@ class RunFiles:
         out_bytes = artifacts.bytes + changed.bytes
         out_files = len(artifacts.changes) + len(changed.changes)
         if out_bytes > self.limits.max_bytes_out:
-            raise _bound("max_bytes_out", self.limits.max_bytes_out)
+            raise over_bound("max_bytes_out", self.limits.max_bytes_out)
         if out_files > self.limits.max_files_out:
-            raise _bound("max_files_out", self.limits.max_files_out)
+            raise over_bound("max_files_out", self.limits.max_files_out)
         try:
             if self.outcome.changes is not None and req.workspace is not None:
                 self._hand_back(self.outcome.changes, area, req.workspace)
@@ -276,17 +279,8 @@ class RunFiles:
         return self.area is not None and self.area.seal()
 
     def close(self) -> None:
-        """The area gone (its tmpfs detached); never raises."""
-        if self.area is not None:
-            self.area.remove()
-        else:
-            FilesArea(self.area_path, True).remove()
-
-
-def _bound(bound: str, limit: int) -> FilesError:
-    from host.files.snapshot import over_bound  # noqa: PLC0415 (one wording for every bound)
-
-    return over_bound(bound, limit)
+        """The area gone (its tmpfs detached), made or half-made; never raises."""
+        FilesArea(self.area_path, True).remove()
 
 
 def _incomplete(what: str, count: int) -> FilesError:
@@ -308,12 +302,15 @@ def _write_input(
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
+    def judge(size: int) -> None:  # by its length or its stat, before a byte is copied
+        if size > limits.max_file_bytes:
+            raise over_bound("max_file_bytes", limits.max_file_bytes)
+        if used + size > limits.max_bytes_in:
+            raise over_bound("max_bytes_in", limits.max_bytes_in)
+
     try:
         if isinstance(source, bytes):
-            if len(source) > limits.max_file_bytes:
-                raise _bound("max_file_bytes", limits.max_file_bytes)
-            if used + len(source) > limits.max_bytes_in:
-                raise _bound("max_bytes_in", limits.max_bytes_in)
+            judge(len(source))
             view = memoryview(source)
             while view:
                 view = view[os.write(out, view):]
@@ -328,10 +325,7 @@ def _write_input(
             if not stat.S_ISREG(st.st_mode):
                 raise FilesError("an input is not a regular file", reason=AuditReason.WORKSPACE_INVALID,
                                  hint="pass a regular file (--input NAME=PATH)")  # fmt: skip
-            if st.st_size > limits.max_file_bytes:
-                raise _bound("max_file_bytes", limits.max_file_bytes)
-            if used + st.st_size > limits.max_bytes_in:
-                raise _bound("max_bytes_in", limits.max_bytes_in)
+            judge(st.st_size)
             size, sha = read_through(fd, st.st_size, out)
             if size != st.st_size:
                 raise FilesError("an input changed while it was read", reason=AuditReason.WORKSPACE_INVALID,

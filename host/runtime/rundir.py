@@ -16,7 +16,7 @@ from pathlib import Path
 
 from host.core.owner import owner_alive
 from host.engine.contract import EGRESS_SOCKET_NAME, SOCKET_NAME
-from host.files.area import AREA_SUFFIX, area_of, sweep_areas
+from host.files.area import AREA_SUFFIX, sweep_areas
 
 logger = logging.getLogger("agentnode.sandbox.rundir")
 
@@ -83,11 +83,6 @@ class RunDir:
     def run_file(self) -> Path:
         """Beside the directory: what run this is, so a host that restarts after a crash can audit it."""
         return self.path.with_name(self.path.name + _RUN_SUFFIX)
-
-    @property
-    def files_area(self) -> Path:
-        """Beside the directory: the run's workspace, inputs and outputs (host/files/area.py), if any."""
-        return area_of(self.path)
 
     def record_run(self, info: Mapping[str, object]) -> None:
         self.run_file.write_text(json.dumps(dict(info)))

@@ -46,7 +46,7 @@ def files_for(
                                  config.agent_sandbox.filesystem)  # fmt: skip
     except FilesystemRefused as exc:
         raise FilesError(exc.message, reason=AuditReason.FILESYSTEM_REFUSED, hint=exc.hint) from None
-    if files is None or not given:
+    if files is None or files.empty:
         return None
     if not local:
         raise FilesError("this host's sandbox backend takes no files yet (see docs/kubernetes.md)",
@@ -95,6 +95,8 @@ def read_back(
     assert run.files is not None
     if run.gate is not None:
         run.gate.close()
+    if not result.success:  # nothing is read back from a failed run: no reason to wait for its sandbox
+        return result, work
     deadline = time.monotonic() + FILES_EXIT_SECONDS
     # gVisor closes the files its sandbox held a moment after the agent did: the seal is tried again
     # while the container is still going, and whichever comes first (sealed, or gone) lets the host read.
@@ -125,11 +127,9 @@ def release_files(run: RunFacts) -> None:
 
 
 def collect_files(run: RunFacts, result: RunResult) -> RunResult:
-    """A finished run's files read back (applied, exported, written out as asked) when it succeeded; a
-    bound, or a file that is not what was read, fails it with its own reason (its logs kept)."""
+    """A succeeded run's files read back (applied, exported, written out as asked); a bound, or a file that
+    is not what was read, fails it with its own reason (its logs kept)."""
     assert run.files is not None
-    if not result.success:
-        return result
     try:
         result.files = run.files.collect().to_json()
     except SandboxError as exc:

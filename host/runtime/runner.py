@@ -267,7 +267,7 @@ class SandboxHost:
     ) -> RunResult:
         """One admitted run on its backend: workload, session, watch, outcome; always torn down. `egress`
         is the caller's grant for this run (None: the standing grants); `files` what its caller hands it
-        (checked by `_files_for`: a run with files is a cold one on this host's engine)."""
+        (checked by host/runtime/runfiles.py `files_for`: only this host's engine mounts a files area)."""
         assert a.entry is not None and a.manifest is not None and a.policy is not None
         backend: Backend[Any] = self.sequential if a.sequential else (
             self.sandbox if a.sandboxed else self.host_process
@@ -299,7 +299,7 @@ class SandboxHost:
             self.records.start(run)
             # Torn down after the result: the wrapper's answer waits for the end record (its exit competes
             # with the audit's fsync); a workload torn down before the result is released by its teardown.
-            # A run with files is read back after its sandbox is gone: its wrapper is never held.
+            # A run with files is read back before its end record: its wrapper is never held.
             hold = self.teardowns.background and a.sandboxed and run.files is None
             if box is not None:
                 self._active[run.run_id] = box.session
